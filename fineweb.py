@@ -1,0 +1,682 @@
+"""Pre-tokenise a corpus into uint16 token shards (FineWeb-Edu by default), and prepare the small TinyStories
+data set that `python train.py` trains on.
+
+    python fineweb.py                                    # FineWeb-Edu sample-10BT, GPT-2 -> data/edu_fineweb10B
+    python fineweb.py --dataset openwebtext --vocab_size 32000 --out_dir data/owt-32k   # train a BPE first, then shard
+    python fineweb.py --input my_corpus.txt --out_dir data/mine --shard_size 1000000    # a local file or folder
+    python fineweb.py --input my_corpus.txt --tokenizer data/tinystories/tokenizer      # an existing bpe.py tokenizer
+    python fineweb.py --prepare_tinystories              # what train.py does first: stories + BPE 2048 + train/val.bin
+    python fineweb.py --prepare_tinystories --corpus_bytes 0 --vocab_size 10000 --out_dir data/tinystories-10k
+                                                         # all of TinyStories (official val split), the CS336 setup
+
+Output (what train.py --data_dir reads): val_000000.bin (shard 0 = validation), train_000001.bin, ... each of
+--shard_size tokens (the last one shorter), raw little-endian uint16 ids (uint32 when the vocabulary has more
+than 65536 ids) with a sidecar X.bin.json {"format": "tokens-v1", dtype, vocab_size, num_tokens, num_docs,
+tokenizer, eot_id}, and meta.json for the whole directory (tokenizer, vocabulary size, dtype, token and
+document counts, and the position in the document stream after every shard, which is what makes resuming
+exact).
+
+The end-of-text token goes BEFORE every document (as build-nanogpt does): every document then starts right
+after an <|endoftext|>, so a training window that crosses a boundary sees "end of previous text, start of a
+new one", and sampling can be seeded with the eot token alone to start a fresh document.
+
+Every shard is written to a .tmp file and renamed, then meta.json is updated; an interrupted run restarts
+after the last complete shard (it re-reads the skipped documents but does not tokenise them again).
+Documents are stripped of surrounding whitespace; empty ones are dropped.
+
+--prepare_tinystories (prepare_tinystories(), called by train.py) writes DATA_DIR/train.txt, val.txt (the
+stories, each followed by "\n<|endoftext|>\n"), DATA_DIR/tokenizer/ (bpe.py), DATA_DIR/train.bin, val.bin
+(+ sidecars, eot before every story) and DATA_DIR/prepared.json, the record that lets a second call reuse
+every step. Without network (or with HF_HUB_OFFLINE=1) it says so in one line and uses stories.py instead.
+"""
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from itertools import islice
+from multiprocessing import Pool
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+EOT = "<|endoftext|>"
+DATASETS = {  # --dataset name -> where `datasets` streams it from
+    "fineweb-edu": dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", text="text"),
+    "tinystories": dict(path="roneneldan/TinyStories", name=None, split="train", text="text"),
+    "openwebtext": dict(path="Skylion007/openwebtext", name=None, split="train", text="text"),
+}
+
+# ----------------------------------------------------------------------------------------------------------
+# tokenizers: "gpt2" through tiktoken, anything else a bpe.py tokenizer directory
+
+
+class _GPT2:
+    """tiktoken's GPT-2. encode_ordinary: a literal "<|endoftext|>" inside a web page stays text, so the only
+    eot ids in a shard are the document separators we put there."""
+
+    def __init__(self):
+        import tiktoken
+        self.enc = tiktoken.get_encoding("gpt2")
+        self.name, self.vocab_size, self.eot_id = "gpt2", self.enc.n_vocab, self.enc.eot_token
+
+    def encode(self, text):
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids):
+        return self.enc.decode(list(ids))
+
+
+def load_tokenizer(ref):
+    """"gpt2" -> tiktoken (works without bpe.py); a directory -> bpe.load_tokenizer(dir)."""
+    ref = str(ref)
+    if ref == "gpt2":
+        return _GPT2()
+    if not Path(ref, "vocab.json").is_file():
+        raise ValueError(f"{ref}: not a tokenizer directory (expected vocab.json, merges.txt, special_tokens.json "
+                         "from bpe.py), and not 'gpt2'")
+    import bpe
+    return bpe.load_tokenizer(str(ref))
+
+
+def tokenizer_fingerprint(ref):
+    """Identifies a tokenizer by content, so a retrained tokenizer in the same folder is not mistaken for the old."""
+    if ref == "gpt2":
+        return "gpt2"
+    h = hashlib.sha256()
+    for name in ("vocab.json", "merges.txt", "special_tokens.json"):
+        p = Path(ref, name)
+        h.update(p.read_bytes() if p.is_file() else b"")
+    return h.hexdigest()[:16]
+
+
+def choose_dtype(vocab_size, dtype=None):
+    if dtype in (None, "auto"):
+        return "uint16" if vocab_size <= 2**16 else "uint32"
+    if dtype not in ("uint16", "uint32"):
+        raise ValueError(f"dtype must be uint16, uint32 or auto, got {dtype!r}")
+    if dtype == "uint16" and vocab_size > 2**16:
+        raise ValueError(f"a vocabulary of {vocab_size} ids does not fit uint16 (at most 65536 ids): use uint32 or auto")
+    return dtype
+
+
+# ----------------------------------------------------------------------------------------------------------
+# documents: local files, Hugging Face datasets, shuffling
+
+
+def check_input(path):
+    """Fail early, with the path in the message, on input we could not read."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{path}: no such file or folder")
+    if not os.access(p, os.R_OK):
+        raise ValueError(f"{path}: not readable (permissions)")
+    if p.is_file():
+        with open(p, "rb") as fh:
+            fh.read(1)
+
+
+def file_docs(path, chunk_chars=1 << 20):
+    """Documents of a text file separated by <|endoftext|>, streamed (memory: one chunk + one document).
+    Surrounding whitespace of every document is stripped and empty documents are dropped; line endings are
+    kept as they are (CRLF stays CRLF), a byte-order mark at the start of the file is dropped."""
+    buf = ""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:  # line endings kept; a leading BOM dropped
+            while chunk := fh.read(chunk_chars):
+                parts = (buf + chunk).split(EOT)
+                buf = parts.pop()  # may be the start of a document (or of a separator) continuing in the next chunk
+                for doc in parts:
+                    if doc.strip():
+                        yield doc.strip()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start} of a chunk)") from None
+    if buf.strip():
+        yield buf.strip()
+
+
+def folder_docs(path):
+    """One document per file, files in sorted order of their relative path (hidden files skipped)."""
+    files = sorted(p for p in Path(path).rglob("*")
+                   if p.is_file() and not any(s.startswith(".") for s in p.relative_to(path).parts))
+    if not files:
+        raise ValueError(f"{path}: the folder holds no files")
+    for p in files:
+        try:
+            with open(p, encoding="utf-8-sig", newline="") as fh:  # bytes as they are, minus a BOM
+                doc = fh.read().strip()
+        except (UnicodeDecodeError, OSError) as e:
+            raise ValueError(f"{p}: cannot read as UTF-8 text ({e})") from None
+        if doc:
+            yield doc
+
+
+def hub_reachable(timeout=3.0):
+    """(ok, reason): a quick check before `datasets` spends minutes retrying a hub that cannot be reached."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "0").lower() not in ("0", "", "false", "no"):
+            return False, f"{var} is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True, "behind a proxy: not probed"
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True, ""
+    except OSError as e:
+        return False, f"cannot reach {host} ({e})"
+
+
+def hf_docs(dataset, split=None):
+    """Stream the text field of a Hugging Face dataset (nothing held in memory beyond the current rows).
+    Checks the name and the network now, so a bad call fails before anything is written."""
+    if dataset not in DATASETS:
+        raise ValueError(f"--dataset {dataset!r}: unknown, expected one of {', '.join(DATASETS)} (or --input PATH)")
+    spec = DATASETS[dataset]
+    ok, why = hub_reachable()
+    if not ok:
+        raise ValueError(f"--dataset {dataset}: the Hugging Face hub is unreachable ({why}); "
+                         "use --input PATH for a local corpus")
+    from datasets import load_dataset
+    ds = load_dataset(spec["path"], name=spec["name"], split=split or spec["split"], streaming=True)
+    return (row[spec["text"]].strip() for row in ds if row[spec["text"]].strip())
+
+
+def buffer_shuffle(docs, buffer_size, seed):
+    """Shuffle a stream with a fixed-size buffer (like a shuffle buffer in tf.data): memory is buffer_size
+    documents, a document moves at most ~buffer_size places on average, and the order depends only on the seed."""
+    r = random.Random(seed)
+    buf = []
+    for doc in docs:
+        if len(buf) < buffer_size:
+            buf.append(doc)
+            continue
+        i = r.randrange(buffer_size)
+        yield buf[i]
+        buf[i] = doc
+    r.shuffle(buf)
+    yield from buf
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parallel tokenisation: batches of documents -> (tokens with an eot before every document, document lengths)
+
+_worker = {}
+
+
+def _init_worker(tokenizer_ref, dtype, in_pool=False):
+    if in_pool:  # Ctrl-C is handled once, by the main process, which then stops the pool
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tok = load_tokenizer(tokenizer_ref)
+    if tok.eot_id is None:
+        raise ValueError(f"{tokenizer_ref}: the tokenizer has no {EOT} special token, needed to separate documents")
+    plain = tok
+    if tokenizer_ref != "gpt2" and hasattr(tok, "merges"):
+        # the same BPE without special tokens: a literal "<|endoftext|>" inside a document is encoded as text,
+        # as tiktoken's encode_ordinary does for GPT-2, so the only eot ids are the separators we insert
+        import bpe
+        plain = bpe.Tokenizer(tok.vocab, tok.merges, [])
+    _worker.update(encode=plain.encode, eot=tok.eot_id, dtype=np.dtype(dtype).newbyteorder("<"))
+
+
+def _encode_batch(docs):
+    encode, eot = _worker["encode"], _worker["eot"]
+    ids, lengths = [], []
+    for doc in docs:
+        t = encode(doc)
+        ids.append(eot)
+        ids.extend(t)
+        lengths.append(len(t) + 1)
+    return np.array(ids, dtype=_worker["dtype"]), np.array(lengths, dtype=np.int64)
+
+
+def _batches(docs, batch_chars):
+    batch, size = [], 0
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc)
+        if size >= batch_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def encode_docs(docs, tokenizer_ref, dtype, num_workers=None, batch_chars=1 << 20):
+    """Yield (tokens, doc_lengths) per batch, in order, tokenised on num_workers processes (default: all cores).
+    At most 2 batches per worker are in flight, so memory stays bounded however fast the documents arrive
+    (Pool.imap alone would read the whole input ahead)."""
+    num_workers = num_workers or os.cpu_count() or 1
+    batches = _batches(docs, batch_chars)
+    if num_workers == 1:
+        _init_worker(tokenizer_ref, dtype)
+        yield from (_encode_batch(b) for b in batches)
+        return
+    slots, stop, error = threading.Semaphore(2 * num_workers), threading.Event(), []
+
+    def gated():  # runs in the pool's task-feeding thread
+        try:
+            for b in batches:
+                slots.acquire()
+                if stop.is_set():
+                    return
+                yield b
+        except Exception as e:  # an unreadable input surfaces in the main thread, after the batches before it
+            error.append(e)
+
+    with Pool(num_workers, initializer=_init_worker, initargs=(tokenizer_ref, dtype, True)) as pool:
+        try:
+            for out in pool.imap(_encode_batch, gated()):
+                slots.release()
+                yield out
+        finally:
+            stop.set()
+            for _ in range(2 * num_workers + 1):
+                slots.release()
+    if error:
+        raise error[0]
+
+
+class Progress:
+    """One line rewritten in place on a terminal (documents, tokens, throughput); in a log file, one line
+    every 30 s instead, so a long run does not fill the log with carriage returns."""
+
+    def __init__(self, enabled=True):
+        self.enabled, self.tty, self.t0, self.last = enabled, sys.stderr.isatty(), time.time(), 0.0
+
+    def update(self, docs, tokens, extra="", force=False):
+        now = time.time()
+        if self.enabled and (force or now - self.last >= (0.5 if self.tty else 30)):
+            self.last = now
+            rate = tokens / max(now - self.t0, 1e-9)
+            line = f"{docs:,} docs | {tokens:,} tokens | {rate / 1e6:.2f} M tok/s {extra}"
+            sys.stderr.write(f"\r{line}  " if self.tty else line + "\n")
+            sys.stderr.flush()
+
+    def done(self):
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# writing token files: atomic (write .tmp, then rename), with the CONTRACT's sidecar
+
+
+def _atomic_write(path, data: bytes):
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _write_json(path, obj):
+    _atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+def sidecar(dtype, vocab_size, num_tokens, num_docs, tokenizer, eot_id):
+    return {"format": "tokens-v1", "dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(num_tokens),
+            "num_docs": None if num_docs is None else int(num_docs), "tokenizer": tokenizer, "eot_id": eot_id}
+
+
+def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=None, progress=False):
+    """Tokenise documents (eot before each) into ONE token file + sidecar, streamed to disk. Returns the sidecar."""
+    tokenizer = str(tokenizer)
+    tok = load_tokenizer(tokenizer)
+    dtype = choose_dtype(tok.vocab_size, dtype)
+    n_tokens = n_docs = 0
+    bar = Progress(progress)
+    tmp = f"{out_path}.tmp"
+    with open(tmp, "wb") as fh:
+        for ids, lengths in encode_docs(docs, tokenizer, dtype, num_workers):
+            fh.write(ids.tobytes())
+            n_tokens, n_docs = n_tokens + len(ids), n_docs + len(lengths)
+            bar.update(n_docs, n_tokens, Path(out_path).name)
+        fh.flush()
+        os.fsync(fh.fileno())
+    bar.update(n_docs, n_tokens, Path(out_path).name, force=True)
+    bar.done()
+    if n_docs == 0:
+        os.remove(tmp)
+        raise ValueError(f"{out_path}: no documents to tokenise (empty input)")
+    meta = sidecar(dtype, tok.vocab_size, n_tokens, n_docs, tokenizer, tok.eot_id)
+    os.replace(tmp, out_path)
+    _write_json(f"{out_path}.json", meta)
+    return meta
+
+
+def shard_name(index):
+    return f"{'val' if index == 0 else 'train'}_{index:06d}.bin"
+
+
+def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_workers=None, dtype=None,
+                 source="?", shuffle_docs=False, seed=1337, progress=True, log=print, batch_chars=1 << 20):
+    """Tokenise a document stream into val_000000.bin, train_000001.bin, ... of shard_size tokens.
+
+    `docs` must be the same stream on every call (same source, same shuffling): a rerun after an interruption
+    skips the documents already in complete shards. Documents are split across shard boundaries, so the
+    shards concatenated are exactly the token stream. Returns the directory's meta.json as a dict."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be positive, got {shard_size}")
+    tokenizer = str(tokenizer)
+    tok = load_tokenizer(tokenizer)
+    dtype = choose_dtype(tok.vocab_size, dtype)
+    if tok.eot_id is None:
+        raise ValueError(f"{tokenizer}: the tokenizer has no {EOT} special token, needed to separate documents")
+    out = Path(out_dir)
+    config = {"source": source, "tokenizer": tokenizer, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+              "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id, "eot_position": "before each document",
+              "shard_size": shard_size, "shuffle_docs": shuffle_docs, "seed": seed if shuffle_docs else None}
+    meta = _resume_or_start(out, config)
+    if meta["complete"]:
+        log(f"{out}: already complete ({meta['num_tokens']:,} tokens in {len(meta['shards'])} shards); nothing to do")
+        return meta
+    shards = meta["shards"]
+    start_doc, drop = (shards[-1]["end_doc"], shards[-1]["end_offset"]) if shards else (0, 0)
+    if shards:
+        log(f"{out}: resuming after shard {len(shards) - 1} (document {start_doc:,}, token {drop:,} of it)")
+
+    buf = np.empty(shard_size, dtype=np.dtype(dtype).newbyteorder("<"))
+    fill = shard_docs = 0
+    doc_index = start_doc  # index in the stream of the first document of the current batch
+    t0 = time.time()
+    new_tokens = new_docs = 0
+    bar = Progress(progress)
+
+    def flush(end_doc, end_offset):
+        nonlocal fill, shard_docs
+        index = len(shards)
+        name = shard_name(index)
+        _atomic_write(out / name, buf[:fill].tobytes())
+        _write_json(out / f"{name}.json", sidecar(dtype, tok.vocab_size, fill, shard_docs, tokenizer, tok.eot_id))
+        shards.append({"file": name, "num_tokens": int(fill), "num_docs": int(shard_docs),
+                       "end_doc": int(end_doc), "end_offset": int(end_offset)})
+        meta.update(num_tokens=sum(s["num_tokens"] for s in shards), num_docs=int(end_doc + (end_offset > 0)))
+        _write_json(out / "meta.json", meta)  # the shard counts as done only once it is listed here
+        fill = shard_docs = 0
+
+    for ids, lengths in encode_docs(islice(docs, start_doc, None), tokenizer, dtype, num_workers, batch_chars):
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        pos, drop = drop, 0  # after a resume, the first document's first `drop` tokens are already on disk
+        while pos < len(ids):
+            take = min(shard_size - fill, len(ids) - pos)
+            buf[fill:fill + take] = ids[pos:pos + take]
+            shard_docs += int(np.searchsorted(starts, pos + take) - np.searchsorted(starts, pos))
+            fill, pos = fill + take, pos + take
+            if fill == shard_size:
+                done = int(np.searchsorted(ends, pos, side="right"))  # documents of this batch fully written
+                flush(doc_index + done, pos - (ends[done - 1] if done else 0))
+        doc_index += len(lengths)
+        new_docs, new_tokens = new_docs + len(lengths), new_tokens + len(ids)
+        bar.update(doc_index, meta["num_tokens"] + fill, f"| shard {len(shards)}")
+    if fill:
+        flush(doc_index, 0)
+    bar.update(doc_index, meta["num_tokens"], f"| {len(shards)} shards", force=True)
+    bar.done()
+    if not shards:
+        raise ValueError(f"{source}: no documents to tokenise (empty input)")
+    meta["complete"] = True
+    _write_json(out / "meta.json", meta)
+    dt = time.time() - t0
+    log(f"{out}: {meta['num_docs']:,} documents, {meta['num_tokens']:,} tokens in {len(shards)} shards "
+        f"({shard_name(0)} = validation); this run {new_tokens:,} tokens in {dt:.1f}s = "
+        f"{new_tokens / max(dt, 1e-9) / 1e6:.2f} M tok/s, {new_docs / max(dt, 1e-9):,.0f} docs/s")
+    if len(shards) == 1:
+        log(f"{out}: only shard 0 (validation) was written: lower --shard_size to get training shards")
+    return meta
+
+
+def _resume_or_start(out, config):
+    """Read out/meta.json if this configuration wrote it; refuse a directory written with anything else."""
+    meta_path = out / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        old = meta.get("config", {})
+        same = ("tokenizer", "tokenizer_fingerprint")
+        if [old.get(k) for k in same] != [config[k] for k in same]:
+            raise ValueError(f"{out}: holds shards made with tokenizer {old.get('tokenizer')!r} "
+                             f"(fingerprint {old.get('tokenizer_fingerprint')}), not {config['tokenizer']!r} "
+                             f"({config['tokenizer_fingerprint']}): choose another --out_dir or empty this one")
+        diff = [k for k in config if old.get(k) != config[k]]
+        if diff:
+            was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
+            raise ValueError(f"{out}: was written with different settings ({was}): "
+                             "rerun with the same flags to resume, or use another --out_dir")
+        for s in meta["shards"]:  # every listed shard must be intact, or the resume would be silently wrong
+            p = out / s["file"]
+            if not p.is_file() or p.stat().st_size != s["num_tokens"] * np.dtype(config["dtype"]).itemsize:
+                raise ValueError(f"{p}: missing or of the wrong size for the {s['num_tokens']:,} tokens meta.json lists: "
+                                 "empty the directory and start again")
+        return meta
+    if out.exists() and any(out.glob("*.bin")):
+        owner = next(out.glob("*.bin.json"), None)
+        who = json.loads(owner.read_text()).get("tokenizer") if owner else "an unknown tokenizer"
+        raise ValueError(f"{out}: already holds token files (made with {who!r}) but no meta.json from fineweb.py: "
+                         "choose an empty --out_dir")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format": "fineweb-v1", "config": config, "shards": [], "num_tokens": 0, "num_docs": 0, "complete": False}
+    _write_json(meta_path, meta)  # claims the directory for this tokenizer and these settings
+    return meta
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the small TinyStories set for `python train.py`: corpus (download or generated) -> BPE -> train.bin / val.bin
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while b := fh.read(1 << 20):
+            h.update(b)
+    return h.hexdigest()
+
+
+def _download_tinystories(train_txt, val_txt, train_bytes, val_bytes, log):
+    """The first train_bytes of TinyStories' train split and val_bytes of its validation split (None = all),
+    streamed with `datasets`. Returns True on success; on any failure says why in one line, returns False."""
+    ok, why = hub_reachable()
+    if not ok:
+        log(f"TinyStories download unavailable ({why}): using the corpus generated by stories.py instead")
+        return False
+    try:
+        for split, path, limit in (("validation", val_txt, val_bytes), ("train", train_txt, train_bytes)):
+            written = 0
+            with open(f"{path}.tmp", "w", encoding="utf-8", newline="") as fh:
+                for doc in hf_docs("tinystories", split=split):
+                    doc = doc + "\n" + EOT + "\n"
+                    fh.write(doc)
+                    written += len(doc.encode())
+                    if limit is not None and written >= limit:
+                        break
+            os.replace(f"{path}.tmp", path)
+        return True
+    except Exception as e:  # network errors come in many types; any of them means "fall back"
+        for path in (train_txt, val_txt):
+            Path(f"{path}.tmp").unlink(missing_ok=True)
+        log(f"TinyStories download failed ({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}): "
+            "using the corpus generated by stories.py instead")
+        return False
+
+
+def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_download=True, fresh=False, log=print,
+                        corpus_bytes=4_000_000, val_fraction=0.05, seed=0, num_workers=None):
+    """Make data_dir/{train,val}.bin (+ sidecars) and data_dir/tokenizer for train.py, reusing every step
+    already done (recorded in data_dir/prepared.json); fresh=True redoes everything.
+
+    1. corpus: TinyStories (first corpus_bytes; None = the whole set) when the hub is reachable, else
+       stories.py's generated stories -> data_dir/train.txt, val.txt (val_fraction of the bytes);
+    2. tokenizer: bpe.py BPE with vocab_size ids (<|endoftext|> included) trained on train.txt;
+    3. tokens: train.bin / val.bin with an eot before every story, on all cores.
+    Returns dict(data_dir=..., tokenizer=...) (plus source and token counts)."""
+    import bpe
+    d = Path(data_dir)
+    train_txt, val_txt, tok_dir, state_path = d / "train.txt", d / "val.txt", d / "tokenizer", d / "prepared.json"
+    if fresh and d.exists():
+        for p in [train_txt, val_txt, state_path] + [d / f"{s}.bin{x}" for s in ("train", "val") for x in ("", ".json")]:
+            p.unlink(missing_ok=True)
+        shutil.rmtree(tok_dir, ignore_errors=True)
+    d.mkdir(parents=True, exist_ok=True)
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    t0 = time.time()
+
+    # 1. corpus
+    want = {"corpus_bytes": corpus_bytes, "val_fraction": val_fraction, "seed": seed}
+    c = state.get("corpus", {})
+    if c.get("request") == want and train_txt.is_file() and val_txt.is_file() and \
+            (c.get("train_sha256"), c.get("val_sha256")) == (_sha256(train_txt), _sha256(val_txt)):
+        log(f"corpus: reusing {d}/train.txt, val.txt ({c['source']})")
+    else:
+        state = {}
+        val_bytes = None if corpus_bytes is None else max(1, int(corpus_bytes * val_fraction))
+        train_bytes = None if corpus_bytes is None else corpus_bytes - val_bytes
+        source = "TinyStories (roneneldan/TinyStories)"
+        if not (allow_download and _download_tinystories(train_txt, val_txt, train_bytes, val_bytes, log)):
+            import stories
+            if corpus_bytes is None:
+                raise ValueError("corpus_bytes=None (all of TinyStories) needs the download; the generated corpus needs a size")
+            if not allow_download:
+                log("corpus: downloads disabled: using the corpus generated by stories.py")
+            stories.write_corpus(train_txt, train_bytes, seed)
+            stories.write_corpus(val_txt, val_bytes, seed + 1)  # another seed: validation stories are new draws
+            source = f"generated by stories.py, seed {seed}"
+        state["corpus"] = {"request": want, "source": source, "train_sha256": _sha256(train_txt),
+                           "val_sha256": _sha256(val_txt), "train_bytes": train_txt.stat().st_size,
+                           "val_bytes": val_txt.stat().st_size}
+        _write_json(state_path, state)
+        c = state["corpus"]
+        log(f"corpus: {source}: {c['train_bytes']:,} + {c['val_bytes']:,} bytes (train + val)")
+
+    # 2. tokenizer
+    want = {"train_sha256": state["corpus"]["train_sha256"], "vocab_size": vocab_size, "special_tokens": [EOT]}
+    t = state.get("tokenizer", {})
+    if t.get("request") == want and (tok_dir / "vocab.json").is_file() and \
+            t.get("fingerprint") == tokenizer_fingerprint(str(tok_dir)):
+        log(f"tokenizer: reusing {tok_dir} (vocab {vocab_size})")
+    else:
+        t1 = time.time()
+        vocab, merges = bpe.train_bpe(str(train_txt), vocab_size, [EOT], num_workers=num_workers)
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir))
+        state["tokenizer"] = {"request": want, "fingerprint": tokenizer_fingerprint(str(tok_dir))}
+        state.pop("tokens", None)
+        _write_json(state_path, state)
+        log(f"tokenizer: trained BPE, vocab {vocab_size}, on {train_txt} in {time.time() - t1:.1f}s -> {tok_dir}")
+
+    # 3. tokens
+    want = {"tokenizer_fingerprint": state["tokenizer"]["fingerprint"], "train_sha256": state["corpus"]["train_sha256"],
+            "val_sha256": state["corpus"]["val_sha256"]}
+    k = state.get("tokens", {})
+    bins = [d / "train.bin", d / "val.bin"]
+    if k.get("request") == want and all(p.is_file() and Path(f"{p}.json").is_file() for p in bins):
+        log(f"tokens: reusing {bins[0]} ({k['train_tokens']:,} tokens), {bins[1]} ({k['val_tokens']:,})")
+    else:
+        t1 = time.time()
+        tr, va = [write_token_file(file_docs(txt), out, str(tok_dir), num_workers) for txt, out in zip((train_txt, val_txt), bins)]
+        state["tokens"] = {"request": want, "train_tokens": tr["num_tokens"], "val_tokens": va["num_tokens"]}
+        _write_json(state_path, state)
+        dt = time.time() - t1
+        log(f"tokens: {bins[0]} ({tr['num_tokens']:,} tokens, {tr['num_docs']:,} stories), {bins[1]} ({va['num_tokens']:,}) "
+            f"in {dt:.1f}s ({(tr['num_tokens'] + va['num_tokens']) / max(dt, 1e-9) / 1e3:,.0f} k tok/s)")
+    log(f"data ready in {time.time() - t0:.1f}s: {d}")
+    return dict(data_dir=str(d), tokenizer=str(tok_dir), source=state["corpus"]["source"],
+                train_tokens=state["tokens"]["train_tokens"], val_tokens=state["tokens"]["val_tokens"])
+
+
+def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_workers=None, log=print):
+    """Train a bpe.py tokenizer (with <|endoftext|>) on the first max_bytes of a document stream (None: all)
+    and save it to tok_dir; an existing tok_dir is reused (so a resumed run shards with the same tokenizer)."""
+    import bpe
+    tok_dir = Path(tok_dir)
+    if (tok_dir / "vocab.json").is_file():
+        log(f"tokenizer: reusing {tok_dir}")
+        return str(tok_dir)
+    tok_dir.parent.mkdir(parents=True, exist_ok=True)
+    text = tok_dir.parent / "bpe_train.txt.tmp"
+    written = 0
+    with open(text, "w", encoding="utf-8", newline="") as fh:
+        for doc in docs:
+            fh.write(doc + "\n" + EOT + "\n")
+            written += len(doc.encode()) + len(EOT) + 2
+            if max_bytes and written >= max_bytes:
+                break
+    t0 = time.time()
+    vocab, merges = bpe.train_bpe(str(text), vocab_size, [EOT], num_workers=num_workers)
+    bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir) + ".tmp")
+    os.replace(str(tok_dir) + ".tmp", tok_dir)
+    text.unlink()
+    log(f"tokenizer: trained BPE, vocab {vocab_size}, on {written:,} bytes in {time.time() - t0:.1f}s -> {tok_dir}")
+    return str(tok_dir)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", default="fineweb-edu", help=f"Hugging Face corpus to stream: {', '.join(DATASETS)}")
+    p.add_argument("--input", default=None, help="local corpus instead: a text file (documents separated by "
+                   f"{EOT}) or a folder (one document per file)")
+    p.add_argument("--out_dir", default=None, help="output folder; None means data/edu_fineweb10B for the "
+                   "default run, else data/<dataset or input name>-<gpt2|bpe> (data/tinystories with --prepare_tinystories)")
+    p.add_argument("--tokenizer", default="gpt2", help="'gpt2' (tiktoken) or a bpe.py tokenizer directory")
+    p.add_argument("--vocab_size", type=int, default=None, help="train a bpe.py tokenizer of this size on the corpus first "
+                   "(saved in OUT_DIR/tokenizer) instead of --tokenizer; with --prepare_tinystories the default is 2048")
+    p.add_argument("--bpe_train_bytes", type=int, default=100_000_000, help="with --vocab_size: train the tokenizer on "
+                   "the first this many bytes of the corpus (0: all of it)")
+    p.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard; shard 0 is validation")
+    p.add_argument("--dtype", default="auto", choices=["auto", "uint16", "uint32"],
+                   help="token dtype (auto: uint16 if the vocabulary fits)")
+    p.add_argument("--num_workers", type=int, default=os.cpu_count(), help="tokenising processes")
+    p.add_argument("--shuffle_docs", action="store_true", help="shuffle documents (through a buffer of --shuffle_buffer)")
+    p.add_argument("--shuffle_buffer", type=int, default=20_000, help="documents held in memory for --shuffle_docs")
+    p.add_argument("--seed", type=int, default=1337, help="seed for --shuffle_docs")
+    p.add_argument("--max_docs", type=int, default=None, help="stop after this many documents (quick tries)")
+    p.add_argument("--prepare_tinystories", action="store_true", help="instead: build train.py's default data set "
+                   "(TinyStories or the generated corpus, a BPE tokenizer, train.bin/val.bin) in --out_dir")
+    p.add_argument("--corpus_bytes", type=int, default=4_000_000, help="with --prepare_tinystories: bytes of stories "
+                   "(0: all of TinyStories, with its official validation split)")
+    p.add_argument("--fresh", action="store_true", help="with --prepare_tinystories: redo every step")
+    args = p.parse_args()
+    try:
+        if args.prepare_tinystories:
+            prepare_tinystories(args.out_dir or "data/tinystories", args.vocab_size or 2048, fresh=args.fresh,
+                                corpus_bytes=args.corpus_bytes or None, num_workers=args.num_workers)
+            return
+        if args.input:
+            check_input(args.input)
+            open_docs = lambda: folder_docs(args.input) if Path(args.input).is_dir() else file_docs(args.input)
+            source, name = f"file:{Path(args.input).resolve()}", Path(args.input).stem
+        else:
+            open_docs = lambda: hf_docs(args.dataset)
+            source, name = f"hf:{DATASETS.get(args.dataset, {}).get('path')}", args.dataset
+        docs = open_docs()
+        tok_name = "bpe" if args.vocab_size or args.tokenizer != "gpt2" else "gpt2"
+        default_dir = "data/edu_fineweb10B" if (name, tok_name) == ("fineweb-edu", "gpt2") else f"data/{name}-{tok_name}"
+        out_dir = args.out_dir or default_dir
+        if args.vocab_size:
+            args.tokenizer = train_tokenizer_on_docs(docs, args.vocab_size, Path(out_dir) / "tokenizer",
+                                                     args.bpe_train_bytes or None, args.num_workers)
+            docs = open_docs()
+        if args.max_docs:
+            docs, source = islice(docs, args.max_docs), f"{source}[:{args.max_docs}]"
+        if args.shuffle_docs:
+            docs, source = buffer_shuffle(docs, args.shuffle_buffer, args.seed), f"{source}|buffer {args.shuffle_buffer}"
+        write_shards(docs, out_dir, args.tokenizer, args.shard_size, args.num_workers,
+                     args.dtype, source=source, shuffle_docs=args.shuffle_docs, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"fineweb.py: {e}")
+    except KeyboardInterrupt:
+        raise SystemExit("\nfineweb.py: interrupted; rerun the same command to resume after the last complete shard")
+
+
+if __name__ == "__main__":
+    main()
