@@ -1,0 +1,326 @@
+"""HellaSwag evaluation: can the model tell which of 4 endings continues an everyday scene?
+
+HellaSwag (Zellers et al., 2019) gives a context and 4 candidate endings, one of them true. Each ending is
+rendered as context + " " + ending and scored by the cross-entropy of its own tokens only (the context is
+shared by the 4 rows, so it carries no signal). The model picks the ending with the lowest AVERAGE per-token
+loss (acc_norm, the figure usually quoted: it does not favour short endings) or the lowest SUMMED loss (acc,
+the ending's total log-likelihood). This is the "completion" style of build-nanogpt, with which the released
+GPT-2 124M scores 0.2955 acc_norm on the 10,042 validation examples (GPT-3 124M: 0.337). The Eleuther
+harness preprocesses the text and reports other numbers (0.3114 acc_norm for GPT-2 124M).
+
+Commands:
+  python hellaswag.py --init_from=gpt2                 # released GPT-2 124M (downloads weights + val set)
+  python hellaswag.py --ckpt out/ckpt.pt               # a train.py checkpoint, with its own tokenizer
+  python hellaswag.py --ckpt out/ckpt.pt --data hellaswag_val.jsonl --limit 100 --verbose
+  torchrun --standalone --nproc_per_node=8 hellaswag.py --init_from=gpt2    # examples sharded over ranks
+
+From Python (train.py does this during training, compiled or not):
+  from hellaswag import load_examples, evaluate
+  examples = load_examples()                     # or load_examples("local/hellaswag_val.jsonl")
+  result = evaluate(raw_model, tokenizer, examples, device, ddp_rank, ddp_world_size)
+  print(result_line(result))                     # hellaswag acc_norm 0.2955 (2967/10042) acc ...
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.request
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+# the original repository's copies (rowanz/hellaswag); only val has labels we can score (test is hidden)
+VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+DATA_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
+NUM_ENDINGS = 4
+
+# -----------------------------------------------------------------------------
+# data
+
+
+def download(url, dest):
+    """Fetch url to dest once; the write is atomic so an interrupted download never looks complete."""
+    dest = Path(dest)
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f"{dest.name}.{os.getpid()}.part")  # per-process, so concurrent ranks never collide
+    print(f"downloading {url} -> {dest}", file=sys.stderr)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
+            shutil.copyfileobj(response, f)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"cannot download {url} ({e}); offline? pass --data FILE with a local copy") from e
+    os.replace(tmp, dest)
+    return dest
+
+
+def parse_example(line, where):
+    """One HellaSwag jsonl row -> the row as a dict, checked, with an int label. `where` is 'file:line'."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not a JSON object ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object with ctx, endings, label")
+    ctx, endings, label = row.get("ctx"), row.get("endings"), row.get("label")
+    if not isinstance(ctx, str) or not ctx.strip():
+        raise ValueError(f"{where}: 'ctx' must be a non-empty string")
+    if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS and all(isinstance(e, str) for e in endings)):
+        raise ValueError(f"{where}: 'endings' must be a list of {NUM_ENDINGS} strings")
+    if isinstance(label, str) and label.strip().isdigit():
+        label = int(label)  # the Hugging Face copies store labels as strings
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < NUM_ENDINGS:
+        raise ValueError(f"{where}: 'label' must be an integer in 0..{NUM_ENDINGS - 1}, got {row.get('label')!r}")
+    return dict(row, label=label)
+
+
+def load_examples(path=None, data_dir=DATA_DIR):
+    """HellaSwag examples from a local jsonl file, or (path=None) the official val set, downloaded and cached."""
+    if path is None:
+        path = download(VAL_URL, Path(data_dir) / "hellaswag_val.jsonl")
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (expected a HellaSwag jsonl file)")
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                examples.append(parse_example(line, f"{path}:{lineno}"))
+    if not examples:
+        raise ValueError(f"{path}: no examples (expected one HellaSwag JSON object per line)")
+    return examples
+
+# -----------------------------------------------------------------------------
+# rendering and scoring
+
+
+def render_example(example, tokenizer, max_len=None):
+    """The 4 completions of one example as one padded batch.
+
+    Returns tokens (4, T) and mask (4, T), both int64, and the label. Row i is ctx tokens + tokens of
+    " " + ending i (GPT-2 style tokenisers attach the space to the following word), right-padded with 0;
+    mask is 1 exactly on the ending tokens, the ones scored. Padding sits after everything scored, and
+    attention is causal, so it never changes a scored logit. With max_len (the model's context length) the
+    context loses tokens from its start, the same number for all 4 rows so they stay comparable.
+    """
+    ctx_tokens = tokenizer.encode(example["ctx"])
+    end_tokens = [tokenizer.encode(" " + ending) for ending in example["endings"]]
+    longest = max(len(t) for t in end_tokens)
+    if max_len is not None:
+        if longest + 1 > max_len:
+            raise ValueError(f"hellaswag example {example.get('ind')}: an ending has {longest} tokens, "
+                             f"too long for context length {max_len}")
+        ctx_tokens = ctx_tokens[-(max_len - longest):]
+    if not ctx_tokens:
+        raise ValueError(f"hellaswag example {example.get('ind')}: the context encodes to no tokens")
+    tokens = torch.zeros(len(end_tokens), len(ctx_tokens) + longest, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, end in enumerate(end_tokens):
+        row = ctx_tokens + end
+        tokens[i, :len(row)] = torch.tensor(row)
+        mask[i, len(ctx_tokens):len(row)] = 1
+    return tokens, mask, example["label"]
+
+
+def forward_logits(model, idx):
+    """Logits (B, T, vocab) from either model.py architecture: GPT returns (logits, loss), TransformerLM logits."""
+    out = model(idx)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def score_endings(model, tokens, mask):
+    """Per row: summed and average cross-entropy of the tokens where mask is 1 -> (sum_loss, avg_loss), (N,) each."""
+    logits = forward_logits(model, tokens)[:, :-1]  # position t predicts token t+1
+    targets, scored = tokens[:, 1:], mask[:, 1:].bool()
+    # cross-entropy (in float32) only where it counts: the ending tokens are a fraction of a padded batch,
+    # and with a 50k vocabulary the full (B, T, vocab) float32 copy is the largest tensor in the evaluation
+    losses = torch.zeros(targets.shape, device=logits.device)
+    losses[scored] = F.cross_entropy(logits[scored].float(), targets[scored], reduction="none")
+    sum_loss = losses.sum(dim=1)
+    return sum_loss, sum_loss / scored.sum(dim=1)
+
+
+def unwrap(model):
+    """The plain module under DDP / torch.compile wrappers. Evaluation runs eagerly on it: HellaSwag's varying
+    shapes would make a compiled module recompile, and DDP's forward would expect every rank to step in lockstep."""
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, verbose=False,
+             batch_examples=4, progress=False):
+    """HellaSwag accuracy of model on examples -> dict(acc, acc_norm, num_correct, num_correct_norm, num_total).
+
+    Rank r scores examples r, r + world_size, ...; the counts are summed over ranks (every rank gets the
+    totals), so all ranks must call this together. batch_examples examples (x4 rows) go through one forward.
+    Runs under no_grad in eval mode and restores the previous mode, so it can be called mid-training; pass
+    the uncompiled module (wrappers are stripped anyway). Ties go to the lowest ending index.
+    """
+    model = unwrap(model)
+    was_training = model.training
+    model.eval()
+    max_len = getattr(model, "context_length", None)
+    mine = range(ddp_rank, len(examples), ddp_world_size)
+    num_correct = num_correct_norm = num_done = 0
+    try:
+        with torch.no_grad():
+            for start in range(0, len(mine), batch_examples):
+                batch = [examples[i] for i in mine[start:start + batch_examples]]
+                rendered = [render_example(ex, tokenizer, max_len) for ex in batch]
+                T = max(tokens.size(1) for tokens, _, _ in rendered)
+                tokens = torch.cat([F.pad(t, (0, T - t.size(1))) for t, _, _ in rendered]).to(device)
+                mask = torch.cat([F.pad(m, (0, T - m.size(1))) for _, m, _ in rendered]).to(device)
+                sum_loss, avg_loss = score_endings(model, tokens, mask)
+                sum_loss, avg_loss = sum_loss.view(-1, NUM_ENDINGS).cpu(), avg_loss.view(-1, NUM_ENDINGS).cpu()
+                for ex, (_, _, label), sums, avgs in zip(batch, rendered, sum_loss, avg_loss):
+                    pred, pred_norm = sums.argmin().item(), avgs.argmin().item()
+                    num_correct += pred == label
+                    num_correct_norm += pred_norm == label
+                    num_done += 1
+                    if verbose:
+                        print(f"--- example ind={ex.get('ind')} label={label} acc pick={pred} acc_norm pick={pred_norm} "
+                              f"(rank {ddp_rank}: acc_norm {num_correct_norm}/{num_done})\n  ctx: {ex['ctx']}")
+                        for i, ending in enumerate(ex["endings"]):
+                            flag = ("label " if i == label else "      ") + ("norm " if i == pred_norm else "     ")
+                            print(f"  {i} {flag}avg {avgs[i].item():7.4f} sum {sums[i].item():8.3f}  {ending}")
+                if progress:
+                    print(f"\rhellaswag {num_done}/{len(mine)} acc_norm {num_correct_norm / num_done:.4f}",
+                          end="", file=sys.stderr, flush=True)
+        if progress:
+            print(file=sys.stderr)
+    finally:
+        model.train(was_training)
+    counts = torch.tensor([num_correct, num_correct_norm, num_done], dtype=torch.long, device=device)
+    if ddp_world_size > 1:
+        dist.all_reduce(counts)
+    num_correct, num_correct_norm, num_total = counts.tolist()
+    return dict(acc=num_correct / max(num_total, 1), acc_norm=num_correct_norm / max(num_total, 1),
+                num_correct=num_correct, num_correct_norm=num_correct_norm, num_total=num_total)
+
+
+def result_line(r):
+    return (f"hellaswag acc_norm {r['acc_norm']:.4f} ({r['num_correct_norm']}/{r['num_total']}) "
+            f"acc {r['acc']:.4f} ({r['num_correct']}/{r['num_total']})")
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+def load_model(args, device):
+    """(model, tokenizer) from --ckpt or --init_from; any problem -> SystemExit naming the flag."""
+    from bpe import load_tokenizer  # imported here so evaluate() works with any module and tokenizer
+    from model import GPT, model_from_checkpoint
+    if args.init_from:
+        try:
+            model = GPT.from_pretrained(args.init_from)
+        except Exception as e:  # unknown name, offline hub, broken directory: all end the same way
+            raise SystemExit(f"hellaswag.py: --init_from {args.init_from}: cannot load GPT-2 weights ({e})")
+        ref = args.tokenizer or "gpt2"
+        where = "--tokenizer" if args.tokenizer else "--init_from"
+    else:
+        if not os.path.isfile(args.ckpt):
+            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: no such file")
+        try:
+            ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: not a loadable torch checkpoint ({e})")
+        if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: expected a train.py checkpoint "
+                             "(a dict with model, model_config, tokenizer)")
+        try:
+            model = model_from_checkpoint(ckpt, device="cpu")
+        except ValueError as e:
+            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: {e}")
+        ref = args.tokenizer or ckpt.get("tokenizer")
+        where = "--tokenizer" if args.tokenizer else f"the tokenizer stored in {args.ckpt}"
+        if not ref:
+            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt} names no tokenizer; pass --tokenizer gpt2|DIR")
+    try:
+        tokenizer = load_tokenizer(ref)
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"hellaswag.py: {where} ({ref!r}) cannot be loaded ({e}); pass --tokenizer gpt2|DIR")
+    if tokenizer.vocab_size > model.vocab_size:
+        raise SystemExit(f"hellaswag.py: {where} ({ref!r}) has {tokenizer.vocab_size} tokens but the model only "
+                         f"{model.vocab_size}: not the tokenizer this model was trained with")
+    return model.to(device), tokenizer
+
+
+def main():
+    parser = argparse.ArgumentParser(description="HellaSwag accuracy (acc_norm and acc) of a checkpoint or of "
+                                     "released GPT-2 weights.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--ckpt", default=None, help="train.py checkpoint to evaluate (either model.py architecture)")
+    parser.add_argument("--init_from", default=None,
+                        help="released weights instead: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF directory")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer ref overriding the checkpoint's (gpt2 or a bpe.py tokenizer directory)")
+    parser.add_argument("--data", default=None, help="local HellaSwag jsonl; default: the official val set, downloaded")
+    parser.add_argument("--data_dir", default=str(DATA_DIR), help="where the downloaded val set is cached")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
+    parser.add_argument("--batch_examples", type=int, default=4, help="examples per forward (4 rows each)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps; default cuda if available else cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="autocast dtype of the forward on cuda (the 0.2955 reference figure is float32)")
+    parser.add_argument("--verbose", action="store_true", help="print every example with the 4 ending losses")
+    args = parser.parse_args()
+    if (args.ckpt is None) == (args.init_from is None):
+        raise SystemExit("hellaswag.py: give exactly one of --ckpt PATH or --init_from NAME")
+    if args.limit is not None and args.limit < 1:
+        raise SystemExit(f"hellaswag.py: --limit must be a positive integer, got {args.limit}")
+    if args.batch_examples < 1:
+        raise SystemExit(f"hellaswag.py: --batch_examples must be a positive integer, got {args.batch_examples}")
+
+    # torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; each rank takes every world_size-th example
+    ddp = "RANK" in os.environ
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world_size = 0, 1
+    if ddp:
+        if device.startswith("cuda"):
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 where available, as the reference figure was measured
+
+    model, tokenizer = load_model(args, device)
+    try:
+        if ddp and rank != 0:
+            dist.barrier()  # rank 0 downloads first, the others then read the cached file
+        examples = load_examples(args.data, args.data_dir)
+        if ddp and rank == 0:
+            dist.barrier()
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"hellaswag.py: {'--data ' if args.data else ''}{e}")
+    examples = examples[:args.limit]
+
+    autocast = (torch.autocast(device_type, dtype=torch.bfloat16)
+                if args.dtype == "bfloat16" and device_type == "cuda" else nullcontext())
+    t0 = time.time()
+    try:
+        with autocast:
+            result = evaluate(model, tokenizer, examples, device, rank, world_size, verbose=args.verbose,
+                              batch_examples=args.batch_examples, progress=rank == 0 and not args.verbose)
+    except ValueError as e:
+        raise SystemExit(f"hellaswag.py: {e}")
+    if rank == 0:
+        print(f"{result['num_total']} examples in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
+        print(result_line(result))
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
