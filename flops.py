@@ -1,0 +1,424 @@
+"""
+Parameter, FLOP and memory accounting for both Transformer variants, and MFU.
+
+    python flops.py --model=gpt2-xl                       # the reference figures (Llama-style, d_ff 4288)
+    python flops.py --model=gpt2-xl --context 1024 16384  # forward FLOPs at several context lengths
+    python flops.py --model=gpt2 --arch=gpt2              # the real GPT-2 124M architecture
+    python flops.py --model=tinystories --gpu_mem=24      # largest batch for a 24 GB card
+    python flops.py --d_model=512 --num_layers=8 --num_heads=8 --vocab_size=10000 --context_length=256
+    python flops.py --ckpt=out/ckpt.pt                    # the shape stored in a checkpoint
+
+Conventions (the ones that reproduce the reference figures exactly):
+* FLOPs count matrix multiplies only, 2 per multiply-add. Norms, softmax, activations, RoPE and the
+  residual adds are left out (they are O(T*d) and below 1% at these shapes).
+* Attention scores (Q K^T) and the weighted sum (P V) are counted over the full T x T square, as a plain
+  matmul computes them; a causal flash kernel skips the masked half, so its real work is a bit lower.
+* Training = 3 x forward (the backward pass is two matmuls per forward matmul: input and weight grads).
+* Memory: fp32 parameters, gradients and AdamW's two moments (16 bytes per parameter), plus fp32
+  activations per layer of 8*T*d + 4*T*d_ff + 2*h*T^2 floats and T*d + 2*T*V at the end (per sequence).
+  GB means 1e9 bytes.
+`count_params`, `forward_flops`, `train_flops_per_token`, `peak_flops` and `mfu` are what train.py uses for
+its MFU column, so this file is the single source of truth for the accounting.
+"""
+import argparse
+import json
+import math
+import time
+
+# -----------------------------------------------------------------------------
+# the shape of a model, from either architecture's model_config() dict
+
+LLAMA_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
+GPT2_KEYS = ("vocab_size", "block_size", "n_embd", "n_layer", "n_head")
+
+
+def padded_vocab(vocab_size, multiple):
+    multiple = max(1, int(multiple or 1))
+    return (vocab_size + multiple - 1) // multiple * multiple
+
+
+def _shape(cfg):
+    """Normalise a model_config() dict of either architecture to one set of names."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"flops.py: expected a model_config() dict, got {type(cfg).__name__}")
+    arch = cfg.get("arch", "llama" if "d_model" in cfg else "gpt2")
+    if arch == "llama":
+        missing = [k for k in LLAMA_KEYS if cfg.get(k) is None]
+        if missing:
+            raise ValueError(f"flops.py: llama config is missing {missing}")
+        ffn_type = cfg.get("ffn_type") or "swiglu"
+        if ffn_type not in ("swiglu", "silu"):
+            raise ValueError(f"flops.py: ffn_type must be 'swiglu' or 'silu', got {ffn_type!r}")
+        s = dict(arch="llama", V=cfg["vocab_size"], V_pad=cfg["vocab_size"], T_max=cfg["context_length"],
+                 d=cfg["d_model"], L=cfg["num_layers"], h=cfg["num_heads"], d_ff=cfg["d_ff"],
+                 ffn_mats=3 if ffn_type == "swiglu" else 2, ffn_type=ffn_type,
+                 norm=not cfg.get("remove_rmsnorm", False), tied=False)
+    elif arch == "gpt2":
+        missing = [k for k in GPT2_KEYS if cfg.get(k) is None]
+        if missing:
+            raise ValueError(f"flops.py: gpt2 config is missing {missing}")
+        d = cfg["n_embd"]
+        s = dict(arch="gpt2", V=cfg["vocab_size"], V_pad=padded_vocab(cfg["vocab_size"], cfg.get("pad_vocab_to_multiple_of", 1)),
+                 T_max=cfg["block_size"], d=d, L=cfg["n_layer"], h=cfg["n_head"], d_ff=4 * d,
+                 ffn_mats=2, ffn_type="gelu", norm=True, tied=True, bias=cfg.get("bias", True))
+    else:
+        raise ValueError(f"flops.py: unknown arch {arch!r} (expected 'llama' or 'gpt2')")
+    if s["d"] % s["h"]:
+        raise ValueError(f"flops.py: d_model {s['d']} is not divisible by num_heads {s['h']}")
+    return s
+
+
+# -----------------------------------------------------------------------------
+# parameters
+
+def count_params(cfg):
+    """Parameters by component; 'total' equals sum(p.numel() for p in model.parameters()) (tied weights once)."""
+    s = _shape(cfg)
+    V, d, L, d_ff = s["V_pad"], s["d"], s["L"], s["d_ff"]
+    if s["arch"] == "llama":
+        attn = 4 * d * d
+        ffn = s["ffn_mats"] * d * d_ff
+        norm = (2 * L + 1) * d if s["norm"] else 0
+        p = dict(embedding=V * d, position=0, attention=L * attn, ffn=L * ffn, norm=norm, lm_head=V * d)
+    else:
+        b = 1 if s["bias"] else 0
+        attn = 4 * d * d + b * 4 * d                       # c_attn (3d) + c_proj (d), with biases
+        ffn = 2 * d * d_ff + b * (d_ff + d)                # c_fc + c_proj
+        norm = (2 * L + 1) * (2 if b else 1) * d           # LayerNorm weight (+ bias)
+        p = dict(embedding=V * d, position=s["T_max"] * d, attention=L * attn, ffn=L * ffn, norm=norm,
+                 lm_head=0)                                # lm_head is tied to the token embedding
+    p["total"] = sum(p.values())
+    return p
+
+
+# -----------------------------------------------------------------------------
+# FLOPs
+
+def forward_flops(cfg, context_length, batch_size=1):
+    """Matmul FLOPs of one forward pass over `batch_size` sequences of `context_length` tokens, by component."""
+    s = _shape(cfg)
+    T, V, d, L, d_ff = context_length * batch_size, s["V_pad"], s["d"], s["L"], s["d_ff"]
+    f = dict(
+        q_proj=L * 2 * T * d * d,
+        k_proj=L * 2 * T * d * d,
+        v_proj=L * 2 * T * d * d,
+        o_proj=L * 2 * T * d * d,
+        # per head: (T x d_head) @ (d_head x T), summed over heads that is 2*T*T*d; the same for P @ V
+        attn_scores=L * 2 * T * context_length * d,
+        attn_values=L * 2 * T * context_length * d,
+        ffn=L * 2 * T * s["ffn_mats"] * d * d_ff,
+        lm_head=2 * T * d * V,
+    )
+    f["total"] = sum(f.values())
+    return f
+
+
+def train_flops_per_token(cfg, context_length):
+    """Training FLOPs per token (forward + backward = 3 x forward), attention included."""
+    return 3 * forward_flops(cfg, context_length)["total"] / context_length
+
+
+# -----------------------------------------------------------------------------
+# memory
+
+def activation_floats(cfg, context_length):
+    """Activations kept for the backward pass, in floats per sequence (the spec's accounting).
+
+    Per layer: 8*T*d (two norm inputs, Q, K, V, the weighted sum, the output projection, the FFN output),
+    T*d_ff per FFN intermediate (SwiGLU keeps w1 x, silu(w1 x), w3 x and their product: 4; SiLU/GELU: 2),
+    2*h*T^2 (attention scores and their softmax). At the end T*d (final norm) and 2*T*V (logits, softmax).
+    """
+    s = _shape(cfg)
+    T, d, h, V = context_length, s["d"], s["h"], s["V_pad"]
+    ffn_intermediates = 4 if s["ffn_type"] == "swiglu" else 2
+    per_layer = 8 * T * d + ffn_intermediates * T * s["d_ff"] + 2 * h * T * T
+    if not s["norm"]:
+        per_layer -= 2 * T * d
+    return s["L"] * per_layer + T * d + 2 * T * V
+
+
+def memory_bytes(cfg, context_length, bytes_per_float=4):
+    """Training memory as (fixed, per_sequence) bytes: total = fixed + per_sequence * batch_size.
+
+    fixed = parameters + gradients + AdamW m and v (4 copies of every parameter, fp32).
+    """
+    n = count_params(cfg)["total"]
+    return 4 * n * bytes_per_float, activation_floats(cfg, context_length) * bytes_per_float
+
+
+def max_batch_size(cfg, context_length, gpu_mem_gb):
+    fixed, per_seq = memory_bytes(cfg, context_length)
+    return max(0, math.floor((gpu_mem_gb * 1e9 - fixed) / per_seq))
+
+
+# -----------------------------------------------------------------------------
+# peak FLOP/s and MFU
+
+# dense (no sparsity) peak FLOP/s from the vendors' datasheets: (bf16/fp16 tensor, tf32 tensor, fp32).
+# Matched as a substring of torch.cuda.get_device_name(), first match wins, so longer names come first.
+GPU_PEAK = {
+    "B200": (2.25e15, 1.125e15, 75e12),
+    "H200": (989.4e12, 494.7e12, 66.9e12),
+    "H100 PCIe": (756e12, 378e12, 51.2e12),
+    "H100": (989.4e12, 494.7e12, 66.9e12),   # SXM
+    "A100": (312e12, 156e12, 19.5e12),
+    "A10": (125e12, 62.5e12, 31.2e12),      # also matches A10G (the same chip at lower clocks: an upper bound)
+    "L40S": (362e12, 183e12, 91.6e12),
+    "L4": (121e12, 60e12, 30.3e12),
+    "RTX 4090": (165.2e12, 82.6e12, 82.6e12),
+    "RTX 3090": (71e12, 35.6e12, 35.6e12),
+    "V100": (125e12, 15.7e12, 15.7e12),      # fp16 only; no bf16 or tf32 tensor cores
+    "T4": (65e12, 8.1e12, 8.1e12),
+}
+_cpu_peak_cache = {}
+
+
+def _dtype_kind(dtype):
+    name = str(dtype).replace("torch.", "").lower()
+    if name in ("bf16", "bfloat16", "fp16", "float16", "half"):
+        return 0
+    if name in ("tf32",):
+        return 1
+    if name in ("fp32", "float32", "float"):
+        # torch runs fp32 matmuls on TF32 tensor cores when allowed (train.py turns that on)
+        try:
+            import torch
+            return 1 if torch.get_float32_matmul_precision() != "highest" else 2
+        except ImportError:
+            return 2
+    raise ValueError(f"flops.py: unknown dtype {dtype!r} (expected bf16, fp16, tf32 or fp32)")
+
+
+def _measure_cpu_peak(dtype_name, n=1024, repeats=5):
+    """One-off measured matmul throughput of this CPU (best of a few runs), cached for the process."""
+    import torch
+    dtype = torch.bfloat16 if dtype_name in ("bfloat16", "bf16") else torch.float32
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def peak_flops(device, dtype):
+    """Peak dense matmul FLOP/s of `device` ('cuda', 'cuda:0', a GPU name like 'H100', or 'cpu') in `dtype`."""
+    name = str(device)
+    if name.startswith("cpu"):
+        key = str(dtype).replace("torch.", "").lower()
+        key = "bfloat16" if key in ("bf16", "bfloat16") else "float32"
+        if key not in _cpu_peak_cache:
+            _cpu_peak_cache[key] = _measure_cpu_peak(key)
+        return _cpu_peak_cache[key]
+    if name.startswith("cuda"):
+        import torch
+        name = torch.cuda.get_device_name(torch.device(name))
+    kind = _dtype_kind(dtype)
+    upper = name.upper()
+    for gpu, peaks in GPU_PEAK.items():   # most specific names first (dict order)
+        if gpu.upper() in upper:
+            return peaks[kind]
+    raise ValueError(f"flops.py: no peak FLOP/s known for device {name!r}; known: {', '.join(GPU_PEAK)}")
+
+
+def mfu(cfg, context_length, tokens_per_sec, device, dtype):
+    """Model FLOPs utilisation: achieved training FLOP/s (3 x forward, attention included) over peak."""
+    return train_flops_per_token(cfg, context_length) * tokens_per_sec / peak_flops(device, dtype)
+
+
+# -----------------------------------------------------------------------------
+# presets and the CLI
+
+def llama_d_ff(d_model):
+    """8/3 * d_model rounded to the nearest multiple of 64 (SwiGLU keeps the 4*d FFN's parameter count)."""
+    return int(round(8 * d_model / 3 / 64)) * 64
+
+
+# name: (num_layers, d_model, num_heads, context_length, vocab_size)
+PRESETS = {
+    "gpt2": (12, 768, 12, 1024, 50257),
+    "gpt2-medium": (24, 1024, 16, 1024, 50257),
+    "gpt2-large": (36, 1280, 20, 1024, 50257),
+    "gpt2-xl": (48, 1600, 25, 1024, 50257),
+    "tinystories": (4, 512, 16, 256, 10000),     # the spec's TinyStories baseline, d_ff 1344
+}
+
+
+def make_config(arch="llama", num_layers=12, d_model=768, num_heads=12, context_length=1024, vocab_size=50257,
+                d_ff=None, ffn_type="swiglu", rope_theta=10000.0, pad_vocab_to_multiple_of=1):
+    """A model_config()-style dict for either architecture (the names model.py uses)."""
+    if arch == "gpt2":
+        return dict(arch="gpt2", block_size=context_length, vocab_size=vocab_size, n_layer=num_layers,
+                    n_head=num_heads, n_embd=d_model, pad_vocab_to_multiple_of=pad_vocab_to_multiple_of)
+    if d_ff is None:
+        d_ff = llama_d_ff(d_model) if ffn_type == "swiglu" else 4 * d_model
+    return dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=d_model,
+                num_layers=num_layers, num_heads=num_heads, d_ff=d_ff, rope_theta=rope_theta, ffn_type=ffn_type)
+
+
+def _num(x):
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:g}"
+
+
+def _bytes(x):
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if x >= div:
+            return f"{x / div:.2f} {unit}"
+    return f"{x:g} bytes"
+
+
+def _duration(seconds):
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 86400 * 2:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def report(cfg, contexts, gpu_mem=80.0, train_tokens=None, mfu_assumed=0.5, gpus=("H100", "A100", "B200")):
+    """The printed tables, as one string."""
+    s = _shape(cfg)
+    out = []
+    p = count_params(cfg)
+    n = p["total"]
+    desc = (f"arch={s['arch']} layers={s['L']} d_model={s['d']} heads={s['h']} d_ff={s['d_ff']} ({s['ffn_type']}) "
+            f"vocab={s['V_pad']} context={s['T_max']}")
+    out.append(desc)
+    out.append("")
+    out.append(f"{'parameters':<22}{'count':>16}{'share':>8}")
+    for k in ("embedding", "position", "attention", "ffn", "norm", "lm_head"):
+        if p[k] or k in ("embedding", "lm_head"):
+            note = " (tied)" if k == "lm_head" and s["tied"] else ""
+            out.append(f"{k + note:<22}{p[k]:>16,}{100 * p[k] / n:>7.1f}%")
+    out.append(f"{'total':<22}{n:>16,}   = {_num(n)} params, {_bytes(4 * n)} in fp32")
+
+    n_matmul = n - p["embedding"] - p["position"] + (p["embedding"] if s["tied"] else 0)
+    for T in contexts:
+        f = forward_flops(cfg, T)
+        tot = f["total"]
+        blocks = tot - f["lm_head"]
+        unit, div = ("TFLOPs", 1e12) if tot >= 1e12 else ("GFLOPs", 1e9)
+        rows = [("Q/K/V/O projections", f["q_proj"] + f["k_proj"] + f["v_proj"] + f["o_proj"]),
+                ("  Q, K, V (each)", f["q_proj"]), ("  O", f["o_proj"]),
+                ("attention", f["attn_scores"] + f["attn_values"]),
+                ("  scores Q K^T", f["attn_scores"]), ("  weighted sum P V", f["attn_values"]),
+                ("FFN", f["ffn"]), ("LM head", f["lm_head"])]
+        out.append("")
+        out.append(f"forward FLOPs, context {T:,}, one sequence (matmuls only, 2 per multiply-add)")
+        out.append(f"{'component':<22}{unit:>12}{'of total':>10}{'of blocks':>11}")
+        for name, v in rows:
+            of_blocks = f"{100 * v / blocks:>10.1f}%" if name != "LM head" else ""
+            out.append(f"{name:<22}{v / div:>12.4f}{100 * v / tot:>9.1f}%{of_blocks}")
+        out.append(f"{'total':<22}{tot / div:>12.4f}")
+        per_tok = train_flops_per_token(cfg, T)
+        out.append(f"training FLOPs per token: 3 x forward = {per_tok / 1e9:.3f} GFLOPs; "
+                   f"6*N = {6 * n / 1e9:.3f} GFLOPs with N = all {_num(n)} params, "
+                   f"{6 * n_matmul / 1e9:.3f} with N = the {_num(n_matmul)} in matmuls (no input embeddings)")
+
+        fixed, per_seq = memory_bytes(cfg, T)
+        bmax = max_batch_size(cfg, T, gpu_mem)
+        digits = 2 if fixed >= 1e9 else 4
+        gb = lambda x: f"{x / 1e9:.{digits}f}"
+        out.append(f"training memory (fp32, AdamW), context {T:,}: {gb(per_seq)} * batch + {gb(fixed)} GB"
+                   f"  (params {gb(4 * n)} + grads {gb(4 * n)} + AdamW m, v {gb(8 * n)})")
+        out.append(f"largest batch on {gpu_mem:g} GB: {bmax}")
+
+    T = contexts[0]
+    tokens = train_tokens if train_tokens else 20 * n
+    total_train = train_flops_per_token(cfg, T) * tokens
+    out.append("")
+    out.append(f"time to train {_num(tokens)} tokens{' (20 x params, Chinchilla)' if not train_tokens else ''}"
+               f" at context {T:,}: {total_train:.3e} FLOPs (6*N*D = {6 * n * tokens:.3e})")
+    for g in gpus:
+        peak = GPU_PEAK[g][0]
+        secs = total_train / (mfu_assumed * peak)
+        out.append(f"  1 x {g:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu_assumed:.0f}% MFU: {_duration(secs)}")
+    return "\n".join(out)
+
+
+def _contexts(values):
+    out = []
+    for v in values:
+        for part in str(v).split(","):
+            if part.strip():
+                if not part.strip().isdigit() or int(part) <= 0:
+                    raise ValueError(f"flops.py: --context: expected positive integers, e.g. --context 1024 16384, got {part!r}")
+                out.append(int(part))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Parameter, FLOP, memory and training-time accounting.")
+    parser.add_argument("--model", default="gpt2-xl", help=f"preset shape: {', '.join(PRESETS)} (ignored with --ckpt)")
+    parser.add_argument("--arch", default="llama", choices=["llama", "gpt2"],
+                        help="llama (RMSNorm/SwiGLU/RoPE, untied head: the spec's reference) or gpt2 (the real GPT-2)")
+    parser.add_argument("--ckpt", default=None, help="read the shape from this checkpoint's model_config instead")
+    parser.add_argument("--num_layers", "--n_layer", dest="num_layers", type=int, default=None, help="override layers")
+    parser.add_argument("--d_model", "--n_embd", dest="d_model", type=int, default=None, help="override d_model")
+    parser.add_argument("--num_heads", "--n_head", dest="num_heads", type=int, default=None, help="override heads")
+    parser.add_argument("--context_length", "--block_size", dest="context_length", type=int, default=None,
+                        help="override the model's context length (also the default --context)")
+    parser.add_argument("--vocab_size", type=int, default=None, help="override vocabulary size")
+    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; default 8/3*d rounded to 64)")
+    parser.add_argument("--ffn_type", default="swiglu", choices=["swiglu", "silu"], help="llama FFN type")
+    parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=1, help="gpt2 vocabulary padding")
+    parser.add_argument("--context", nargs="+", default=None,
+                        help="context lengths to report, e.g. --context 1024 16384 (default: the model's)")
+    parser.add_argument("--gpu_mem", type=float, default=80.0, help="GPU memory budget in GB for the largest batch")
+    parser.add_argument("--train_tokens", type=float, default=None, help="tokens to train on (default 20 x params)")
+    parser.add_argument("--mfu", type=float, default=0.5, help="assumed MFU for the training-time estimate")
+    parser.add_argument("--gpus", default="H100,A100,B200", help=f"GPUs for the time estimate: {', '.join(GPU_PEAK)}")
+    parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
+    args = parser.parse_args()
+
+    if args.ckpt:
+        import torch
+        try:
+            ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise SystemExit(f"flops.py: --ckpt {args.ckpt}: no such file")
+        if "model_config" not in ckpt:
+            raise SystemExit(f"flops.py: --ckpt {args.ckpt}: no 'model_config' in the checkpoint")
+        cfg = ckpt["model_config"]
+    else:
+        if args.model not in PRESETS:
+            raise SystemExit(f"flops.py: --model {args.model!r}: expected one of {', '.join(PRESETS)}")
+        L, d, h, T, V = PRESETS[args.model]
+        cfg = make_config(args.arch, num_layers=args.num_layers or L, d_model=args.d_model or d,
+                          num_heads=args.num_heads or h, context_length=args.context_length or T,
+                          vocab_size=args.vocab_size or V, d_ff=args.d_ff, ffn_type=args.ffn_type,
+                          pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of)
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    for g in gpus:
+        if g not in GPU_PEAK:
+            raise SystemExit(f"flops.py: --gpus: unknown GPU {g!r}; known: {', '.join(GPU_PEAK)}")
+    if not 0 < args.mfu <= 1:
+        raise SystemExit(f"flops.py: --mfu must be in (0, 1], got {args.mfu}")
+    try:
+        s = _shape(cfg)
+        contexts = _contexts(args.context) if args.context else [s["T_max"]]
+    except ValueError as e:
+        raise SystemExit(str(e))
+    if not contexts or min(contexts) <= 0:
+        raise SystemExit("flops.py: --context: expected positive integers, e.g. --context 1024 16384")
+
+    if args.json:
+        result = dict(config=cfg, params=count_params(cfg), contexts={})
+        for T in contexts:
+            fixed, per_seq = memory_bytes(cfg, T)
+            result["contexts"][T] = dict(forward_flops=forward_flops(cfg, T), train_flops_per_token=train_flops_per_token(cfg, T),
+                                         memory_fixed_bytes=fixed, memory_per_sequence_bytes=per_seq,
+                                         max_batch_size=max_batch_size(cfg, T, args.gpu_mem))
+        print(json.dumps(result, indent=2))
+    else:
+        print(report(cfg, contexts, args.gpu_mem, args.train_tokens and int(args.train_tokens), args.mfu, gpus))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""
+Generate text from a trained checkpoint (or OpenAI's GPT-2 weights), streaming tokens to the terminal.
+
+    python sample.py --top_p 0.9                          # out/ckpt.pt, the default run of train.py
+    python sample.py --ckpt=runs/ts/ckpt.pt --prompt="Once upon a time" --num_samples=3
+    python sample.py --init_from=gpt2 --prompt="Hello, I'm a language model," --temperature=0.8 --top_k=50
+    python sample.py --prompt=FILE:prompt.txt --temperature=0          # greedy, prompt read from a file
+
+Decoding: logits / temperature -> top-k (exactly k tokens) -> top-p (the smallest set of tokens whose
+probability reaches p) -> sample; temperature 0 is greedy (argmax). Ties in top-k / top-p are broken
+toward the lower token id, so the kept set is always deterministic. Top-p ranks only the 1,024 most likely
+tokens (topk, far cheaper than sorting a 50k vocabulary) and sorts everything only when their mass is short
+of p. A token is drawn by inverse CDF from one uniform number per row, so a seeded torch.Generator gives the
+same tokens with and without the KV cache. Generation stops at <|endoftext|> unless --no_stop.
+`generate()` is the library function train.py and the tests use.
+
+Context: a prompt longer than the model's context keeps its last `context_length` tokens (with a warning).
+When generation runs past the context, the oldest half of the window is dropped and the KV cache is
+rebuilt from the remaining tokens (one re-prefill every context/2 tokens), so the model always sees at least
+half a context of history; the uncached path uses exactly the same windows, so both give identical tokens.
+"""
+import argparse
+import os
+import sys
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+# -----------------------------------------------------------------------------
+# sampling from one step's logits
+
+
+TOP_P_CANDIDATES = 1024  # top-p first ranks only this many tokens; a full sort only when their mass is short of p
+
+
+def _ranked(probs, m):
+    """The m most likely tokens of each row, most likely first, ties toward the lower id: (probs, ids).
+
+    Exactly the first m of a stable descending sort, but with topk, which is much cheaper than sorting
+    the whole vocabulary: one int64 key per token orders by value then id (the bits of a non-negative float32
+    grow with its value; the low 20 bits hold the reversed id, so keys are unique)."""
+    V = probs.size(-1)
+    if m >= V or probs.dtype != torch.float32 or V > 1 << 20:
+        return [t[..., :m] for t in torch.sort(probs, dim=-1, descending=True, stable=True)]
+    ids = torch.arange(V, device=probs.device)
+    keys = (probs.view(torch.int32).long() << 20) | (V - 1 - ids)
+    top = torch.topk(keys, m, dim=-1).indices
+    return probs.gather(-1, top), top
+
+
+def candidates(probs, top_k=None, top_p=None):
+    """The tokens that may be sampled, as (probs, ids) of shape (B, m), renormalised (0 = excluded);
+    ids is None when the probs span the whole vocabulary.
+
+    top-k keeps exactly k tokens; top-p keeps the smallest set, in decreasing probability, whose mass
+    reaches p (on the top-k-renormalised distribution when both are given, as Hugging Face does). Equal
+    probabilities rank by token id, so at a tie on the boundary the lower ids are kept. probs: (B, V).
+    """
+    V = probs.size(-1)
+    use_p = top_p is not None and top_p < 1.0
+    if not top_k and not use_p:
+        return probs, None
+    m = min(top_k, V) if top_k else min(V, TOP_P_CANDIDATES)
+    sp, si = _ranked(probs, m)
+    keep = torch.ones_like(sp, dtype=torch.bool)
+    if use_p:
+        # float64 so sums of hand-made probabilities (0.5 + 0.25 ...) are exact; a token is kept while the
+        # mass strictly before it is still below p, i.e. up to and including the one that reaches p
+        kept = sp.double()
+        total = kept.sum(-1, keepdim=True) if top_k else probs.double().sum(-1, keepdim=True)
+        before = F.pad(kept.cumsum(-1)[:, :-1], (1, 0))  # mass of the tokens ranked above
+        keep = before < top_p * total
+        if not top_k and m < V and not bool((kept.sum(-1, keepdim=True) >= top_p * total).all()):
+            # some row's nucleus runs past the m candidates (a flat distribution): rank the whole vocabulary
+            return candidates(probs, V, top_p)
+    keep[:, 0] = True  # never an empty set
+    sp = sp * keep
+    return sp / sp.sum(-1, keepdim=True), si
+
+
+def filter_probs(probs, top_k=None, top_p=None):
+    """The top-k / top-p filtered distribution over the whole vocabulary, (B, V), renormalised."""
+    cp, ci = candidates(probs, top_k, top_p)
+    return cp if ci is None else torch.zeros_like(probs).scatter_(-1, ci, cp)
+
+
+def draw(probs, generator=None):
+    """One index per row of probs (B, n) by inverse-CDF sampling: one uniform number per row, so the random
+    stream advances the same way whatever the distribution; zero-probability entries are never drawn."""
+    gen_device = generator.device if generator is not None else probs.device
+    u = torch.rand(probs.size(0), 1, generator=generator, device=gen_device, dtype=torch.float64).to(probs.device)
+    cdf = probs.double().cumsum(-1)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # first entry whose cdf exceeds u * total
+    last = probs.size(-1) - 1 - (probs.flip(-1) > 0).int().argmax(-1, keepdim=True)  # last nonzero entry
+    return torch.minimum(idx, last).squeeze(-1)  # (u * total can round up to total)
+
+
+def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """One token per row from logits (B, V): greedy when temperature == 0, else sampled."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)  # first maximum on ties
+    probs = F.softmax(logits.float() / temperature, dim=-1)
+    cp, ci = candidates(probs, top_k, top_p)
+    choice = draw(cp, generator)
+    return choice if ci is None else ci.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+
+
+def _check_sampling_args(temperature, top_k, top_p):
+    if temperature is None or temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+
+
+# -----------------------------------------------------------------------------
+# generation
+
+
+def _unwrap(model):
+    """The plain module behind DDP / torch.compile wrappers (generation runs eagerly: no recompiles)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None or not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+def _forward_logits(model, idx):
+    out = model(idx)
+    return out[0] if isinstance(out, tuple) else out  # GPT returns (logits, loss)
+
+
+@torch.no_grad()
+def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop_token=None,
+             generator=None, use_cache=True, on_token=None):
+    """Continue each prompt (a list of token-id lists, lengths may differ) by up to max_new_tokens tokens.
+
+    Returns the new tokens of every prompt, stopping at `stop_token` (not included). `on_token(row, id)` is
+    called for each new token as it is produced. `generator` (a torch.Generator on the model's device)
+    makes sampling reproducible. Different prompt lengths are exact, with no padding: the batch is prefilled
+    with the shortest prompt's length, then each row's remaining prompt tokens are forced, one per step,
+    while rows that are already past their prompt sample; every row thus sees exactly its own tokens.
+    """
+    _check_sampling_args(temperature, top_k, top_p)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (e.g. start from the end-of-text token)")
+    model = _unwrap(model)
+    ctx = model.context_length
+    if any(len(p) > ctx for p in prompts):
+        warnings.warn(f"a prompt is longer than the model's context ({ctx} tokens): keeping its last {ctx} tokens")
+        prompts = [p[-ctx:] for p in prompts]
+    device = next(model.parameters()).device
+    B, lens = len(prompts), [len(p) for p in prompts]
+    min_len, max_len = min(lens), max(lens)
+    out = [[] for _ in range(B)]
+    if max_new_tokens == 0:
+        return out
+    buf = torch.zeros(B, max_len + max_new_tokens, dtype=torch.long, device=device)  # prompts, then new tokens
+    for i, p in enumerate(prompts):
+        buf[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+    lengths = torch.tensor(lens, device=device)
+    cache_len = min(ctx, buf.size(1))
+    keep = max(1, ctx // 2)  # tokens kept when the window slides
+    done = [False] * B
+
+    def window_logits(start, end):
+        """Logits after buf[:, start:end] from scratch (a fresh cache when caching)."""
+        if not use_cache:
+            return _forward_logits(model, buf[:, start:end])[:, -1], None
+        cache = model.init_kv_cache(B, max_seq_len=cache_len, device=device)
+        return model.forward_with_cache(buf[:, start:end], cache)[:, -1], cache
+
+    was_training = model.training
+    model.eval()
+    try:
+        start, pos = 0, min_len  # the model has seen buf[:, start:pos]; logits predict position pos
+        logits, cache = window_logits(start, pos)
+        while True:
+            tok = sample_next(logits, temperature, top_k, top_p, generator)
+            if pos < max_len:  # rows still inside their prompt take the prompt's token instead
+                tok = torch.where(pos < lengths, buf[:, pos], tok)
+            buf[:, pos] = tok
+            for i, t in enumerate(tok.tolist()):
+                if done[i] or pos < lens[i]:
+                    continue
+                if t == stop_token:
+                    done[i] = True
+                    continue
+                out[i].append(t)
+                if on_token is not None:
+                    on_token(i, t)
+                done[i] = len(out[i]) >= max_new_tokens
+            pos += 1
+            if all(done):
+                break
+            if pos - start > ctx:  # the window is full: slide it (the same windows with and without the cache)
+                start = pos - keep
+                logits, cache = window_logits(start, pos)
+            elif use_cache:
+                logits = model.forward_with_cache(buf[:, pos - 1:pos], cache)[:, -1]
+            else:
+                logits, _ = window_logits(start, pos)
+    finally:
+        model.train(was_training)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+class _Streamer:
+    """Prints decoded text as tokens arrive, holding back bytes of a multi-byte character until complete."""
+
+    def __init__(self, tokenizer, stream=sys.stdout):
+        self.tokenizer, self.stream, self.ids, self.start = tokenizer, stream, [], 0
+
+    def __call__(self, row, token_id):
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids[self.start:])
+        if not text.endswith("\ufffd") or len(self.ids) - self.start > 8:
+            self.stream.write(text)
+            self.stream.flush()
+            self.start = len(self.ids)
+
+    def flush(self):
+        if self.start < len(self.ids):
+            self.stream.write(self.tokenizer.decode(self.ids[self.start:]))
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def load_model_and_tokenizer(ckpt_path, init_from, device):
+    import bpe
+    import model as model_lib
+    if init_from:
+        try:
+            model = model_lib.GPT.from_pretrained(init_from)
+        except Exception as e:  # network or file problems: one line naming the flag
+            raise SystemExit(f"sample.py: --init_from {init_from}: could not load the weights ({e})")
+        return model.to(device), bpe.load_tokenizer("gpt2")
+    if not os.path.isfile(ckpt_path):
+        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: no such checkpoint (train one with `python train.py`, "
+                         f"or use --init_from=gpt2)")
+    ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+    if "model_config" not in ckpt or "model" not in ckpt:
+        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: not a train.py checkpoint (no model / model_config)")
+    try:
+        model = model_lib.model_from_checkpoint(ckpt, device=device)
+    except ValueError as e:
+        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: {e}")
+    ref = ckpt.get("tokenizer") or "gpt2"
+    try:
+        tokenizer = bpe.load_tokenizer(ref)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: cannot load its tokenizer {ref!r} ({e})")
+    return model, tokenizer
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Generate text from a checkpoint or GPT-2 weights.")
+    parser.add_argument("--ckpt", default=os.path.join("out", "ckpt.pt"), help="checkpoint written by train.py")
+    parser.add_argument("--init_from", default=None,
+                        help="released weights instead of --ckpt: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF dir")
+    parser.add_argument("--prompt", default="", help="prompt text, or FILE:path to read it from a file "
+                                                     "(default: start from <|endoftext|>)")
+    parser.add_argument("--num_samples", type=int, default=3, help="number of samples")
+    parser.add_argument("--max_new_tokens", type=int, default=256, help="tokens to generate per sample")
+    parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 = greedy")
+    parser.add_argument("--top_k", type=int, default=None, help="keep only the k most likely tokens")
+    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus: smallest set of tokens whose probability reaches p")
+    parser.add_argument("--seed", type=int, default=1337, help="random seed")
+    parser.add_argument("--no_stop", action="store_true", help="do not stop at <|endoftext|>")
+    parser.add_argument("--no_cache", action="store_true", help="recompute the whole window every token (slow; for checking)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, mps")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="weights dtype for generation")
+    args = parser.parse_args()
+
+    if args.temperature < 0:
+        raise SystemExit(f"sample.py: --temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise SystemExit(f"sample.py: --top_p must be in (0, 1], got {args.top_p}")
+    if args.top_k is not None and args.top_k < 1:
+        raise SystemExit(f"sample.py: --top_k must be >= 1, got {args.top_k}")
+    if args.num_samples < 1 or args.max_new_tokens < 0:
+        raise SystemExit("sample.py: --num_samples must be >= 1 and --max_new_tokens >= 0")
+    prompt = args.prompt
+    if prompt.startswith("FILE:"):
+        path = prompt[len("FILE:"):]
+        try:
+            with open(path, encoding="utf-8") as f:
+                prompt = f.read()
+        except OSError as e:
+            raise SystemExit(f"sample.py: --prompt FILE:{path}: cannot read it ({e.strerror})")
+
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, args.device)
+    model.to(dtype=getattr(torch, args.dtype)).eval()
+    ids = tokenizer.encode(prompt) if prompt else []
+    if not ids:
+        if tokenizer.eot_id is None:
+            raise SystemExit("sample.py: --prompt is empty and the tokenizer has no <|endoftext|> to start from")
+        ids = [tokenizer.eot_id]
+    ctx = model.context_length
+    if len(ids) > ctx:
+        print(f"sample.py: warning: the prompt is {len(ids)} tokens, the context is {ctx}: keeping the last {ctx}",
+              file=sys.stderr)
+        ids = ids[-ctx:]
+    stop = None if args.no_stop else tokenizer.eot_id
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+
+    for k in range(args.num_samples):
+        print(f"---------- sample {k + 1}/{args.num_samples}")
+        sys.stdout.write(prompt)
+        streamer = _Streamer(tokenizer)
+        generate(model, [ids], args.max_new_tokens, args.temperature, args.top_k, args.top_p, stop,
+                 generator, use_cache=not args.no_cache, on_token=streamer)
+        streamer.flush()
+
+
+if __name__ == "__main__":
+    main()
