@@ -1,0 +1,680 @@
+"""Both Transformer language models, built bottom-up.
+
+1. The Llama-style model (the CS336 "LM from scratch" shape): pre-norm RMSNorm, SwiGLU, RoPE, no biases,
+   written from tensor math only (no torch.nn layers, no torch.nn.functional), with ablation switches.
+2. GPT-2 (the nanoGPT / Hugging Face shape): learned positions, LayerNorm, GELU MLP, biases, tied lm_head;
+   loads OpenAI's released weights.
+
+Both share one small surface so train.py, sample.py and hellaswag.py treat them alike:
+    model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict),
+    model_from_checkpoint(ckpt), get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss().
+
+    python -c "import model; m = model.GPT.from_pretrained('gpt2'); print(m.get_num_params())"
+"""
+import json
+import math
+import mmap
+import os
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F  # only for the sdpa switch and the GPT-2 variant
+
+
+def _check_ids(idx, vocab_size, context_length, who):
+    """One clear line for the two classic mistakes. Checked on CPU only: on a GPU the check would force a
+    host-device sync every micro-step (there, an out-of-range id still fails loudly in the embedding)."""
+    if idx.dim() != 2:
+        raise ValueError(f"{who}: expected token ids of shape (batch, seq), got {tuple(idx.shape)}")
+    if idx.size(1) > context_length:
+        raise ValueError(f"{who}: sequence length {idx.size(1)} exceeds context_length {context_length}")
+    if idx.device.type == "cpu" and idx.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{who}: token ids must be in [0, {vocab_size}), got min {lo} max {hi}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Llama-style building blocks, from tensor math
+
+class Linear(nn.Module):
+    def __init__(self, in_features, out_features, device=None, dtype=None):
+        super().__init__()
+        std = math.sqrt(2.0 / (in_features + out_features))
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        nn.init.trunc_normal_(self.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, x):
+        return x @ self.weight.t()
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype))
+        nn.init.trunc_normal_(self.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
+
+    def forward(self, token_ids):
+        return self.weight[token_ids]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model, eps=1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model, device=device, dtype=dtype))
+
+    def forward(self, x):
+        # squares of bf16 activations overflow / lose precision: normalise in float32, hand back the input dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight).to(x.dtype)
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model, d_ff, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device, dtype)
+        self.w2 = Linear(d_ff, d_model, device, dtype)
+        self.w3 = Linear(d_model, d_ff, device, dtype)
+
+    def forward(self, x):
+        return self.w2(silu(self.w1(x)) * self.w3(x))
+
+
+class SiLUFFN(nn.Module):
+    """The ffn_type="silu" ablation: W2 SiLU(W1 x), no gate (callers pass d_ff = 4 d_model)."""
+
+    def __init__(self, d_model, d_ff, device=None, dtype=None):
+        super().__init__()
+        self.w1 = Linear(d_model, d_ff, device, dtype)
+        self.w2 = Linear(d_ff, d_model, device, dtype)
+
+    def forward(self, x):
+        return self.w2(silu(self.w1(x)))
+
+
+def _rotate_pairs(x, cos, sin):
+    """(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin) for every adjacent pair; sin is stored as (-sin, +sin)."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0, x3, x2, ...)
+    return (x * cos).addcmul_(swapped, sin)
+
+
+class _Rotate(torch.autograd.Function):
+    """A rotation's gradient is the rotation by minus the angle: the backward is the forward with sin negated
+    and keeps only the small cos/sin tables (autograd would keep and revisit both halves of q and k)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _rotate_pairs(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate_pairs(grad, cos, -sin), None, None
+
+
+class RotaryPositionalEmbedding(nn.Module):
+    """RoPE (Su et al. 2021) on adjacent pairs (x0,x1), (x2,x3), ... rotated by pos / theta^(2k/d_k)."""
+
+    def __init__(self, theta, d_k, max_seq_len, device=None):
+        super().__init__()
+        if d_k % 2:
+            raise ValueError(f"RotaryPositionalEmbedding: d_k must be even to rotate pairs, got {d_k}")
+        inv_freq = 1.0 / theta ** (torch.arange(0, d_k, 2, device=device, dtype=torch.float64) / d_k)
+        angles = torch.arange(max_seq_len, device=device, dtype=torch.float64)[:, None] * inv_freq
+        # (max_seq_len, d_k), one entry per element: cos_k twice, and (-sin_k, +sin_k) for pair k, so the
+        # rotation is two elementwise products; rebuilt from theta, so not saved in the state dict
+        self.register_buffer("cos", angles.cos().repeat_interleave(2, -1).float(), persistent=False)
+        self.register_buffer("sin", torch.stack((-angles.sin(), angles.sin()), -1).flatten(-2).float(),
+                             persistent=False)
+
+    def forward(self, x, token_positions=None):
+        """x (..., seq, d_k); token_positions (..., seq) broadcastable to x's leading dims, default 0..seq-1."""
+        if token_positions is None:
+            cos, sin = self.cos[: x.size(-2)], self.sin[: x.size(-2)]
+        else:
+            cos, sin = self.cos[token_positions], self.sin[token_positions]
+        return _Rotate.apply(x, cos.to(x.dtype), sin.to(x.dtype))
+
+
+class _Softmax(torch.autograd.Function):
+    """softmax with a hand-written backward that keeps only the output: autograd through the plain formula
+    would save three (B, H, T, T) intermediates per layer. Low-precision inputs are computed in float32."""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        xf = x.float()
+        # a fully masked row (all -inf) must give zeros, not NaN: clamp its max to a finite number so exp
+        # gives 0, and clamp the sum at 1 (a row with any finite entry sums to >= 1 after max-subtraction)
+        m = xf.amax(dim, keepdim=True).clamp(min=torch.finfo(xf.dtype).min)
+        e = (xf - m).exp_()
+        p = e.div_(e.sum(dim, keepdim=True).clamp(min=1.0)).to(x.dtype)
+        ctx.save_for_backward(p)
+        ctx.dim = dim
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        pf, gf = p.float(), grad.float()
+        # d softmax: p * (g - sum(g * p))
+        return (pf * (gf - (gf * pf).sum(ctx.dim, keepdim=True))).to(p.dtype), None
+
+
+def softmax(x, dim):
+    return _Softmax.apply(x, dim)
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None):
+    """Q (..., q, d_k), K (..., k, d_k), V (..., k, d_v); mask (q, k) boolean, True = may attend."""
+    scores = (Q * Q.size(-1) ** -0.5) @ K.transpose(-2, -1)  # scaling Q is cheaper than scaling the scores
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, float("-inf"))  # in place: the matmul output is not saved
+    return softmax(scores, dim=-1) @ V
+
+
+def _causal_mask(q_len, k_len, device):
+    """(q_len, k_len) True where query i (the last q_len of k_len positions) may see key j."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(diagonal=k_len - q_len)
+
+
+def _causal_attention(q, k, v, attn_impl):
+    """Causal attention where the queries are the LAST q positions of the k keys (k > q with a KV cache)."""
+    q_len, k_len = q.size(-2), k.size(-2)
+    if attn_impl == "sdpa":  # flash attention on GPU, a fused kernel on CPU
+        if q_len == k_len:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        mask = None if q_len == 1 else _causal_mask(q_len, k_len, q.device)  # is_causal aligns top-left: no
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    mask = None if q_len == 1 else _causal_mask(q_len, k_len, q.device)
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
+# "scratch" is the readable reference above; "sdpa" (the default) is numerically the same, fused (flash attention
+# on GPU, a blocked kernel on CPU), never materialises the (T, T) scores, and measured faster on CPU
+ATTN_IMPLS = ("scratch", "sdpa")
+
+
+class KVCache:
+    """Keys and values of every layer for generation: (batch, heads, max_seq_len, head_dim) per layer,
+    preallocated; `pos` = number of positions filled so far."""
+
+    def __init__(self, num_layers, batch_size, num_heads, max_seq_len, head_dim, device=None, dtype=None):
+        shape = (batch_size, num_heads, max_seq_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.max_seq_len = max_seq_len
+        self.pos = 0
+
+    def update(self, layer, k, v):
+        """Store the new keys/values at pos.. and return everything cached so far for this layer."""
+        end = self.pos + k.size(-2)
+        self.k[layer][:, :, self.pos:end] = k
+        self.v[layer][:, :, self.pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def check_room(self, new_tokens, who):
+        if self.pos + new_tokens > self.max_seq_len:
+            raise ValueError(f"{who}: KV cache holds {self.max_seq_len} positions; {self.pos} used, "
+                             f"{new_tokens} more requested")
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, d_model, num_heads, max_seq_len=None, theta=None, attn_impl="sdpa",
+                 device=None, dtype=None):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"MultiHeadSelfAttention: d_model {d_model} must be divisible by num_heads {num_heads}")
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"MultiHeadSelfAttention: attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
+        self.num_heads, self.d_k, self.attn_impl = num_heads, d_model // num_heads, attn_impl
+        self.q_proj = Linear(d_model, d_model, device, dtype)
+        self.k_proj = Linear(d_model, d_model, device, dtype)
+        self.v_proj = Linear(d_model, d_model, device, dtype)
+        self.output_proj = Linear(d_model, d_model, device, dtype)
+        self.rope = None
+        if theta is not None:
+            if max_seq_len is None:
+                raise ValueError("MultiHeadSelfAttention: RoPE (theta given) needs max_seq_len")
+            self.rope = RotaryPositionalEmbedding(theta, self.d_k, max_seq_len, device)
+
+    def forward(self, x, token_positions=None, kv_cache=None, layer=0):
+        # (no fused qkv matmul: a runtime torch.cat of the three weights measured no faster on CPU)
+        q, k, v = (proj(x).unflatten(-1, (self.num_heads, self.d_k)).transpose(-3, -2)  # (..., heads, T, d_k)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        T = x.size(-2)
+        if self.rope is not None:
+            if token_positions is None and kv_cache is not None and kv_cache.pos:
+                token_positions = torch.arange(kv_cache.pos, kv_cache.pos + T, device=x.device)
+            if token_positions is not None and token_positions.dim() > 1:
+                token_positions = token_positions.unsqueeze(-2)  # (..., seq) -> (..., 1 head, seq)
+            q, k = self.rope(q, token_positions), self.rope(k, token_positions)
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer, k, v)
+        y = _causal_attention(q, k, v, self.attn_impl)
+        return self.output_proj(y.transpose(-3, -2).flatten(-2))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, max_seq_len, theta, remove_rmsnorm=False, use_post_norm=False,
+                 ffn_type="swiglu", attn_impl="sdpa", device=None, dtype=None):
+        super().__init__()
+        self.use_post_norm = use_post_norm
+        self.ln1 = None if remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.attn = MultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, attn_impl, device, dtype)
+        self.ln2 = None if remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
+        ffn_cls = {"swiglu": SwiGLU, None: SwiGLU, "silu": SiLUFFN}.get(ffn_type)
+        if ffn_cls is None:
+            raise ValueError(f"TransformerBlock: ffn_type must be 'swiglu' or 'silu', got {ffn_type!r}")
+        self.ffn = ffn_cls(d_model, d_ff, device, dtype)
+
+    @staticmethod
+    def _norm(ln, x):
+        return x if ln is None else ln(x)
+
+    def forward(self, x, token_positions=None, kv_cache=None, layer=0):
+        if self.use_post_norm:  # the original Transformer: normalise after each residual add
+            x = self._norm(self.ln1, x + self.attn(x, token_positions, kv_cache, layer))
+            return self._norm(self.ln2, x + self.ffn(x))
+        x = x + self.attn(self._norm(self.ln1, x), token_positions, kv_cache, layer)
+        return x + self.ffn(self._norm(self.ln2, x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta=10000.0,
+                 remove_rmsnorm=False, use_post_norm=False, remove_rope=False, ffn_type="swiglu",
+                 attn_impl="sdpa", device=None, dtype=None):
+        super().__init__()
+        self.vocab_size, self.context_length = vocab_size, context_length
+        self._config = dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model,
+                            num_layers=num_layers, num_heads=num_heads, d_ff=d_ff, rope_theta=rope_theta,
+                            remove_rmsnorm=remove_rmsnorm, use_post_norm=use_post_norm, remove_rope=remove_rope,
+                            ffn_type=ffn_type or "swiglu", attn_impl=attn_impl)
+        theta = None if remove_rope else rope_theta
+        self.token_embeddings = Embedding(vocab_size, d_model, device, dtype)
+        self.layers = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, d_ff, context_length, theta, remove_rmsnorm, use_post_norm,
+                             ffn_type, attn_impl, device, dtype) for _ in range(num_layers))
+        # with use_post_norm the last block already ends in a norm; ln_final stays anyway (a learned rescale),
+        # so every ablation keeps the same state-dict keys except remove_rmsnorm
+        self.ln_final = None if remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
+        self.lm_head = Linear(d_model, vocab_size, device, dtype)
+
+    def model_config(self):
+        return {"arch": "llama", **self._config}
+
+    def get_num_params(self, non_embedding=True):
+        """Non-embedding excludes the token-embedding lookup; the (untied) lm_head is a matmul and counts."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.token_embeddings.weight.numel() if non_embedding else n
+
+    def forward(self, idx, token_positions=None, kv_cache=None):
+        _check_ids(idx, self.vocab_size, self.context_length, "TransformerLM")
+        x = self.token_embeddings(idx)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, token_positions, kv_cache, i)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        return self.lm_head(x)
+
+    def init_kv_cache(self, batch_size, max_seq_len=None, device=None, dtype=None):
+        p = self.lm_head.weight
+        attn = self.layers[0].attn
+        return KVCache(len(self.layers), batch_size, attn.num_heads, max_seq_len or self.context_length, attn.d_k,
+                       device or p.device, dtype or p.dtype)
+
+    def forward_with_cache(self, idx, cache):
+        """Logits for idx at positions cache.pos.., attending to everything cached; advances cache.pos."""
+        cache.check_room(idx.size(1), "TransformerLM.forward_with_cache")
+        if cache.pos + idx.size(1) > self.context_length:
+            raise ValueError(f"TransformerLM.forward_with_cache: position {cache.pos + idx.size(1)} exceeds "
+                             f"context_length {self.context_length}")
+        logits = self(idx, kv_cache=cache)
+        cache.pos += idx.size(1)
+        return logits
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over the first `num_classes` logits, accumulated in float32, with a hand-written
+    backward: d loss / d logits = (softmax - one_hot) / N. The forward keeps the softmax (in place of the logits
+    it no longer needs), so the backward is two in-place edits of it instead of autograd's passes over (N, vocab)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, num_classes):
+        x = logits.reshape(-1, logits.size(-1))[:, :num_classes]  # padded columns never get probability mass
+        t = targets.reshape(-1, 1)
+        m = x.amax(-1, keepdim=True).float()
+        p = torch.sub(x, m).exp_()  # float32 even for bf16 logits (type promotion)
+        sum_exp = p.sum(-1, keepdim=True)
+        lse = (sum_exp.log() + m).squeeze(1)  # log-sum-exp, stable: every exponent <= 0
+        loss = (lse - x.gather(1, t).squeeze(1).float()).mean()
+        ctx.save_for_backward(p.div_(sum_exp), t)
+        ctx.shape, ctx.dtype = logits.shape, logits.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        p, t = ctx.saved_tensors  # edited in place: this graph can be backpropagated once (no retain_graph)
+        p.scatter_add_(1, t, torch.full(t.shape, -1.0, dtype=p.dtype, device=p.device))
+        p.mul_(grad / p.size(0))
+        if p.size(1) == ctx.shape[-1]:
+            return p.to(ctx.dtype).view(ctx.shape), None, None
+        dx = p.new_zeros(p.size(0), ctx.shape[-1], dtype=ctx.dtype)
+        dx[:, : p.size(1)] = p
+        return dx.view(ctx.shape), None, None
+
+
+def cross_entropy(logits, targets, num_classes=None):
+    """Mean cross-entropy of logits (..., vocab) against targets (...); num_classes < vocab ignores padding."""
+    num_classes = num_classes or logits.size(-1)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"cross_entropy: targets shape {tuple(targets.shape)} must equal logits shape without "
+                         f"the last dim {tuple(logits.shape[:-1])}")
+    if targets.device.type == "cpu" and targets.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(f"cross_entropy: targets must be in [0, {num_classes}), got min {lo} max {hi}")
+    return _CrossEntropy.apply(logits, targets, num_classes)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPT-2 (nanoGPT / Hugging Face parameter names, so OpenAI's checkpoints load key for key)
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50257
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    pad_vocab_to_multiple_of: int = 1  # 64/128: aligned matmul shapes on GPU (50257 -> 50304)
+    attn_impl: str = "sdpa"
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.n_embd, self.attn_impl = config.n_head, config.n_embd, config.attn_impl
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, kv_cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in self.c_attn(x).split(C, dim=2))
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer, k, v)
+        y = _causal_attention(q, k, v, self.attn_impl)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, kv_cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), kv_cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+_HUB_NAMES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+              "gpt2-xl": (48, 25, 1600)}
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def load_safetensors(path):
+    """Read a .safetensors file: 8-byte header length, a JSON header of dtype/shape/offsets, raw bytes."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable copy-on-write view, no full read
+    base = 8 + header_len
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, (start, end) = _SAFETENSORS_DTYPES[info["dtype"]], info["data_offsets"]
+        if end == start:
+            out[name] = torch.empty(info["shape"], dtype=dtype)
+        else:
+            t = torch.frombuffer(buf, dtype=dtype, count=(end - start) // dtype.itemsize, offset=base + start)
+            out[name] = t.reshape(info["shape"])
+    return out
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        if config.n_embd % config.n_head:
+            raise ValueError(f"GPT: n_embd {config.n_embd} must be divisible by n_head {config.n_head}")
+        if config.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"GPT: attn_impl must be one of {ATTN_IMPLS}, got {config.attn_impl!r}")
+        self.config = config
+        self.vocab_size, self.context_length = config.vocab_size, config.block_size
+        m = max(1, config.pad_vocab_to_multiple_of)
+        self.padded_vocab_size = (config.vocab_size + m - 1) // m * m
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(self.padded_vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, self.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying (Press & Wolf 2017), as GPT-2
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # residual projections: std 0.02 / sqrt(2 n_layer) (GPT-2 paper)
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def model_config(self):
+        return {"arch": "gpt2", **asdict(self.config)}
+
+    def get_num_params(self, non_embedding=True):
+        """Parameters as stored (the tied wte/lm_head once, padded rows included). Non-embedding excludes
+        the position embeddings only: wte doubles as the lm_head matmul (nanoGPT's convention)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def _logits(self, idx, kv_cache=None):
+        _check_ids(idx, self.vocab_size, self.context_length, "GPT")
+        start = kv_cache.pos if kv_cache is not None else 0
+        pos = torch.arange(start, start + idx.size(1), device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, kv_cache, i)
+        return self.lm_head(self.transformer.ln_f(x))  # (B, T, padded vocab)
+
+    def forward(self, idx, targets=None):
+        logits = self._logits(idx)
+        loss = None if targets is None else cross_entropy(logits, targets, self.vocab_size)
+        return logits[..., : self.vocab_size], loss  # padded ids are never visible to callers
+
+    def init_kv_cache(self, batch_size, max_seq_len=None, device=None, dtype=None):
+        p = self.lm_head.weight
+        c = self.config
+        return KVCache(c.n_layer, batch_size, c.n_head, max_seq_len or c.block_size, c.n_embd // c.n_head,
+                       device or p.device, dtype or p.dtype)
+
+    def forward_with_cache(self, idx, cache):
+        cache.check_room(idx.size(1), "GPT.forward_with_cache")
+        if cache.pos + idx.size(1) > self.context_length:
+            raise ValueError(f"GPT.forward_with_cache: position {cache.pos + idx.size(1)} exceeds block_size "
+                             f"{self.context_length}")
+        logits = self._logits(idx, cache)
+        cache.pos += idx.size(1)
+        return logits[..., : self.vocab_size]
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, **overrides):
+        """OpenAI's GPT-2 (`gpt2` ... `gpt2-xl`, downloaded with huggingface_hub) or a local Hugging Face
+        directory holding config.json + model.safetensors or pytorch_model.bin. overrides: GPTConfig fields
+        such as pad_vocab_to_multiple_of or attn_impl."""
+        if os.path.isdir(name_or_path):
+            folder = name_or_path
+            files = {f: os.path.join(folder, f) for f in ("config.json", "model.safetensors", "pytorch_model.bin")
+                     if os.path.isfile(os.path.join(folder, f))}
+        elif name_or_path in _HUB_NAMES:
+            from huggingface_hub import hf_hub_download
+            repo = f"openai-community/{name_or_path}"
+            files = {"config.json": hf_hub_download(repo, "config.json")}
+            try:
+                files["model.safetensors"] = hf_hub_download(repo, "model.safetensors")
+            except Exception:  # older mirrors only have the pickle
+                files["pytorch_model.bin"] = hf_hub_download(repo, "pytorch_model.bin")
+        else:
+            raise ValueError(f"GPT.from_pretrained: {name_or_path!r} is neither a directory nor one of "
+                             f"{sorted(_HUB_NAMES)}")
+        if "config.json" not in files or len(files) < 2:
+            raise ValueError(f"GPT.from_pretrained: {name_or_path}: expected config.json and model.safetensors "
+                             f"or pytorch_model.bin")
+        with open(files["config.json"]) as f:
+            hf = json.load(f)
+        config = GPTConfig(block_size=hf.get("n_positions", hf.get("n_ctx", 1024)), vocab_size=hf["vocab_size"],
+                           n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"])
+        for key, value in overrides.items():
+            if not hasattr(config, key):
+                raise ValueError(f"GPT.from_pretrained: unknown GPTConfig field {key!r}")
+            setattr(config, key, value)
+        if "model.safetensors" in files:
+            sd_hf = load_safetensors(files["model.safetensors"])
+        else:
+            sd_hf = torch.load(files["pytorch_model.bin"], map_location="cpu", weights_only=True)
+
+        model = cls(config)
+        sd = model.state_dict()
+        # Hugging Face's Conv1D stores (in, out): transpose into nn.Linear's (out, in)
+        conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        loaded = set()
+        for key, w in sd_hf.items():
+            key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
+            if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
+                continue  # causal-mask buffers; lm_head is tied to wte
+            if key not in sd:
+                raise ValueError(f"GPT.from_pretrained: unexpected weight {key!r} in {name_or_path}")
+            if key.endswith(conv1d):
+                w = w.t()
+            with torch.no_grad():
+                if key == "transformer.wte.weight":
+                    sd[key].zero_()  # padded rows stay zero; their logits are sliced off anyway
+                    sd[key][: w.size(0)].copy_(w)
+                else:
+                    if sd[key].shape != w.shape:
+                        raise ValueError(f"GPT.from_pretrained: {key}: expected shape {tuple(sd[key].shape)}, "
+                                         f"file has {tuple(w.shape)}")
+                    sd[key].copy_(w)
+            loaded.add(key)
+        missing = [k for k in sd if k not in loaded and k != "lm_head.weight"]
+        if missing:
+            raise ValueError(f"GPT.from_pretrained: {name_or_path} lacks {missing[:3]}{'...' if len(missing) > 3 else ''}")
+        return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The common surface used by train.py, sample.py, hellaswag.py and flops.py
+
+def build_model(cfg):
+    """Rebuild a model from its model_config() dict (as stored in checkpoints)."""
+    cfg = dict(cfg)
+    arch = cfg.pop("arch", None)
+    if arch == "llama":
+        try:
+            return TransformerLM(**cfg)
+        except TypeError as e:
+            raise ValueError(f"build_model: bad llama config {cfg}: {e}") from None
+    if arch == "gpt2":
+        known = {f.name for f in fields(GPTConfig)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"build_model: unknown gpt2 config keys {unknown}; expected some of {sorted(known)}")
+        return GPT(GPTConfig(**cfg))
+    raise ValueError(f"build_model: cfg['arch'] must be 'llama' or 'gpt2', got {arch!r}")
+
+
+def _unwrap(model):
+    """The bare module inside DDP (.module) and torch.compile (._orig_mod) wrappers."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+def param_groups(model, weight_decay):
+    """AdamW groups: every matrix (>= 2-D: linear weights AND embeddings) is decayed; biases and norm gains
+    are not. Embeddings are decayed because GPT-2's wte is also its output matrix (tied), and one rule for
+    both models keeps ablations comparable (nanoGPT / CS336 do the same)."""
+    params = [p for p in _unwrap(model).parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def model_from_checkpoint(ckpt, device="cpu"):
+    """Build the model described by ckpt["model_config"] and load ckpt["model"] into it."""
+    if "model_config" not in ckpt or "model" not in ckpt:
+        raise ValueError("model_from_checkpoint: checkpoint needs 'model' and 'model_config' entries")
+    model = build_model(ckpt["model_config"])
+    state = {}
+    for key, value in ckpt["model"].items():
+        for prefix in ("_orig_mod.", "module."):  # saved from a torch.compile / DDP wrapper
+            while key.startswith(prefix):
+                key = key[len(prefix):]
+        state[key] = value
+    load_state_dict_checked(model, state)
+    return model.to(device)
+
+
+def load_state_dict_checked(model, state):
+    """load_state_dict with one clear line for another architecture or another shape."""
+    expected = model.state_dict()
+    arch = model.model_config()["arch"]
+    other = "gpt2" if arch == "llama" else "llama"
+    markers = {"llama": "token_embeddings.weight", "gpt2": "transformer.wte.weight"}
+    if markers[arch] not in state and markers[other] in state:
+        raise ValueError(f"state dict holds a {other} model, but the model is {arch}")
+    missing = [k for k in expected if k not in state and not (arch == "gpt2" and k == "lm_head.weight")]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        raise ValueError(f"state dict does not match the {arch} model: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
+    for key, value in state.items():
+        if value.shape != expected[key].shape:
+            raise ValueError(f"state dict {key}: shape {tuple(value.shape)}, model expects "
+                             f"{tuple(expected[key].shape)}")
+    model.load_state_dict(state, strict=arch != "gpt2" or "lm_head.weight" in state)
+
+
+def lm_loss(model, idx, targets, arch=None):
+    """Mean next-token cross-entropy for either architecture, by calling the (possibly wrapped) module."""
+    arch = arch or _unwrap(model).model_config()["arch"]
+    if arch == "gpt2":
+        return model(idx, targets)[1]
+    return cross_entropy(model(idx), targets)
