@@ -1,0 +1,1066 @@
+"""
+Train a language model: AdamW, warmup + cosine, clipping, memmapped token data, exact-resume checkpoints, and
+one loop that runs from a laptop CPU to torchrun on a GPU node.
+
+    python train.py                                    # the main job (offline, ~3-4 min on 2 CPU cores): stories ->
+                                                       #   BPE -> token files -> 1.3M-param Llama for 2.5 min -> sample
+    python train.py --fresh                            # the same, starting over instead of reusing what exists
+    python train.py --preset=tinystories-cpu           # CS336 TinyStories baseline shape, 40.96M tokens (CPU)
+    python train.py --preset=tinystories               # the same model, 327.68M tokens (one GPU)
+    python train.py --preset=owt                       # OpenWebText, 32k tokenizer, same model
+    torchrun --standalone --nproc_per_node=8 train.py --preset=gpt2-124m     # GPT-2 124M on FineWeb-Edu 10B
+    python train.py --model=gpt2 --init_from=gpt2 --data_dir=data/mydata     # fine-tune OpenAI's GPT-2
+    python train.py --preset=owt --time_budget=45m     # a fixed wall-clock run: the schedule follows the clock
+    python train.py --resume                           # continue out/ckpt.pt exactly where it stopped
+    python train.py --plot=out/log.jsonl               # loss vs steps / vs wall clock PNGs next to the log
+    python train.py --help                             # every setting below, with its default
+
+Two nodes (run on each node, node_rank 0 and 1; master = the first node's address):
+    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 train.py ...
+
+Every name in the CONFIG block is a flag (`--name=value`); a preset changes a few of them and any flag still
+overrides it. Only rank 0 prints, logs and writes checkpoints. Ctrl-C finishes the current step, writes a
+checkpoint and stops; `--resume` then continues bit for bit (on CPU) as if nothing happened.
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+# -----------------------------------------------------------------------------
+# configuration: (name, default, help). argparse is generated from this block.
+# "auto" means: on where the hardware supports it (CUDA), off elsewhere.
+
+CONFIG = [
+    # I/O
+    ("out_dir", "out", "folder for ckpt.pt, log.jsonl and plots"),
+    ("data_dir", "data/tinystories", "folder with train*.bin / val*.bin token files (each with a .bin.json sidecar)"),
+    ("prepare_data", True, "build data_dir with fineweb.prepare_tinystories first (downloads or generates stories; reused when done)"),
+    ("corpus_bytes", 4_000_000, "with --prepare_data: bytes of TinyStories (or generated stories) to prepare"),
+    ("download", True, "with --prepare_data: try TinyStories from the Hugging Face hub before generating stories"),
+    ("preset", "", "tinystories | tinystories-cpu | owt | gpt2-124m (sets the documented values; flags still override)"),
+    ("resume", "auto", "continue out_dir/ckpt.pt: auto = when it exists and matches this run, true = must, false = never"),
+    ("fresh", False, "start over: ignore an existing checkpoint (and re-prepare the data of the main job)"),
+    ("init_from", "scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights, --model=gpt2)"),
+    ("plot", "", "path of a log.jsonl: draw loss-vs-steps and loss-vs-time PNGs beside it and exit"),
+    ("wandb", False, "also log to Weights & Biases (only if wandb is installed)"),
+    ("wandb_project", "lmscratch", "wandb project name"),
+    # model
+    ("model", "llama", "llama (TransformerLM, CS336 naming) or gpt2 (GPT, nanoGPT naming)"),
+    ("vocab_size", 2048, "BPE size the data preparation trains; the model always uses the data's vocabulary"),
+    ("context_length", 128, "tokens per training window (GPT-2: block_size)"),
+    ("d_model", 128, "width (GPT-2: n_embd)"),
+    ("num_layers", 4, "Transformer blocks (GPT-2: n_layer)"),
+    ("num_heads", 4, "attention heads (GPT-2: n_head)"),
+    ("d_ff", 0, "feed-forward width (0 = 8/3*d_model rounded to 64 for swiglu, 4*d_model for silu)"),
+    ("rope_theta", 10000.0, "RoPE base"),
+    ("remove_rmsnorm", False, "ablation: no RMSNorm anywhere"),
+    ("use_post_norm", False, "ablation: post-norm blocks"),
+    ("remove_rope", False, "ablation: no position information (NoPE)"),
+    ("ffn_type", "swiglu", "ablation: swiglu | silu"),
+    ("attn_impl", "sdpa", "sdpa (F.scaled_dot_product_attention, flash on GPU) | scratch (the from-primitives path)"),
+    ("pad_vocab", "auto", "GPT-2: pad the vocabulary to a multiple of 64 (auto = on CUDA)"),
+    # data and batch
+    ("sampler", "sequential", "sequential (shards in order, shuffled per epoch, rank strides) | random (CS336 windows)"),
+    ("batch_size", 32, "sequences per micro-step per process"),
+    ("total_batch_tokens", 0, "tokens per optimizer step (0 = batch_size*context_length*world); sets grad accumulation"),
+    # optimizer and schedule
+    ("learning_rate", 3e-3, "peak learning rate"),
+    ("min_lr_ratio", 0.1, "the cosine ends at min_lr_ratio * learning_rate"),
+    ("warmup_iters", 50, "linear warmup steps"),
+    ("max_iters", 1000, "optimizer steps (the run ends at max_iters or when --time_budget is spent, the first)"),
+    ("lr_decay_iters", 0, "cosine length in steps (0 = max_iters)"),
+    ("time_budget", "2.5m", "training time limit, e.g. 45m, 90s, 1.5h ('' = none); the schedule follows the clock"),
+    ("weight_decay", 0.1, "AdamW decoupled weight decay (2-D weights only)"),
+    ("beta1", 0.9, "AdamW beta1"),
+    ("beta2", 0.95, "AdamW beta2"),
+    ("eps", 1e-8, "AdamW epsilon"),
+    ("grad_clip", 1.0, "clip the global gradient L2 norm to this (0 = off)"),
+    ("fused", "auto", "use PyTorch's fused AdamW (auto = on CUDA); otherwise this file's AdamW"),
+    # evaluation, logging, checkpoints
+    ("eval_interval", 250, "evaluate (val loss, bits/byte, a sample) every N steps and at the end"),
+    ("eval_iters", 10, "validation batches per evaluation"),
+    ("log_interval", 10, "print a line every N steps"),
+    ("ckpt_interval", 0, "write ckpt.pt every N steps (0 = at every evaluation); always at the end"),
+    ("num_samples", 1, "samples generated at each evaluation"),
+    ("sample_tokens", 64, "tokens per sample"),
+    ("temperature", 0.8, "sampling temperature"),
+    ("top_p", 0.9, "nucleus sampling threshold"),
+    ("sample_prompt", "Once upon a time", "prompt for the samples"),
+    ("hellaswag", False, "HellaSwag accuracy at each evaluation (needs hellaswag.py)"),
+    ("hellaswag_path", "", "local HellaSwag jsonl (default: the official val set, downloaded once)"),
+    # system
+    ("device", "auto", "auto | cpu | cuda | cuda:N"),
+    ("dtype", "auto", "autocast dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16"),
+    ("compile", "auto", "torch.compile the training module (auto = on CUDA); eval and sampling use the plain module"),
+    ("compile_backend", "inductor", "torch.compile backend"),
+    ("tf32", "auto", "TF32 matmuls on CUDA"),
+    ("num_threads", 0, "torch CPU threads (0 = torch's default)"),
+    ("seed", 1337, "seed for init, data order and sampling"),
+]
+DEFAULTS = {name: default for name, default, _ in CONFIG}
+
+# Presets: the documented runs. Each value can still be overridden on the command line.
+TINYSTORIES_MODEL = dict(model="llama", vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
+                         d_ff=1344, rope_theta=10000.0)
+RUN = dict(prepare_data=False, time_budget="")   # presets are step-counted runs on prepared data
+PRESETS = {
+    # CS336 baseline at 327,680,000 tokens = 128 x 10,000 x 256 (one GPU)
+    "tinystories": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=128,
+                        max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
+                        beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random"),
+    # the same shape at 40,960,000 tokens = 32 x 5,000 x 256 (a laptop CPU; the reference reaches ~1.80)
+    "tinystories-cpu": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=32,
+                            max_iters=5000, warmup_iters=100, learning_rate=1e-3, min_lr_ratio=0.1,
+                            weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50,
+                            sampler="random"),
+    # OpenWebText with a 32k tokenizer, the same model
+    "owt": dict(TINYSTORIES_MODEL, **RUN, vocab_size=32000, data_dir="data/owt-32k", batch_size=128,
+                max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
+                beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random", sample_prompt="The"),
+    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step)
+    "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12, num_heads=12,
+                      data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
+                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, max_iters=19073, weight_decay=0.1,
+                      beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True,
+                      sampler="sequential", sample_prompt="Hello, I'm a language model,", sample_tokens=32,
+                      num_samples=4),
+}
+# the command that prepares each preset's data (printed when it is missing)
+PREPARE_COMMANDS = {
+    # all of TinyStories (official validation split kept apart), a 10k BPE trained on it, train.bin / val.bin
+    "tinystories": "python fineweb.py --prepare_tinystories --corpus_bytes=0 --vocab_size=10000 --out_dir=data/tinystories-10k",
+    # OpenWebText streamed into shards, with a 32k BPE trained on its first 100 MB
+    "owt": "python fineweb.py --dataset=openwebtext --vocab_size=32000 --out_dir=data/owt-32k",
+    # FineWeb-Edu sample-10BT, GPT-2 tokenizer, 100M-token shards (build-nanogpt's layout)
+    "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
+}
+PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["tinystories"]
+# settings that may change when a run is resumed (everything else must match the checkpoint)
+RESUMABLE_CHANGES = {"out_dir", "resume", "fresh", "plot", "wandb", "wandb_project", "max_iters", "time_budget",
+                     "eval_interval", "eval_iters", "log_interval", "ckpt_interval", "num_samples", "sample_tokens",
+                     "temperature", "top_p", "sample_prompt", "hellaswag", "hellaswag_path", "device", "compile",
+                     "compile_backend", "num_threads", "prepare_data", "download", "preset", "lr_decay_iters", "fused"}
+
+
+# -----------------------------------------------------------------------------
+# optimizer, schedule, clipping (from primitives)
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW (Loshchilov & Hutter 2019) with the same arithmetic and state names as torch.optim.AdamW.
+    lr and weight_decay are read from each param group at every step, so a schedule just writes group["lr"]."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or weight_decay < 0:
+            raise ValueError(f"AdamW: invalid hyperparameters lr={lr} betas={betas} eps={eps} wd={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)   # a tensor, like torch's, so state dicts interchange
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                state["step"] += 1
+                t = state["step"].item()
+                p.mul_(1 - lr * wd)                          # decoupled weight decay, before the Adam update
+                m.lerp_(g, 1 - beta1)                        # m = beta1 m + (1 - beta1) g
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                bias1 = 1 - beta1 ** t
+                bias2 = 1 - beta2 ** t
+                denom = (v.sqrt() / bias2 ** 0.5).add_(eps)
+                p.addcdiv_(m, denom, value=-lr / bias1)
+        return loss
+
+
+def get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters):
+    """Linear warmup to max over warmup_iters, cosine down to min at cosine_cycle_iters, then flat at min."""
+    if it < warmup_iters:
+        return max_learning_rate * it / warmup_iters
+    if it >= cosine_cycle_iters:
+        return min_learning_rate
+    progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)
+    return min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (max_learning_rate - min_learning_rate)
+
+
+@torch.no_grad()
+def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
+    """Scale all gradients in place so their global L2 norm is at most max_l2_norm; returns the pre-clip norm."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    scale = torch.clamp(max_l2_norm / (norm + eps), max=1.0)   # no .item(): no GPU sync on the hot path
+    for g in grads:
+        g.mul_(scale.to(g.dtype))
+    return norm
+
+
+# -----------------------------------------------------------------------------
+# token files and data loading
+
+def load_tokens(path):
+    """Memmap a token file X.bin after checking its sidecar X.bin.json; returns (array, meta)."""
+    path = Path(path)
+    side = Path(str(path) + ".json")
+    if not path.is_file():
+        raise ValueError(f"{path}: token file not found")
+    try:
+        meta = json.loads(side.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing sidecar {side.name} (write token files with bpe.py --encode or fineweb.py)")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{side}: not valid JSON ({e})")
+    if meta.get("format") != "tokens-v1" or meta.get("dtype") not in ("uint16", "uint32"):
+        raise ValueError(f"{side}: expected format tokens-v1 with dtype uint16|uint32, got "
+                         f"{meta.get('format')!r}/{meta.get('dtype')!r}")
+    dtype = np.dtype(meta["dtype"])
+    size = path.stat().st_size
+    if size % dtype.itemsize or size // dtype.itemsize != meta.get("num_tokens"):
+        raise ValueError(f"{path}: {size} bytes but the sidecar says {meta.get('num_tokens')} {meta['dtype']} "
+                         f"tokens (truncated or corrupt file?)")
+    if size == 0:
+        raise ValueError(f"{path}: empty token file")
+    return np.memmap(path, dtype=dtype, mode="r"), meta
+
+
+def check_token_range(arr, vocab_size, path, chunk=1 << 24, max_scan=2_000_000_000):
+    """A token id >= vocab_size would index past the embedding: refuse before training starts.
+    Files up to max_scan tokens are scanned in full (GB/s); beyond that the sidecar's vocab_size is trusted."""
+    n = min(len(arr), max_scan)
+    top = max(int(arr[i:i + chunk].max()) for i in range(0, n, chunk))
+    if top >= vocab_size:
+        raise ValueError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}")
+
+
+def find_shards(data_dir, split):
+    files = sorted(Path(data_dir).glob(f"{split}*.bin"))
+    return [(str(f), *load_tokens(f)) for f in files]
+
+
+def get_batch(dataset, batch_size, context_length, device, rng=None):
+    """Random windows (CS336): x = dataset[s:s+T], y = dataset[s+1:s+T+1] for random s in [0, len-T-1]."""
+    high = len(dataset) - context_length   # exclusive bound, so the largest start is len - T - 1
+    if high < 1:
+        raise ValueError(f"get_batch: {len(dataset)} tokens is too few for context_length {context_length}")
+    starts = rng.integers(0, high, size=batch_size) if rng is not None else np.random.randint(0, high, size=batch_size)
+    buf = np.stack([dataset[s:s + context_length + 1] for s in starts]).astype(np.int64)
+    return _to_device(torch.from_numpy(buf), device)
+
+
+def _to_device(buf, device):
+    """(B, T+1) int64 CPU tensor -> x, y on device (pinned + async copy on CUDA)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        buf = buf.pin_memory().to(device, non_blocking=True)
+    else:
+        buf = buf.to(device)
+    return buf[:, :-1], buf[:, 1:]
+
+
+class RandomSampler:
+    """CS336-style random windows; with several shards, each row picks a shard in proportion to its size.
+    Its RNG state is the whole loader position."""
+
+    def __init__(self, shards, batch_size, context_length, seed=0, rank=0):
+        self.arrays = [a for _, a, _ in shards if len(a) > context_length + 1]
+        if not self.arrays:
+            raise ValueError(f"no token file has more than context_length+1 = {context_length + 1} tokens")
+        self.B, self.T = batch_size, context_length
+        sizes = np.array([len(a) - context_length for a in self.arrays], dtype=np.float64)
+        self.p = sizes / sizes.sum()
+        self.rng = np.random.default_rng([seed, rank])
+
+    def next_batch(self, device):
+        if len(self.arrays) == 1:
+            return get_batch(self.arrays[0], self.B, self.T, device, rng=self.rng)
+        which = self.rng.choice(len(self.arrays), size=self.B, p=self.p)
+        rows = []
+        for i in which:
+            s = self.rng.integers(0, len(self.arrays[i]) - self.T)
+            rows.append(self.arrays[i][s:s + self.T + 1])
+        return _to_device(torch.from_numpy(np.stack(rows).astype(np.int64)), device)
+
+    def state_dict(self):
+        return {"kind": "random", "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state):
+        self.rng.bit_generator.state = state["rng"]
+
+
+class SequentialSampler:
+    """build-nanogpt-style reading: windows of B*T+1 tokens taken in order through the shards, rank r of W taking
+    every W-th window. Unlike the reference, each epoch shuffles the shard order and, when the end-of-text id is
+    known, the order of the documents inside each shard (documents are cut at every eot token), with an RNG
+    seeded by (seed, epoch): the position (epoch, shard, offset) pins the data exactly, for resume."""
+
+    def __init__(self, shards, batch_size, context_length, rank=0, world_size=1, seed=0, eot_id=None, shuffle=True):
+        self.shards = [(p, a) for p, a, _ in shards]
+        self.B, self.T, self.rank, self.world = batch_size, context_length, rank, world_size
+        self.seed, self.eot_id, self.shuffle = seed, eot_id, shuffle
+        self.span = batch_size * context_length   # tokens one rank consumes per batch
+        if not any(len(a) >= self.span * world_size + 1 for _, a in self.shards):
+            longest = max(len(a) for _, a in self.shards)
+            raise ValueError(f"every token file is shorter than batch_size*context_length*world_size+1 = "
+                             f"{self.span * world_size + 1} tokens (longest: {longest})")
+        self.epoch, self.shard, self.pos = 0, 0, 0
+        self._start_epoch()
+
+    def _start_epoch(self):
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.order = rng.permutation(len(self.shards)) if self.shuffle else np.arange(len(self.shards))
+        self.doc_seed = int(rng.integers(2 ** 62))
+        self._load_shard()
+
+    def _load_shard(self):
+        arr = self.shards[self.order[self.shard]][1]
+        self.arr = arr
+        if self.shuffle and self.eot_id is not None:
+            cuts = np.flatnonzero(np.asarray(arr) == self.eot_id)
+            starts = np.unique(np.concatenate([[0], cuts])).astype(np.int64)   # each piece begins at an eot
+            lengths = np.diff(np.append(starts, len(arr)))
+            perm = np.random.default_rng([self.doc_seed, self.shard]).permutation(len(starts))
+            self.seg_start, self.seg_len = starts[perm], lengths[perm]
+        else:
+            self.seg_start, self.seg_len = np.array([0]), np.array([len(arr)])
+        self.seg_cum = np.concatenate([[0], np.cumsum(self.seg_len)])
+
+    def _read(self, pos, n):
+        """n tokens from position pos of the (document-shuffled) shard."""
+        out, i = [], int(np.searchsorted(self.seg_cum, pos, side="right") - 1)
+        while n > 0:
+            off = pos - self.seg_cum[i]
+            take = int(min(n, self.seg_len[i] - off))
+            s = self.seg_start[i] + off
+            out.append(self.arr[s:s + take])
+            n, pos, i = n - take, pos + take, i + 1
+        return np.concatenate(out) if len(out) > 1 else np.asarray(out[0])
+
+    def next_batch(self, device):
+        while self.pos + self.span * self.world + 1 > len(self.arr):   # this shard is used up
+            self.shard += 1
+            self.pos = 0
+            if self.shard == len(self.shards):
+                self.epoch, self.shard = self.epoch + 1, 0
+                self._start_epoch()
+            else:
+                self._load_shard()
+        buf = self._read(self.pos + self.rank * self.span, self.span + 1).astype(np.int64)
+        self.pos += self.span * self.world
+        rows = torch.from_numpy(np.lib.stride_tricks.sliding_window_view(buf, self.T + 1)[::self.T].copy())
+        return _to_device(rows, device)
+
+    def state_dict(self):
+        return {"kind": "sequential", "epoch": self.epoch, "shard": self.shard, "pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.epoch, self.shard = state["epoch"], 0
+        self._start_epoch()
+        self.shard, self.pos = state["shard"], state["pos"]
+        self._load_shard()
+
+
+# -----------------------------------------------------------------------------
+# checkpoints
+
+def _unwrap(model):
+    """The plain nn.Module under DDP (.module) and torch.compile (._orig_mod) wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def _clean_state_dict(sd):
+    out = {}
+    for k, v in sd.items():
+        for prefix in ("_orig_mod.", "module."):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+        out[k] = v
+    return out
+
+
+def save_checkpoint(model, optimizer, iteration, out, **extra):
+    """torch.save {model, optimizer, iteration, model_config, **extra} to a path (atomically: temp file + rename,
+    so a crash mid-write never leaves a broken ckpt.pt) or to a binary file object."""
+    raw = _unwrap(model)
+    obj = {"model": _clean_state_dict(raw.state_dict()), "optimizer": optimizer.state_dict(), "iteration": int(iteration)}
+    if hasattr(raw, "model_config"):
+        obj["model_config"] = raw.model_config()
+    obj.update(extra)
+    if isinstance(out, (str, os.PathLike)):
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        torch.save(obj, tmp)
+        os.replace(tmp, out)
+    else:
+        torch.save(obj, out)
+
+
+def read_checkpoint(src, map_location="cpu"):
+    """torch.load with weights_only=True (nothing in the file is executed), with a clear error when it is broken."""
+    name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
+    try:
+        ckpt = torch.load(src, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as e:
+        raise ValueError(f"{name}: not a readable checkpoint (truncated or corrupt?): {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "iteration" not in ckpt:
+        raise ValueError(f"{name}: not a train.py checkpoint (expected a dict with 'model' and 'iteration')")
+    return ckpt
+
+
+def load_checkpoint(src, model, optimizer=None, ckpt=None):
+    """Restore model (and optimizer) state from a path or file object; returns the iteration it was saved at."""
+    ckpt = ckpt if ckpt is not None else read_checkpoint(src)
+    _unwrap(model).load_state_dict(_clean_state_dict(ckpt["model"]))
+    if optimizer is not None and ckpt.get("optimizer") is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    return int(ckpt["iteration"])
+
+
+def rng_state():
+    """Every RNG as tensors and plain types (loadable with weights_only=True)."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    v, s, g = state["python"]
+    random.setstate((v, tuple(s), g))
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -----------------------------------------------------------------------------
+# configuration helpers
+
+def _parse_bool(s):
+    if isinstance(s, bool):
+        return s
+    low = str(s).lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    if low == "auto":
+        return "auto"
+    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+
+
+def _auto(value, when_auto):
+    """Resolve a true/false/auto setting."""
+    value = _parse_bool(value)
+    return when_auto if value == "auto" else value
+
+
+def parse_duration(s):
+    """'45m' -> 2700.0 seconds ('90s', '1.5h', '600' = seconds)."""
+    s = str(s).strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(s[-1:], None)
+    try:
+        return float(s[:-1]) * scale if scale else float(s)
+    except ValueError:
+        raise ValueError(f"--time_budget: expected a duration like 45m, 90s or 1.5h, got {s!r}") from None
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description="Train a language model (see the module docstring for commands).",
+                                allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for name, default, help_text in CONFIG:
+        if isinstance(default, bool) or name in ("compile", "tf32", "fused", "resume", "pad_vocab"):
+            p.add_argument(f"--{name}", type=_parse_bool, nargs="?", const=True, default=default, help=help_text)
+        else:
+            p.add_argument(f"--{name}", type=type(default), default=default, help=help_text)
+    return p
+
+
+def get_config(argv=None):
+    """defaults <- preset <- flags given on the command line. Returns (config, names given explicitly)."""
+    argv = list(argv or [])
+    args = build_parser().parse_args(argv)
+    given = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    explicit = {k: v for k, v in vars(args).items() if k in given}
+    return resolve_config(explicit), explicit
+
+
+def resolve_config(overrides):
+    cfg = dict(DEFAULTS)
+    preset = overrides.get("preset", "")
+    if preset:
+        if preset not in PRESETS:
+            raise SystemExit(f"train.py: --preset: unknown {preset!r}; choose from {', '.join(PRESETS)}")
+        cfg.update(PRESETS[preset])
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown settings {sorted(unknown)}")
+    cfg.update(overrides)
+    return cfg
+
+
+def model_config_from(cfg, vocab_size):
+    """The model.py build_model() dict for this run."""
+    if cfg["model"] == "llama":
+        d_ff = cfg["d_ff"] or (int(round(8 * cfg["d_model"] / 3 / 64)) * 64 if cfg["ffn_type"] == "swiglu" else 4 * cfg["d_model"])
+        return dict(arch="llama", vocab_size=vocab_size, context_length=cfg["context_length"], d_model=cfg["d_model"],
+                    num_layers=cfg["num_layers"], num_heads=cfg["num_heads"], d_ff=d_ff, rope_theta=cfg["rope_theta"],
+                    remove_rmsnorm=cfg["remove_rmsnorm"], use_post_norm=cfg["use_post_norm"],
+                    remove_rope=cfg["remove_rope"], ffn_type=cfg["ffn_type"], attn_impl=cfg["attn_impl"])
+    if cfg["model"] == "gpt2":
+        return dict(arch="gpt2", block_size=cfg["context_length"], vocab_size=vocab_size, n_layer=cfg["num_layers"],
+                    n_head=cfg["num_heads"], n_embd=cfg["d_model"], attn_impl=cfg["attn_impl"],
+                    pad_vocab_to_multiple_of=cfg["_pad_vocab"])
+    raise ValueError(f"--model: expected llama or gpt2, got {cfg['model']!r}")
+
+
+def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size):
+    per_step = batch_size * context_length * world_size
+    if total_batch_tokens == 0:
+        return 1
+    if total_batch_tokens % per_step:
+        raise ValueError(f"--total_batch_tokens={total_batch_tokens:,} is not divisible by batch_size*context_length"
+                         f"*world_size = {batch_size}*{context_length}*{world_size} = {per_step:,}; pick a multiple")
+    return total_batch_tokens // per_step
+
+
+# -----------------------------------------------------------------------------
+# evaluation helpers
+
+def _optional(name, why):
+    """Import a project file that may not be there (hellaswag, sample, flops, fineweb): a clear message if not."""
+    try:
+        return __import__(name)
+    except ImportError as e:
+        raise SystemExit(f"train.py: {why} needs {name}.py, which could not be imported ({e})") from None
+
+
+def bytes_per_token(tokenizer, ids, eot_id):
+    """UTF-8 bytes per token of ids decoded with the tokenizer (eot tokens count as tokens with 0 bytes)."""
+    ids = [int(t) for t in ids]
+    text = tokenizer.decode([t for t in ids if t != eot_id])
+    return len(text.encode("utf-8")) / max(1, len(ids))
+
+
+@torch.no_grad()
+def estimate_val_loss(model, shards, cfg, arch, device, autocast, rank, world, eval_iters):
+    """Mean next-token loss (nats) over the first eval_iters*B*T*world tokens of the validation data."""
+    lm_loss = sys.modules["model"].lm_loss
+    loader = SequentialSampler(shards, cfg["batch_size"], cfg["context_length"], rank, world, shuffle=False)
+    model.eval()
+    total = torch.zeros((), device=device)
+    for _ in range(eval_iters):
+        x, y = loader.next_batch(device)
+        with autocast:
+            total += lm_loss(model, x, y, arch=arch).float()
+    model.train()
+    total /= eval_iters
+    if world > 1:
+        torch.distributed.all_reduce(total)   # SUM then divide: ReduceOp.AVG is NCCL-only on older torch
+        total /= world
+    return total.item()
+
+
+@torch.no_grad()
+def _simple_generate(model, prompts, max_new_tokens, temperature=1.0, top_p=None, stop_token=None, generator=None, **_):
+    """Stand-in for sample.generate when sample.py is absent: no cache, temperature + top-p."""
+    out = []
+    ctx = getattr(model, "context_length", 1024)
+    for prompt in prompts:
+        idx, new = torch.tensor([prompt], device=next(model.parameters()).device), []
+        for _ in range(max_new_tokens):
+            logits = model(idx[:, -ctx:])
+            logits = (logits[0] if isinstance(logits, tuple) else logits)[0, -1].float()
+            if temperature == 0:
+                t = int(logits.argmax())
+            else:
+                probs = torch.softmax(logits / temperature, -1)
+                if top_p is not None:
+                    sp, si = probs.sort(descending=True)
+                    sp[(sp.cumsum(0) - sp) > top_p] = 0
+                    probs = torch.zeros_like(probs).scatter_(0, si, sp)
+                t = int(torch.multinomial(probs, 1, generator=generator))
+            if t == stop_token:
+                break
+            new.append(t)
+            idx = torch.cat([idx, torch.tensor([[t]], device=idx.device)], 1)
+        out.append(new)
+    return out
+
+
+def generate_samples(model, tokenizer, cfg, device, autocast, seed):
+    """A few samples from the plain (uncompiled) module: generation's changing shapes would recompile."""
+    try:
+        from sample import generate
+    except ImportError:
+        generate = _simple_generate
+    prompt = tokenizer.encode(cfg["sample_prompt"]) if cfg["sample_prompt"] else [tokenizer.eot_id or 0]
+    g = torch.Generator(device=device).manual_seed(seed)
+    model.eval()
+    with autocast:
+        outs = generate(model, [prompt] * cfg["num_samples"], cfg["sample_tokens"], temperature=cfg["temperature"],
+                        top_p=cfg["top_p"], stop_token=tokenizer.eot_id, generator=g)
+    model.train()
+    return [tokenizer.decode(prompt + list(o)) for o in outs]
+
+
+def _mfu(mcfg, T, tokens_per_sec, device, dtype):
+    try:
+        import flops
+        return flops.mfu(mcfg, T, tokens_per_sec, device.type if device.type == "cpu" else str(device), dtype)
+    except Exception:   # no flops.py, or a GPU without a known peak: leave the column out
+        return None
+
+
+def _fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# -----------------------------------------------------------------------------
+# the training run
+
+class _Stop:
+    """First Ctrl-C: finish the step, checkpoint, stop. A second one interrupts at once."""
+    requested = False
+
+    @classmethod
+    def handler(cls, signum, frame):
+        if cls.requested:
+            raise KeyboardInterrupt
+        cls.requested = True
+        print("\ntrain.py: stopping after this step (Ctrl-C again to abort without a checkpoint)", flush=True)
+
+
+def _print(*args, **kw):
+    print(*args, **kw, flush=True)   # progress shows up at once even through a pipe or a log file
+
+
+def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
+    """Run one training job described by cfg (a full config dict, see CONFIG). Returns a summary dict.
+    clock: the time source for --time_budget (tests inject a fake one). on_step(step): called after each
+    optimizer step (tests use it to simulate a crash)."""
+    cfg = dict(cfg)
+    # ---- processes, device, precision -------------------------------------------------------------------------
+    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if cfg["num_threads"]:
+        torch.set_num_threads(cfg["num_threads"])
+    device = torch.device(cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if ddp:
+        import torch.distributed as dist
+        rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    else:
+        rank, local_rank, world = 0, 0, 1
+    master = rank == 0
+    say = log if master else (lambda *a, **k: None)
+    cuda = device.type == "cuda"
+    if _auto(cfg["tf32"], cuda):
+        torch.set_float32_matmul_precision("high")
+    dtype_name = cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32")
+    if dtype_name not in ("float32", "bfloat16"):
+        raise ValueError(f"--dtype: expected auto, float32 or bfloat16, got {dtype_name!r}")
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype_name == "bfloat16" else contextlib.nullcontext())
+    cfg["_pad_vocab"] = 64 if _auto(cfg["pad_vocab"], cuda) else 1
+    random.seed(cfg["seed"])
+    np.random.seed(cfg["seed"])
+    torch.manual_seed(cfg["seed"])   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
+
+    # ---- data ---------------------------------------------------------------------------------------------------
+    out_dir = Path(cfg["out_dir"])
+    data_dir = Path(cfg["data_dir"])
+    # prepare only a folder that prepare_tinystories made (or an empty one): never overwrite someone's own data
+    if cfg["prepare_data"] and ((data_dir / "prepared.json").exists() or not any(data_dir.glob("train*.bin"))):
+        if master:
+            _optional("fineweb", "preparing the data (--prepare_data)").prepare_tinystories(
+                data_dir=cfg["data_dir"], vocab_size=cfg["vocab_size"], allow_download=cfg["download"],
+                fresh=cfg["fresh"], log=say, corpus_bytes=cfg["corpus_bytes"])
+        if ddp:
+            torch.distributed.barrier()
+    train_shards, val_shards = find_shards(cfg["data_dir"], "train"), find_shards(cfg["data_dir"], "val")
+    if not train_shards:
+        cmd = PREPARE_COMMANDS.get(cfg["preset"])
+        raise ValueError(f"{cfg['data_dir']}: no train*.bin token files" +
+                         (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py)"))
+    if not val_shards:   # no separate validation split: hold out the last shard (or say so for a single file)
+        if len(train_shards) < 2:
+            raise ValueError(f"{cfg['data_dir']}: no val*.bin token file next to the train data")
+        val_shards = train_shards[-1:]
+        train_shards = train_shards[:-1]
+    metas = [m for _, _, m in train_shards + val_shards]
+    tok_ref = metas[0].get("tokenizer")
+    if any(m.get("tokenizer") != tok_ref for m in metas):
+        raise ValueError(f"{cfg['data_dir']}: token files were written by different tokenizers "
+                         f"{sorted({str(m.get('tokenizer')) for m in metas})}")
+    data_vocab = max(m["vocab_size"] for m in metas)
+    eot_id = metas[0].get("eot_id")
+    if (cfg["prepare_data"] or cfg["preset"]) and cfg["vocab_size"] < data_vocab:
+        say(f"train.py: the data's vocabulary is {data_vocab} (--vocab_size={cfg['vocab_size']}): using {data_vocab}")
+    tokenizer = None
+    if tok_ref:
+        import bpe
+        ref = tok_ref
+        if ref != "gpt2" and not Path(ref).exists() and (Path(cfg["data_dir"]) / Path(ref).name).exists():
+            ref = str(Path(cfg["data_dir"]) / Path(ref).name)   # a data folder that was moved with its tokenizer
+        try:
+            tokenizer = bpe.load_tokenizer(ref)
+        except Exception as e:
+            say(f"train.py: tokenizer {tok_ref!r} could not be loaded ({e}): no bits/byte or samples")
+
+    # ---- batch arithmetic ------------------------------------------------------------------------------------------
+    B, T = cfg["batch_size"], cfg["context_length"]
+    accum = grad_accum_steps(cfg["total_batch_tokens"], B, T, world)
+    tokens_per_step = B * T * accum * world
+    max_iters = cfg["max_iters"]
+    decay_iters = cfg["lr_decay_iters"] or max_iters
+    budget = parse_duration(cfg["time_budget"]) if cfg["time_budget"] else None
+
+    # ---- model and optimizer -------------------------------------------------------------------------------------------
+    # the model's vocabulary is the data's (the tokenizer's): a larger one would let samples pick undecodable ids
+    import model as model_lib
+    ckpt_path = out_dir / "ckpt.pt"
+    resume_ckpt = cfg.pop("_resume_ckpt", None)
+    if resume_ckpt is None and _parse_bool(cfg["resume"]) is True and not cfg["fresh"]:
+        resume_ckpt = read_checkpoint(ckpt_path, map_location=device)
+    if resume_ckpt is not None:
+        raw = model_lib.build_model(resume_ckpt["model_config"])
+    elif cfg["init_from"] != "scratch":
+        if cfg["model"] != "gpt2":
+            raise ValueError(f"--init_from={cfg['init_from']} needs --model=gpt2")
+        raw = model_lib.GPT.from_pretrained(cfg["init_from"], pad_vocab_to_multiple_of=cfg["_pad_vocab"],
+                                            attn_impl=cfg["attn_impl"])
+    else:
+        raw = model_lib.build_model(model_config_from(cfg, data_vocab))
+    vocab_size = raw.vocab_size
+    for path, arr, _ in train_shards + val_shards:   # an id >= vocab_size is refused before training starts
+        check_token_range(arr, vocab_size, path)
+    raw.to(device)
+    arch = raw.model_config()["arch"] if hasattr(raw, "model_config") else cfg["model"]
+    if T > raw.context_length:
+        raise ValueError(f"--context_length={T} is longer than the model's {raw.context_length}")
+    mcfg = raw.model_config()
+    groups = model_lib.param_groups(raw, cfg["weight_decay"])
+    fused = _auto(cfg["fused"], cuda)
+    betas = (cfg["beta1"], cfg["beta2"])
+    if fused:
+        optimizer = torch.optim.AdamW(groups, lr=cfg["learning_rate"], betas=betas, eps=cfg["eps"], fused=True)
+    else:
+        optimizer = AdamW(groups, lr=cfg["learning_rate"], betas=betas, eps=cfg["eps"])
+
+    if cfg["sampler"] == "sequential":
+        loader = SequentialSampler(train_shards, B, T, rank, world, seed=cfg["seed"], eot_id=eot_id)
+    elif cfg["sampler"] == "random":
+        loader = RandomSampler(train_shards, B, T, seed=cfg["seed"], rank=rank)
+    else:
+        raise ValueError(f"--sampler: expected sequential or random, got {cfg['sampler']!r}")
+
+    # ---- resume ----------------------------------------------------------------------------------------------------------
+    step, elapsed, best_val = 0, 0.0, None
+    if resume_ckpt is not None:
+        ckpt = resume_ckpt
+        step = load_checkpoint(None, raw, optimizer, ckpt=ckpt)
+        saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
+        if saved_world != world:
+            raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
+                             f"(this run has {world}) so every rank continues its own data stream")
+        loader.load_state_dict(ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"])
+        set_rng_state(ckpt["rng"])
+        elapsed, best_val = ckpt.get("elapsed", 0.0), ckpt.get("val_loss")
+        say(f"resumed {ckpt_path} at step {step}")
+    cfg.pop("_resume_ckpt", None)
+
+    model = raw
+    if _auto(cfg["compile"], cuda):
+        model = torch.compile(raw, backend=cfg["compile_backend"])
+    if ddp:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    lm_loss = model_lib.lm_loss
+
+    # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
+    val_len = sum(len(a) for _, a, _ in val_shards)
+    eval_iters = max(1, min(cfg["eval_iters"], (len(val_shards[0][1]) - 1) // (B * T * world)))
+    bpt = metas[-1].get("bytes_per_token")
+    if bpt is None and tokenizer is not None:
+        bpt = bytes_per_token(tokenizer, val_shards[0][1][1:eval_iters * B * T * world + 1], eot_id)
+
+    # ---- logging ---------------------------------------------------------------------------------------------------------
+    log_path = out_dir / "log.jsonl"
+    logf, run = None, None
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if step > 0 and log_path.exists():   # drop what a crashed run logged after its last checkpoint
+            kept = [l for l in log_path.read_text().splitlines() if json.loads(l).get("step", 0) <= step]
+        logf = open(log_path, "w")
+        logf.writelines(l + "\n" for l in kept)
+        if cfg["wandb"]:
+            try:
+                import wandb
+                run = wandb.init(project=cfg["wandb_project"], config=cfg, resume="allow")
+            except ImportError:
+                say("train.py: --wandb given but wandb is not installed (pip install wandb): logging locally only")
+
+    def record(kind, **fields):
+        if logf is not None:
+            logf.write(json.dumps({"type": kind, **fields}) + "\n")
+            logf.flush()
+        if run is not None:
+            run.log({f"{kind}/{k}": v for k, v in fields.items() if isinstance(v, (int, float))}, step=fields.get("step"))
+
+    n_params = sum(p.numel() for p in raw.parameters())
+    say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {cfg['data_dir']}: "
+        f"{sum(len(a) for _, a, _ in train_shards):,} train / {val_len:,} val tokens | {tokens_per_step:,} tokens/step "
+        f"= {B} x {T} x {accum} accum x {world} procs | {device} {dtype_name}"
+        f"{' | compiled' if _auto(cfg['compile'], cuda) else ''}")
+    if master:
+        record("config", **{k: v for k, v in cfg.items() if not k.startswith("_")}, model_config=mcfg,
+               tokenizer=tok_ref, world_size=world, params=n_params)
+
+    def save(step, val_loss):
+        loader_states = [loader.state_dict()]
+        if ddp:   # every rank's loader position goes into the one file rank 0 writes
+            loader_states = [None] * world
+            torch.distributed.all_gather_object(loader_states, loader.state_dict())
+        if master:
+            save_checkpoint(raw, optimizer, step, ckpt_path, config={k: v for k, v in cfg.items() if not k.startswith("_")},
+                            tokenizer=tok_ref or "", rng=rng_state(), loader=loader_states if ddp else loader_states[0],
+                            val_loss=val_loss, elapsed=elapsed)
+
+    def lr_at(step):
+        # under a time budget the schedule follows whichever is further along, steps or the clock (elapsed time
+        # mapped onto the step axis 0..max_iters), so it reaches its end exactly when the run stops
+        it = step if budget is None else max(step, min(elapsed / budget, 1.0) * max_iters)
+        return get_lr_cosine_schedule(it, cfg["learning_rate"], cfg["learning_rate"] * cfg["min_lr_ratio"],
+                                      cfg["warmup_iters"], decay_iters)
+
+    hellaswag_examples = None
+    if cfg["hellaswag"]:
+        hs = _optional("hellaswag", "--hellaswag")
+        hellaswag_examples = hs.load_examples(cfg["hellaswag_path"] or None)
+
+    # ---- the loop ----------------------------------------------------------------------------------------------------------
+    ckpt_every = cfg["ckpt_interval"] or cfg["eval_interval"]
+    old_handler, _Stop.requested = None, False
+    if not ddp and hasattr(signal, "SIGINT") and _is_main_thread():
+        old_handler = signal.signal(signal.SIGINT, _Stop.handler)
+    start_step, val_loss, samples, last_lr, loss_acc = step, best_val, [], lr_at(step), None
+    t_run = clock()
+    try:
+        while True:
+            last = step >= max_iters or (budget is not None and elapsed >= budget)
+            last = last or _Stop.requested
+            # periodic duties (not counted in the time budget): eval, samples, HellaSwag, checkpoint
+            if step % cfg["eval_interval"] == 0 or last:
+                val_loss = estimate_val_loss(raw, val_shards, cfg, arch, device, autocast, rank, world, eval_iters)
+                bpb = val_loss / math.log(2) / bpt if bpt else None
+                fields = dict(step=step, val_loss=val_loss, val_bpb=bpb, elapsed=elapsed)
+                if hellaswag_examples is not None and tokenizer is not None:
+                    with autocast:
+                        res = sys.modules["hellaswag"].evaluate(raw, tokenizer, hellaswag_examples, device, rank, world)
+                    fields["hellaswag_acc_norm"] = res["acc_norm"]
+                say(f"step {step:>6} | val loss {val_loss:.4f}" + (f" | val bpb {bpb:.4f}" if bpb else "") +
+                    (f" | hellaswag {fields['hellaswag_acc_norm']:.4f}" if "hellaswag_acc_norm" in fields else ""))
+                if master and tokenizer is not None and cfg["num_samples"] > 0:
+                    samples = generate_samples(raw, tokenizer, cfg, device, autocast, cfg["seed"] + step)
+                    for s in samples:
+                        say(f"  sample: {s!r}")
+                    fields["samples"] = samples
+                record("eval", **fields)
+            if (step > start_step and step % ckpt_every == 0) or (last and step > start_step):
+                save(step, val_loss)
+            if last:
+                break
+
+            # one optimizer step: accum micro-steps, gradient sync only on the last one
+            t0 = clock()
+            lr = last_lr = lr_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_acc = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = loader.next_batch(device)
+                sync = contextlib.nullcontext() if not ddp or micro == accum - 1 else model.no_sync()
+                with sync:
+                    with autocast:
+                        loss = lm_loss(model, x, y, arch=arch) / accum
+                    loss.backward()
+                loss_acc += loss.detach()
+            norm = gradient_clipping(raw.parameters(), cfg["grad_clip"]) if cfg["grad_clip"] > 0 else None
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % cfg["log_interval"] == 0 or step == max_iters:
+                if ddp:
+                    torch.distributed.all_reduce(loss_acc)
+                    loss_acc /= world
+                train_loss = loss_acc.item()   # the one sync per logged step
+            if cuda:
+                torch.cuda.synchronize()
+            dt = clock() - t0
+            elapsed += dt
+            if ddp and budget is not None:   # every rank must agree on when the budget is spent: rank 0's clock
+                t = torch.tensor([elapsed], dtype=torch.float64, device=device)
+                torch.distributed.broadcast(t, 0)
+                elapsed = t.item()
+            if step % cfg["log_interval"] == 0 or step == max_iters:
+                tps = tokens_per_step / dt
+                mfu = _mfu(mcfg, T, tps / world, device, dtype_name)
+                gn = float(norm) if norm is not None else None
+                say(f"step {step:>6}/{max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | norm {gn or 0:.3f} | "
+                    f"{tps:,.0f} tok/s" + (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") +
+                    f" | {_fmt_time(elapsed)}")
+                record("train", step=step, loss=train_loss, lr=lr, grad_norm=gn, tokens_per_sec=tps, mfu=mfu,
+                       dt=dt, elapsed=elapsed, tokens=step * tokens_per_step)
+            if on_step is not None:
+                on_step(step)
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)
+        if logf is not None:
+            logf.close()
+        if run is not None:
+            run.finish()
+    bpb = val_loss / math.log(2) / bpt if (bpt and val_loss is not None) else None
+    final_lr = lr_at(step)
+    if ddp and cfg.get("_destroy_pg", True):
+        torch.distributed.destroy_process_group()
+    stopped_by = ("ctrl-c" if _Stop.requested else "max_iters" if step >= max_iters else
+                  f"time_budget={cfg['time_budget']} (pass --time_budget= to train by steps only)")
+    return dict(stopped_by=stopped_by, step=step, val_loss=val_loss, val_bpb=bpb, samples=samples, elapsed=elapsed, lr=final_lr,
+                last_lr=last_lr, ckpt=str(ckpt_path), log=str(log_path), params=n_params, wall=clock() - t_run,
+                interrupted=_Stop.requested)
+
+
+def _is_main_thread():
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+# -----------------------------------------------------------------------------
+# plots
+
+def plot_log(log_path):
+    """loss vs steps and loss vs wall clock PNGs beside log_path; returns their paths."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("train.py: --plot needs matplotlib (pip install matplotlib)") from None
+    rows = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
+    tr = [r for r in rows if r["type"] == "train"]
+    ev = [r for r in rows if r["type"] == "eval"]
+    if not tr:
+        raise SystemExit(f"train.py: {log_path}: no training records to plot")
+    out = []
+    for xkey, xlabel, name in (("step", "step", "loss_vs_steps.png"), ("elapsed", "training time (s)", "loss_vs_time.png")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.plot([r[xkey] for r in tr], [r["loss"] for r in tr], label="train", lw=1)
+        if ev:
+            ax.plot([r[xkey] for r in ev], [r["val_loss"] for r in ev], "o-", label="validation")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("loss (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        path = Path(log_path).with_name(name)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        out.append(str(path))
+    return out
+
+
+# -----------------------------------------------------------------------------
+# the command line
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    cfg, explicit = get_config(argv)
+    if cfg["plot"]:
+        for p in plot_log(cfg["plot"]):
+            print(f"wrote {p}")
+        return
+    t0 = time.time()
+    # resume: the checkpoint's settings, with whatever was given explicitly on top
+    ckpt_path = Path(cfg["out_dir"]) / "ckpt.pt"
+    resume = _parse_bool(cfg["resume"])
+    if resume is True and not ckpt_path.exists():
+        raise SystemExit(f"train.py: --resume: no checkpoint at {ckpt_path}")
+    if resume is not False and not cfg["fresh"] and ckpt_path.exists():
+        try:
+            ckpt = read_checkpoint(ckpt_path)
+        except ValueError as e:
+            raise SystemExit(f"train.py: {e} (use --fresh to start over)")
+        old = ckpt.get("config", {})
+        asked = set(explicit) | set(PRESETS.get(cfg["preset"], {}))   # what this command line sets
+        changed = {k: (old.get(k), cfg[k]) for k in asked if k not in RESUMABLE_CHANGES and old.get(k) != cfg[k]}
+        if changed:
+            what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
+            raise SystemExit(f"train.py: {ckpt_path} holds a run with other settings ({what}): "
+                             f"use --fresh to start over or another --out_dir")
+        cfg = {**DEFAULTS, **old, **{k: cfg[k] for k in asked}}
+        cfg["_resume_ckpt"] = ckpt
+        cfg["prepare_data"] = cfg["prepare_data"] and old.get("prepare_data", True)
+    try:
+        summary = train(cfg)
+    except ValueError as e:
+        raise SystemExit(f"train.py: {e}") from None
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    print()
+    print(f"done in {_fmt_time(time.time() - t0)} (training {_fmt_time(summary['elapsed'])}), step {summary['step']}"
+          f" (stopped by {summary['stopped_by']})"
+          + (f" | val loss {summary['val_loss']:.4f} nats/token" if summary["val_loss"] is not None else "")
+          + (f" | {summary['val_bpb']:.4f} bits/byte" if summary["val_bpb"] else ""))
+    if summary["samples"]:
+        print(f"sample: {summary['samples'][0]}")
+    print(f"checkpoint: {summary['ckpt']}   log: {summary['log']}")
+    ckpt_flag = "" if Path(summary["ckpt"]) == Path("out/ckpt.pt") else f" --ckpt={summary['ckpt']}"
+    print("next:")
+    print(f"  python sample.py{ckpt_flag} --top_p 0.9                  # more samples from this model")
+    print(f"  python train.py --plot={summary['log']}           # loss curves as PNG")
+    print(f"  python train.py --preset=tinystories-cpu         # the CS336 baseline shape (needs its data:")
+    print(f"      {PREPARE_COMMANDS['tinystories-cpu']})")
+
+
+if __name__ == "__main__":
+    main()
