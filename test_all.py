@@ -3,10 +3,33 @@
 Run: python -m pytest test_all.py -q
 Tests that need ../shared/data (real text) skip with a reason when it is absent.
 """
-import os
+from collections import Counter
 from pathlib import Path
+import functools
+import io
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
 
+import bpe
+import fineweb
+import flops
+import hellaswag
+import model as M
+import numpy as np
 import pytest
+import regex
+import sample
+import stories
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+import train
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
@@ -18,7 +41,2497 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent (fresh machine): real-text test skipped")
 needs_gpt2_files = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(), reason="../shared/tiktoken_cache is absent: GPT-2 tokenizer files unavailable offline")
 
+# ==== merged sections ====
 
-def test_skeleton_layout():
-    for name in ["requirements.txt", "requirements-dev.txt", "README.md", ".ci/run"]:
-        assert (ROOT / name).is_file(), name
+
+# ============================================================================
+# bpe.py
+# ============================================================================
+
+
+_BPE_EOT = "<|endoftext|>"
+_BPE_GPT2_VOCAB = TIKTOKEN_CACHE / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6"   # encoder.json = vocab.json
+_BPE_GPT2_MERGES = TIKTOKEN_CACHE / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"  # vocab.bpe = merges.txt
+_BPE_EDGE_TEXTS = [
+    "", "a", " ", "\n", "hello world", "Hello, World!  ", "  leading and trailing  ", "tabs\tand\t\ttabs",
+    "line\nbreaks\n\n\nand \n \n spaces", "\r\nwindows\r\nlines", "emoji 🙂🚀 and 👍🏽 skin tone",
+    "CJK 中文字符 日本語 한국어", "mixed\u00a0nbsp\u3000ideographic space\u2003em", "numbers 12345 3.14 1,000,000",
+    "contractions: I'm you're he'll we've they'd it's 'S", "<|endoftext|>", "a<|endoftext|>b",
+    "<|endoftext|><|endoftext|>", "x <|endoftext|> y\n<|endoftext|>\n", "<|endoftext", "|endoftext|>",
+    "ends with space ", "\x00\x01 control \x1c\x1f chars", "ünïcödé àccents", "   ", "a  b   c    d",
+]
+_BPE_WORDS = ["the", "cat", "sat", "on", "a", "mat", "Lily", "saw", "big", "dog", "don't", "it's", "42", "3.5",
+              "ünï", "日本", "🙂", "!", ",", ".", "\"", "(", ")"]
+
+
+@functools.lru_cache(maxsize=1)
+def _bpe_gpt2():  # loaded once for all tests (encode is pure; its caches only speed it up)
+    return bpe.Tokenizer.from_files(_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES, [_BPE_EOT])
+
+
+def _bpe_synthetic_text(n_docs, seed=0, special=_BPE_EOT):
+    """Deterministic English-like text with varied whitespace, documents separated by `special`."""
+    rng = random.Random(seed)
+    seps = [" "] * 12 + ["  ", "\n", "\n\n", " \n", "\n ", "\t", "\u00a0"]
+    docs = []
+    for _ in range(n_docs):
+        n = rng.randint(5, 60)
+        docs.append("".join(rng.choice(_BPE_WORDS) + rng.choice(seps) for _ in range(n)).strip(" "))
+    return f"\n{special}\n".join(docs) + "\n"
+
+
+def _bpe_naive_train(text, vocab_size, special_tokens):
+    """Brute-force reference: pre-tokenise with the GPT-2 regex, recount every pair before every merge."""
+    docs = regex.split("|".join(regex.escape(t) for t in special_tokens), text) if special_tokens else [text]
+    words = Counter()
+    for d in docs:
+        for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d):
+            words[tuple(bytes([b]) for b in t.encode("utf-8"))] += 1
+    merges = []
+    while len(merges) < vocab_size - 256 - len(special_tokens):
+        pairs = Counter()
+        for w, c in words.items():
+            for p in zip(w, w[1:]):
+                pairs[p] += c
+        if not pairs:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))
+        merges.append(best)
+        new_words = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new_words[tuple(out)] += c
+        words = new_words
+    return merges
+
+
+def _bpe_small_tokenizer(tmp_path, specials=(_BPE_EOT,), vocab_size=400):
+    path = tmp_path / "small.txt"
+    path.write_text(_bpe_synthetic_text(150, seed=1), encoding="utf-8")
+    vocab, merges = bpe.train_bpe(path, vocab_size, list(specials), num_workers=1)
+    return bpe.Tokenizer(vocab, merges, list(specials))
+
+
+# ---------------------------------------------------------------------------------------------
+# pre-tokenisation and encoding against references
+
+def test_bpe_pieces_match_gpt2_regex():
+    # the str.split fast path must give exactly the GPT-2 regex pre-tokens (reference: regex.findall)
+    rng = random.Random(0)
+    alphabet = [" ", "  ", "\n", "\t", "\r\n", "\u00a0", "\u3000", "a", "Bc", "1", "'", "'s", "!", "é", "世", "🙂", "\x1c"]
+    texts = _BPE_EDGE_TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 25))) for _ in range(3000)]
+    for text in texts:
+        text = text.replace(_BPE_EOT, "")
+        keys = []
+        bpe._pieces_into(text, keys)
+        ours = [t for k in keys for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, bpe._piece_text(k))]
+        assert ours == regex.findall(bpe.GPT2_SPLIT_PATTERN, text), repr(text)
+
+
+def test_bpe_pretoken_counts_match_gpt2_regex_with_special_tokens():
+    # reference: split on the special tokens, then regex.findall on each document
+    rng = random.Random(2)
+    alphabet = [" ", "  ", "\n", "\t", "a", "Bc", "1", "!", "é", _BPE_EOT, _BPE_EOT, "<|x y|>", "<|"]
+    for specials in ([_BPE_EOT], [_BPE_EOT, "<|x y|>"]):  # the second has whitespace: per-document path
+        for _ in range(1000):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+            counts = Counter()
+            bpe._count_pretokens(text, specials, counts)
+            docs = regex.split("|".join(regex.escape(t) for t in specials), text)
+            assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d)), repr(text)
+
+
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_on_edge_cases():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    assert tok.vocab_size == enc.n_vocab and tok.eot_id == enc.eot_token
+    for text in _BPE_EDGE_TEXTS:
+        ids = tok.encode(text)
+        assert ids == enc.encode(text, allowed_special="all"), repr(text)
+        assert tok.decode(ids) == text
+    assert tok.encode("<|endoftext|><|endoftext|>") == [50256, 50256]  # GPT-2 has no double token: two
+
+
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_fuzz():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    rng = random.Random(1)
+    alphabet = [" ", "  ", "\n", "\t", "\r\n", "\u00a0", "a", "Bc", "1", "'", "'ll", "!", "é", "世", "🙂", _BPE_EOT, "<|", "\x1c"]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
+    text = _bpe_synthetic_text(300, seed=2)
+    assert tok.encode(text) == enc.encode(text, allowed_special="all")
+
+
+@needs_data
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_on_shared_corpora():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    files = sorted(DATA.glob("*/*.txt"))
+    assert files
+    for f in files:
+        text = f.read_text(encoding="utf-8")[:150_000]
+        ids = tok.encode(text)
+        assert ids == enc.encode(text, allowed_special="all"), f.name
+        assert tok.decode(ids) == text
+
+
+@needs_gpt2_files
+def test_bpe_load_tokenizer_gpt2_and_dir(tmp_path):
+    g = bpe.load_tokenizer("gpt2")
+    assert (g.name, g.vocab_size, g.eot_id) == ("gpt2", 50257, 50256)
+    assert g.encode("hi<|endoftext|>") == [5303, 50256] and g.decode([5303, 50256]) == "hi<|endoftext|>"
+    text = "a  b\n\n c<|endoftext|><|endoftext|>\n  d " * 3
+    assert list(g.encode_iterable(list(text), block_chars=8)) == g.encode(text)
+    _bpe_gpt2().save_dir(tmp_path / "g")
+    t = bpe.load_tokenizer(str(tmp_path / "g"))
+    assert t.name == str(tmp_path / "g") and t.eot_id == 50256 and t.vocab_size == 50257
+    assert t.encode("Hello world<|endoftext|>") == g.encode("Hello world<|endoftext|>")
+    with pytest.raises(ValueError, match="tokenizer"):
+        bpe.load_tokenizer(str(tmp_path / "missing"))
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+def test_bpe_train_hand_computed_merges_with_tie(tmp_path):
+    # pre-tokens: "abab", "ab", "ba" (the special token is removed, never merged).
+    # pairs: (a,b)=3, (b,a)=2 -> merge 1: a+b.  Then (ab,ab)=1 and (b,a)=1 tie: the lexicographically
+    # greater pair of bytes wins, (b"b", b"a") > (b"ab", b"ab") -> merge 2: b+a (an id-based tie-break
+    # would pick (ab,ab)). Merge 3: ab+ab.
+    path = tmp_path / "tiny.txt"
+    path.write_text("abab<|endoftext|>ab<|endoftext|>ba", encoding="utf-8")
+    vocab, merges = bpe.train_bpe(path, 256 + 1 + 3, [_BPE_EOT], num_workers=1)
+    assert merges == [(b"a", b"b"), (b"b", b"a"), (b"ab", b"ab")]
+    assert vocab[0] == _BPE_EOT.encode() and vocab[1 + ord("a")] == b"a" and len(vocab) == 260
+    assert [vocab[i] for i in (257, 258, 259)] == [b"ab", b"ba", b"abab"]
+
+
+def test_bpe_train_hand_computed_pretoken_boundaries(tmp_path):
+    # "the cat the" -> pre-tokens "the", " cat", " the" (the leading space sticks to the word).
+    # (t,h)=2 and (h,e)=2 tie: b"t" > b"h", so t+h first; then (th,e)=2; then four pairs of count 1,
+    # (" ",c) (c,a) (a,t) (" ",the), of which (c,a) is the greatest.
+    path = tmp_path / "tiny.txt"
+    path.write_text("the cat the", encoding="utf-8")
+    _, merges = bpe.train_bpe(path, 256 + 3, [], num_workers=1)
+    assert merges == [(b"t", b"h"), (b"th", b"e"), (b"c", b"a")]
+
+
+def test_bpe_train_matches_brute_force_reference(tmp_path):
+    text = _bpe_synthetic_text(120, seed=3)
+    if DATA.is_dir():
+        text += (DATA / "webtext" / "cs336_corpus_en.txt").read_text(encoding="utf-8")[:20_000]
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    vocab, merges = bpe.train_bpe(path, 256 + 1 + 120, [_BPE_EOT], num_workers=1)
+    assert merges == _bpe_naive_train(text, 256 + 1 + 120, [_BPE_EOT])
+    assert len(vocab) == 377 and len(set(vocab.values())) == 377
+
+
+def test_bpe_train_same_merges_for_any_worker_count(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text(_bpe_synthetic_text(400, seed=4), encoding="utf-8")
+    results, chunks = [], []
+    for w in (1, 2, 3):
+        stats = {}
+        results.append(bpe.train_bpe(path, 600, [_BPE_EOT], num_workers=w, stats=stats, chunk_bytes=8000, min_chunk_bytes=1000))
+        chunks.append(stats["num_chunks"])
+    assert results[0] == results[1] == results[2]
+    assert min(chunks) > 1  # really split into chunks
+
+
+def test_bpe_streamed_counting_matches_regex(tmp_path, monkeypatch):
+    # workers read their byte range in small blocks and count up to safe cut points: exact counts anyway,
+    # also with multi-byte characters split across blocks and a special token that contains a space
+    monkeypatch.setattr(bpe, "_READ_BLOCK", 37)
+    specials = [_BPE_EOT, "<|end of text|>"]
+    text = _bpe_synthetic_text(60, seed=12).replace("\n" + _BPE_EOT, "\n<|end of text|>", 20)
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    counts = bpe.count_pretokens_file(tmp_path / "c.txt", specials, num_workers=1)
+    docs = regex.split("|".join(regex.escape(t) for t in specials), text)
+    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+
+
+def test_bpe_chunk_boundaries_without_special_tokens(tmp_path):
+    # no special token in the file: cuts fall on pre-token boundaries and counts stay exact
+    path = tmp_path / "c.txt"
+    text = _bpe_synthetic_text(200, seed=5, special="\n")
+    path.write_text(text, encoding="utf-8")
+    stats = {}
+    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, chunk_bytes=3000, min_chunk_bytes=1000, stats=stats)
+    assert stats["num_chunks"] > 2
+    assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text))
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer behaviour
+
+def test_bpe_roundtrip_and_special_tokens(tmp_path):
+    tok = _bpe_small_tokenizer(tmp_path)
+    for text in _BPE_EDGE_TEXTS:
+        assert tok.decode(tok.encode(text)) == text, repr(text)
+    assert tok.encode(_BPE_EOT) == [0] and tok.eot_id == 0
+    assert tok.encode("<|endoftext|><|endoftext|>") == [0, 0]
+    # both the single and the double special token: the longest match wins
+    vocab, merges = dict(tok.vocab), list(tok.merges)
+    double = bpe.Tokenizer(vocab, merges, [_BPE_EOT, _BPE_EOT * 2])
+    assert double.encode("a<|endoftext|><|endoftext|><|endoftext|>b") == \
+        double.encode("a") + [double.vocab_size - 1, 0] + double.encode("b")
+    assert double.decode(double.encode(_BPE_EOT * 3)) == _BPE_EOT * 3
+
+
+def test_bpe_special_tokens_missing_from_vocab_are_appended(tmp_path):
+    tok = _bpe_small_tokenizer(tmp_path, specials=())
+    n = tok.vocab_size
+    t2 = bpe.Tokenizer(tok.vocab, tok.merges, ["<|user|>", "<|bot|>"])
+    assert t2.vocab_size == n + 2 and t2.encode("<|user|>hi<|bot|>") == [n] + tok.encode("hi") + [n + 1]
+    assert t2.eot_id is None
+
+
+def test_bpe_decode_invalid_utf8_and_bad_ids(tmp_path):
+    tok = _bpe_small_tokenizer(tmp_path)
+    b = tok.encode("é")  # two byte tokens or one merged token; take the first byte alone
+    first_byte = tok.token_to_id[bytes([0xC3])]
+    assert tok.decode([first_byte]) == "\ufffd"
+    assert tok.decode(b) == "é"
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([tok.vocab_size])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([-1])
+
+
+def test_bpe_save_and_from_files_roundtrip(tmp_path):
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert (tmp_path / "merges.txt").read_text(encoding="utf-8").startswith("#version")
+    again = bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [_BPE_EOT])
+    assert again.vocab == tok.vocab and again.merges == tok.merges
+    # without the #version line
+    lines = (tmp_path / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]
+    (tmp_path / "m2.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "m2.txt", [_BPE_EOT]).merges == tok.merges
+    tok.save_dir(tmp_path / "d")
+    d = bpe.Tokenizer.from_dir(tmp_path / "d")
+    assert d.special_tokens == [_BPE_EOT] and d.vocab == tok.vocab
+    text = _bpe_synthetic_text(5, seed=9)
+    assert d.encode(text) == tok.encode(text)
+
+
+def test_bpe_saved_files_load_in_hf_tokenizers(tmp_path):
+    import tokenizers  # the independent reference (requirements-dev.txt)
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
+    hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    text = _bpe_synthetic_text(20, seed=6).replace(_BPE_EOT, "")
+    assert hf.encode(text).ids == tok.encode(text)
+
+
+def test_bpe_merges_file_not_matching_vocab(tmp_path):
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    with open(tmp_path / "merges.txt", "a", encoding="utf-8") as f:
+        f.write("zq xw\n")  # merged token "zqxw" is not in the vocabulary
+    with pytest.raises(ValueError, match="merges.txt.*does not match the vocabulary"):
+        bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [_BPE_EOT])
+
+
+# ---------------------------------------------------------------------------------------------
+# encode_iterable
+
+def _bpe_chunkings(text, rng):
+    yield [text]
+    yield list(text)  # one character at a time
+    yield text.splitlines(keepends=True)
+    for _ in range(5):
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text), 40)))
+        yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+
+
+def test_bpe_encode_iterable_equals_encode_for_any_chunking(tmp_path):
+    specials = [_BPE_EOT, _BPE_EOT * 2, "<|end of text|>"]  # one with a space: cut points must avoid it
+    tok = _bpe_small_tokenizer(tmp_path, specials=specials)
+    rng = random.Random(7)
+    text = _bpe_synthetic_text(40, seed=7).replace("\n" + _BPE_EOT, "\n<|end of text|>", 5)
+    text += "word<|endoftext|><|endoftext|><|endoftext|>  \n\n<|end of text|>tail<|endof"
+    for chunks in _bpe_chunkings(text, rng):
+        assert list(tok.encode_iterable(chunks, block_chars=64)) == tok.encode(text)
+    # a line that ends in the middle of a special token, and in the middle of a word
+    lines = ["abc <|endof", "text|> def", "gh", "ij  ", "\n", "<|end of", " text|>x"]
+    assert list(tok.encode_iterable(lines, block_chars=4)) == tok.encode("".join(lines))
+
+
+@needs_gpt2_files
+def test_bpe_encode_iterable_gpt2_file_handle(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    path = tmp_path / "t.txt"
+    text = _bpe_synthetic_text(200, seed=8)
+    path.write_text(text, encoding="utf-8")
+    with open(path, encoding="utf-8") as f:
+        assert list(tok.encode_iterable(f)) == enc.encode(text, allowed_special="all")
+
+
+def test_bpe_encode_iterable_memory_is_bounded(tmp_path):
+    import tracemalloc
+    tok = _bpe_small_tokenizer(tmp_path)
+    line = "the cat sat on the mat, Lily saw a big dog.\n"
+
+    def lines(n):  # ~1.1 MB of text, never held at once
+        for i in range(n):
+            yield line if i % 50 else _BPE_EOT + "\n"
+
+    tok.encode("warm the cache: " + line + _BPE_EOT)
+    tracemalloc.start()
+    count = 0
+    for _ in tok.encode_iterable(lines(25_000), block_chars=16_384):
+        count += 1
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert count > 200_000
+    assert peak < 500_000, peak  # the text alone is 1.1 MB and its ids list would be > 1.6 MB
+
+
+# ---------------------------------------------------------------------------------------------
+# encode_file and the CLI
+
+def test_bpe_encode_file_matches_encode_and_writes_sidecar(tmp_path):
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    text = _bpe_synthetic_text(300, seed=10)
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=2,
+                           chunk_bytes=4000, min_chunk_bytes=1000)
+    ids = np.fromfile(tmp_path / "out.bin", dtype=np.uint16)
+    assert ids.tolist() == tok.encode(text)
+    side = json.loads((tmp_path / "out.bin.json").read_text())
+    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": tok.vocab_size, "num_tokens": len(ids),
+                    "num_docs": 300, "tokenizer": str(tmp_path / "tok"), "eot_id": 0}
+    assert meta["num_tokens"] == len(ids)
+
+
+def test_bpe_encode_file_uint32_above_65536(tmp_path):
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab.update({i: f"<filler{i}>".encode() for i in range(256, 70_000)})
+    bpe.Tokenizer(vocab, [], [_BPE_EOT]).save_dir(tmp_path / "big")
+    (tmp_path / "in.txt").write_text("hi<|endoftext|>yo", encoding="utf-8")
+    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "big"), tmp_path / "o.bin", num_workers=1)
+    assert meta["dtype"] == "uint32" and meta["eot_id"] == 70_000 and meta["num_docs"] == 2
+    assert np.fromfile(tmp_path / "o.bin", dtype=np.uint32).tolist() == [ord("h"), ord("i"), 70_000, ord("y"), ord("o")]
+
+
+def _bpe_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "bpe.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_bpe_cli_trains_saves_and_encodes(tmp_path):
+    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(200, seed=11), encoding="utf-8")
+    r = _bpe_cli("--vocab", 400, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1)
+    assert r.returncode == 0, r.stderr
+    for key in ("wall time", "pre-tokenisation", "merging", "peak RSS", "longest token", "bytes/token"):
+        assert key in r.stdout
+    assert {p.name for p in (tmp_path / "tok").iterdir()} == {"vocab.json", "merges.txt", "special_tokens.json"}
+    r = _bpe_cli("--encode", tmp_path / "in.txt", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "in.bin")
+    assert r.returncode == 0, r.stderr
+    assert "MB/s" in r.stdout and (tmp_path / "in.bin.json").is_file()
+
+
+def test_bpe_bad_inputs_give_one_clear_line(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        bpe.train_bpe(tmp_path / "missing.txt", 300, [])
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        bpe.train_bpe(tmp_path / "empty.txt", 300, [])
+    (tmp_path / "a.txt").write_text("hello")
+    with pytest.raises(ValueError, match="smaller than 256"):
+        bpe.train_bpe(tmp_path / "a.txt", 256, [_BPE_EOT])
+    with pytest.raises(ValueError, match="empty"):
+        bpe.encode_file(tmp_path / "empty.txt", "gpt2", tmp_path / "e.bin")
+    r = _bpe_cli("--vocab", 300, "--input", tmp_path / "missing.txt", "--out", tmp_path / "t")
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("bpe.py:"), r.stderr
+    assert "missing.txt" in r.stderr and "Traceback" not in r.stderr
+    r = _bpe_cli("--vocab", 100, "--input", tmp_path / "a.txt", "--out", tmp_path / "t")
+    assert r.returncode != 0 and "vocab_size=100" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bpe_invalid_utf8_is_replaced_with_a_warning(tmp_path, capsys):
+    (tmp_path / "bad.txt").write_bytes(b"good text \xff\xfe here and there\n<|endoftext|>\nmore \xc3 text\n")
+    vocab, merges = bpe.train_bpe(tmp_path / "bad.txt", 300, [_BPE_EOT], num_workers=1)
+    err = capsys.readouterr().err
+    assert "3 bytes of invalid UTF-8 replaced" in err and "bad.txt" in err
+    assert any(b"\xef\xbf\xbd" in v for v in vocab.values()) or len(merges) > 0
+
+
+@needs_gpt2_files
+def test_bpe_encode_file_with_gpt2_ref_matches_tiktoken(tmp_path):
+    import tiktoken
+    text = _bpe_synthetic_text(200, seed=13)
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    meta = bpe.encode_file(tmp_path / "in.txt", "gpt2", tmp_path / "o.bin", num_workers=2, chunk_bytes=3000, min_chunk_bytes=1000)
+    ids = np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist()
+    assert ids == tiktoken.get_encoding("gpt2").encode(text, allowed_special="all")
+    assert (meta["tokenizer"], meta["eot_id"], meta["num_docs"], meta["vocab_size"]) == ("gpt2", 50256, 200, 50257)
+
+
+# ============================================================================
+# model.py
+# ============================================================================
+
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+_MODEL_LLAMA = dict(vocab_size=97, context_length=32, d_model=64, num_layers=2, num_heads=4, d_ff=96,
+                    rope_theta=10000.0)
+_MODEL_GPT = dict(block_size=32, vocab_size=97, n_layer=2, n_head=4, n_embd=64)
+
+
+def _model_llama(seed=0, **kw):
+    torch.manual_seed(seed)
+    return M.TransformerLM(**{**_MODEL_LLAMA, **kw})
+
+
+def _model_gpt(seed=0, **kw):
+    torch.manual_seed(seed)
+    return M.GPT(M.GPTConfig(**{**_MODEL_GPT, **kw}))
+
+
+def _model_ids(vocab, shape=(2, 32), seed=1):
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ---- Llama-style building blocks, each against an obvious reference ----
+
+def test_model_linear_and_embedding_match_torch():
+    lin = M.Linear(16, 8)
+    assert lin.weight.shape == (8, 16)
+    std = math.sqrt(2 / 24)
+    assert lin.weight.abs().max() <= 3 * std + 1e-6
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight))
+    emb = M.Embedding(50, 8)
+    assert emb.weight.shape == (50, 8) and emb.weight.abs().max() <= 3.0
+    ids = torch.randint(0, 50, (3, 7))
+    torch.testing.assert_close(emb(ids), F.embedding(ids, emb.weight))
+
+
+def test_model_rmsnorm_matches_torch_and_keeps_dtype():
+    norm = M.RMSNorm(32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(32))
+    x = torch.randn(4, 6, 32)
+    torch.testing.assert_close(norm(x), F.rms_norm(x, (32,), norm.weight, eps=1e-5))
+    xb = x.bfloat16()
+    out = norm(xb)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), F.rms_norm(xb.float(), (32,), norm.weight, eps=1e-5), atol=2e-2, rtol=1e-2)
+
+
+def test_model_silu_and_swiglu_match_torch():
+    x = torch.randn(4, 10, requires_grad=True)
+    torch.testing.assert_close(M.silu(x), F.silu(x))
+    ffn = M.SwiGLU(10, 24)
+    assert [tuple(p.shape) for p in (ffn.w1.weight, ffn.w2.weight, ffn.w3.weight)] == [(24, 10), (10, 24), (24, 10)]
+    ref = F.linear(F.silu(F.linear(x, ffn.w1.weight)) * F.linear(x, ffn.w3.weight), ffn.w2.weight)
+    torch.testing.assert_close(ffn(x), ref)
+
+
+def test_model_rope_matches_complex_rotation():
+    d_k, T = 16, 12
+    rope = M.RotaryPositionalEmbedding(10000.0, d_k, 64)
+    x = torch.randn(2, 3, T, d_k)
+    pos = torch.randint(0, 64, (2, 1, T))
+    # reference: each adjacent pair is a complex number multiplied by e^{i pos / theta^(2k/d)}
+    freqs = 1.0 / 10000.0 ** (torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    rot = torch.polar(torch.ones(2, 1, T, d_k // 2, dtype=torch.float64), pos[..., None].double() * freqs)
+    ref = torch.view_as_real(torch.view_as_complex(x.double().reshape(2, 3, T, d_k // 2, 2)) * rot).reshape(x.shape)
+    torch.testing.assert_close(rope(x, pos), ref.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rope(x), rope(x, torch.arange(T)))
+    assert "cos" not in rope.state_dict() and "sin" not in rope.state_dict()
+
+
+def test_model_softmax_matches_torch_with_gradient():
+    x = (torch.randn(3, 4, 50) * 20).requires_grad_()
+    x_ref = x.detach().clone().requires_grad_()
+    g = torch.randn(3, 4, 50)
+    for dim in (-1, 1):
+        ours, ref = M.softmax(x, dim), torch.softmax(x_ref, dim)
+        torch.testing.assert_close(ours, ref)
+        ours.backward(g)
+        ref.backward(g)
+        torch.testing.assert_close(x.grad, x_ref.grad)
+        x.grad = x_ref.grad = None
+    big = torch.tensor([1000.0, 1001.0, -1000.0])  # max subtraction keeps it finite
+    torch.testing.assert_close(M.softmax(big, 0), torch.softmax(big, 0))
+
+
+def test_model_attention_matches_torch_sdpa():
+    q, k, v = (torch.randn(2, 3, 9, 8, requires_grad=True) for _ in range(3))
+    mask = torch.rand(9, 9) > 0.3
+    mask[:, 0] = True  # every row sees something
+    ours = M.scaled_dot_product_attention(q, k, v, mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    grads = torch.autograd.grad(ours.sum(), (q, k, v))
+    grads_ref = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(M.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_model_fully_masked_rows_give_zeros_not_nan():
+    q, k, v = (torch.randn(1, 2, 5, 4, requires_grad=True) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    mask[2] = False  # row 2 may attend to nothing
+    out = M.scaled_dot_product_attention(q, k, v, mask)
+    assert not out.isnan().any()
+    assert (out[:, :, 2] == 0).all()
+    keep = [0, 1, 3, 4]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.tril())  # same mask
+    torch.testing.assert_close(out[:, :, keep], ref[:, :, keep], atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    assert not any(t.grad.isnan().any() for t in (q, k, v))
+    assert (M.softmax(torch.full((3,), float("-inf")), 0) == 0).all()
+
+
+def test_model_cross_entropy_matches_torch():
+    logits = (torch.randn(2, 5, 30) * 5).requires_grad_()
+    logits_ref = logits.detach().clone().requires_grad_()
+    targets = torch.randint(0, 30, (2, 5))
+    loss = M.cross_entropy(logits, targets)
+    ref = F.cross_entropy(logits_ref.view(-1, 30), targets.view(-1))
+    torch.testing.assert_close(loss, ref)
+    (loss * 3).backward()
+    (ref * 3).backward()
+    torch.testing.assert_close(logits.grad, logits_ref.grad)
+    # bf16 logits (autocast): accumulated in float32, gradient returned in bf16
+    lb = logits_ref.detach().bfloat16().requires_grad_()
+    lb_ref = lb.detach().float().requires_grad_()
+    loss_b, ref_b = M.cross_entropy(lb, targets), F.cross_entropy(lb_ref.view(-1, 30), targets.view(-1))
+    torch.testing.assert_close(loss_b, ref_b)
+    loss_b.backward()
+    ref_b.backward()
+    assert lb.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(lb.grad.float(), lb_ref.grad, atol=1e-4, rtol=1e-2)
+    huge = torch.tensor([[1e4, 0.0, -1e4]])  # log-sum-exp keeps it finite
+    torch.testing.assert_close(M.cross_entropy(huge, torch.tensor([1])), torch.tensor(1e4))
+    # num_classes: trailing (padding) columns get no probability and no gradient
+    padded = torch.cat([logits_ref.detach(), torch.full((2, 5, 4), 50.0)], -1).requires_grad_()
+    torch.testing.assert_close(M.cross_entropy(padded, targets, 30), ref)
+    M.cross_entropy(padded, targets, 30).backward()
+    assert (padded.grad[..., 30:] == 0).all()
+
+
+def test_model_attention_switches_equal():
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    torch.manual_seed(0)
+    a = M.MultiHeadSelfAttention(64, 4, 32, 10000.0, attn_impl="scratch")
+    b = M.MultiHeadSelfAttention(64, 4, 32, 10000.0, attn_impl="sdpa")
+    b.load_state_dict(a.state_dict())
+    ya, yb = a(x), b(x)
+    torch.testing.assert_close(ya, yb, atol=1e-5, rtol=1e-5)
+    ga = torch.autograd.grad(ya.square().sum(), [x, *a.parameters()])
+    gb = torch.autograd.grad(yb.square().sum(), [x, *b.parameters()])
+    for u, w in zip(ga, gb):
+        torch.testing.assert_close(u, w, atol=1e-4, rtol=1e-4)
+    la, lb = _model_llama(attn_impl="scratch"), _model_llama(attn_impl="sdpa")
+    ids = _model_ids(97)
+    torch.testing.assert_close(la(ids), lb(ids), atol=1e-5, rtol=1e-5)
+    ga, gb = _model_gpt(attn_impl="scratch"), _model_gpt(attn_impl="sdpa")
+    torch.testing.assert_close(ga(ids)[0], gb(ids)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_model_attention_is_causal_and_uses_positions():
+    attn = M.MultiHeadSelfAttention(64, 4, 32, 10000.0)
+    x = torch.randn(1, 10, 64)
+    y = attn(x)
+    x2 = x.clone()
+    x2[:, 6:] = torch.randn(1, 4, 64)  # changing the future leaves the past untouched
+    torch.testing.assert_close(attn(x2)[:, :6], y[:, :6])
+    torch.testing.assert_close(attn(x, torch.arange(10)), y)
+    shifted = attn(x, torch.arange(5, 15)[None])
+    torch.testing.assert_close(shifted, y, atol=1e-5, rtol=1e-5)  # RoPE scores depend on offsets only
+    assert not torch.allclose(attn(x, torch.arange(10).flip(0)), y)
+
+
+def test_model_block_pre_and_post_norm_structure():
+    torch.manual_seed(0)
+    pre = M.TransformerBlock(64, 4, 96, 32, 10000.0)
+    post = M.TransformerBlock(64, 4, 96, 32, 10000.0, use_post_norm=True)
+    post.load_state_dict(pre.state_dict())
+    x = torch.randn(2, 8, 64)
+    h = x + pre.attn(pre.ln1(x))
+    torch.testing.assert_close(pre(x), h + pre.ffn(pre.ln2(h)))
+    h = pre.ln1(x + pre.attn(x))
+    torch.testing.assert_close(post(x), pre.ln2(h + pre.ffn(h)))
+
+
+def test_model_ablation_switches_state_dict_keys():
+    base = set(_model_llama().state_dict())
+    assert {"token_embeddings.weight", "ln_final.weight", "lm_head.weight", "layers.0.ln1.weight",
+            "layers.0.attn.q_proj.weight", "layers.0.attn.k_proj.weight", "layers.0.attn.v_proj.weight",
+            "layers.0.attn.output_proj.weight", "layers.0.ln2.weight", "layers.0.ffn.w1.weight",
+            "layers.0.ffn.w2.weight", "layers.0.ffn.w3.weight"} <= base
+    assert set(_model_llama(use_post_norm=True).state_dict()) == base
+    assert set(_model_llama(remove_rope=True).state_dict()) == base
+    no_norm = set(_model_llama(remove_rmsnorm=True).state_dict())
+    assert no_norm == {k for k in base if "ln" not in k}
+    silu = _model_llama(ffn_type="silu", d_ff=256)
+    assert "layers.0.ffn.w3.weight" not in silu.state_dict()
+    ids = _model_ids(97)
+    for kw in (dict(use_post_norm=True), dict(remove_rope=True), dict(remove_rmsnorm=True), dict(ffn_type="silu")):
+        m = _model_llama(**kw)
+        out = m(ids)
+        assert out.shape == (2, 32, 97) and torch.isfinite(out).all()
+        assert M.build_model(json.loads(json.dumps(m.model_config()))).model_config() == m.model_config()
+    x = silu.layers[0].ffn
+    inp = torch.randn(3, 64)
+    torch.testing.assert_close(x(inp), F.linear(F.silu(F.linear(inp, x.w1.weight)), x.w2.weight))
+
+
+def test_model_nope_ignores_positions_but_stays_causal():
+    m = _model_llama(remove_rope=True)
+    ids = _model_ids(97, (1, 12))
+    out = m(ids)
+    torch.testing.assert_close(m(ids, token_positions=torch.arange(12) + 7), out)
+    ids2 = ids.clone()
+    ids2[0, 8:] = (ids2[0, 8:] + 1) % 97
+    torch.testing.assert_close(m(ids2)[:, :8], out[:, :8])
+
+
+# ---- whole models against transformers ----
+
+def _model_llama_to_hf(ours):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    c = ours.model_config()
+    cfg = LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
+                      num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
+                      num_key_value_heads=c["num_heads"], max_position_embeddings=c["context_length"],
+                      rms_norm_eps=1e-5, rope_theta=c["rope_theta"], tie_word_embeddings=False,
+                      attention_bias=False, mlp_bias=False)
+    hf = LlamaForCausalLM(cfg).eval()
+    H, d_k = c["num_heads"], c["d_model"] // c["num_heads"]
+
+    def halves(w):  # our RoPE rotates (2i, 2i+1); Llama rotates (i, i + d_k/2): reorder rows within each head
+        return w.view(H, d_k // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+
+    sd = {"model.embed_tokens.weight": ours.token_embeddings.weight, "model.norm.weight": ours.ln_final.weight,
+          "lm_head.weight": ours.lm_head.weight}
+    for i, layer in enumerate(ours.layers):
+        p = f"model.layers.{i}."
+        sd |= {p + "self_attn.q_proj.weight": halves(layer.attn.q_proj.weight),
+               p + "self_attn.k_proj.weight": halves(layer.attn.k_proj.weight),
+               p + "self_attn.v_proj.weight": layer.attn.v_proj.weight,
+               p + "self_attn.o_proj.weight": layer.attn.output_proj.weight,
+               p + "mlp.gate_proj.weight": layer.ffn.w1.weight, p + "mlp.up_proj.weight": layer.ffn.w3.weight,
+               p + "mlp.down_proj.weight": layer.ffn.w2.weight, p + "input_layernorm.weight": layer.ln1.weight,
+               p + "post_attention_layernorm.weight": layer.ln2.weight}
+    missing, unexpected = hf.load_state_dict({k: v.detach() for k, v in sd.items()}, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return hf
+
+
+@pytest.mark.parametrize("attn_impl", ["scratch", "sdpa"])
+def test_model_llama_matches_transformers(attn_impl):
+    ours = _model_llama(attn_impl=attn_impl)
+    with torch.no_grad():  # non-trivial norm gains so a transposed / skipped weight would show
+        for layer in ours.layers:
+            layer.ln1.weight.uniform_(0.5, 1.5)
+            layer.ln2.weight.uniform_(0.5, 1.5)
+    hf = _model_llama_to_hf(ours)
+    ids = _model_ids(97)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        out = ours(ids)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    targets = torch.roll(ids, -1, 1)
+    torch.testing.assert_close(M.lm_loss(ours, ids, targets), F.cross_entropy(ref.view(-1, 97), targets.view(-1)))
+
+
+def _model_hf_gpt2(seed=0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=97, n_positions=32, n_embd=64, n_layer=2, n_head=4, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    hf = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # default init zeroes biases and sets LayerNorm to 1/0: randomise so they are tested
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "ln_" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return hf
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model_bin"])
+def test_model_gpt_from_pretrained_matches_transformers(tmp_path, safe):
+    hf = _model_hf_gpt2()
+    if safe:
+        hf.save_pretrained(tmp_path)
+    else:  # transformers 5 only writes safetensors: write the legacy pickle format (older hub repos) by hand
+        hf.config.save_pretrained(tmp_path)
+        torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    assert (tmp_path / ("model.safetensors" if safe else "pytorch_model.bin")).is_file()
+    ours = M.GPT.from_pretrained(str(tmp_path)).eval()
+    assert ours.config.n_layer == 2 and ours.context_length == 32 and ours.vocab_size == 97
+    ids = _model_ids(97)
+    targets = torch.roll(ids, -1, 1)
+    with torch.no_grad():
+        ref = hf(ids, labels=None)
+        logits, loss = ours(ids, targets)
+    torch.testing.assert_close(logits, ref.logits, rtol=1e-5, atol=1e-4)
+    ref_loss = F.cross_entropy(ref.logits.reshape(-1, 97), targets.reshape(-1))
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    # HF's own loss (it shifts labels internally) equals ours on the shifted targets
+    with torch.no_grad():
+        hf_loss = hf(ids, labels=ids).loss
+        ours_shift = M.cross_entropy(logits[:, :-1], ids[:, 1:])
+    torch.testing.assert_close(ours_shift, hf_loss, rtol=1e-5, atol=1e-5)
+    padded = M.GPT.from_pretrained(str(tmp_path), pad_vocab_to_multiple_of=64).eval()
+    assert padded.transformer.wte.weight.shape[0] == 128
+    with torch.no_grad():
+        torch.testing.assert_close(padded(ids, targets)[0], logits)
+
+
+def test_model_from_pretrained_errors(tmp_path):
+    with pytest.raises(ValueError, match="neither a directory"):
+        M.GPT.from_pretrained("gpt3-huge")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="model.safetensors or pytorch_model.bin"):
+        M.GPT.from_pretrained(str(tmp_path))
+
+
+def test_model_safetensors_reader_matches_library(tmp_path):
+    from safetensors.torch import save_file
+    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int64), "c": torch.randn(2).bfloat16(),
+               "d": torch.zeros(0, 3)}
+    save_file(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
+    got = M.load_safetensors(tmp_path / "x.safetensors")
+    assert set(got) == set(tensors)
+    for k, v in tensors.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v)
+
+
+# ---- behaviour of the whole models ----
+
+def test_model_gpt_structure_and_init():
+    m = _model_gpt(n_layer=4)
+    assert m.lm_head.weight is m.transformer.wte.weight
+    assert m.transformer.h[0].attn.c_attn.bias.abs().max() == 0
+    std = m.transformer.h[0].mlp.c_proj.weight.std().item()
+    assert abs(std - 0.02 / math.sqrt(8)) < 0.002
+    assert abs(m.transformer.h[0].mlp.c_fc.weight.std().item() - 0.02) < 0.002
+    logits, loss = m(_model_ids(97))
+    assert logits.shape == (2, 32, 97) and loss is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_model_random_init_loss_is_ln_vocab(arch):
+    vocab = 50257 if arch == "gpt2" else 10000
+    if arch == "gpt2":
+        m = _model_gpt(vocab_size=vocab, n_embd=64)
+    else:
+        m = _model_llama(vocab_size=vocab)
+    ids = _model_ids(vocab, (4, 32))
+    targets = _model_ids(vocab, (4, 32), seed=2)
+    with torch.no_grad():
+        loss = M.lm_loss(m, ids, targets).item()
+    assert abs(loss - math.log(vocab)) < 0.1, (loss, math.log(vocab))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_model_overfits_one_batch(arch):
+    kw = dict(vocab_size=64, d_model=32, num_heads=2, d_ff=64, context_length=16)
+    m = _model_llama(**kw) if arch == "llama" else _model_gpt(vocab_size=64, n_embd=32, n_head=2, block_size=16)
+    ids = _model_ids(64, (4, 17), seed=3)
+    x, y = ids[:, :-1], ids[:, 1:]
+    opt = torch.optim.AdamW(M.param_groups(m, 0.0), lr=2e-2)
+    for _ in range(100):
+        loss = M.lm_loss(m, x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05, loss.item()
+
+
+@pytest.mark.parametrize("attn_impl", ["scratch", "sdpa"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_model_kv_cache_equals_uncached(arch, attn_impl):
+    m = (_model_llama if arch == "llama" else _model_gpt)(attn_impl=attn_impl).eval()
+    ids = _model_ids(97, (2, 32))
+    with torch.no_grad():
+        full = m(ids)
+        full = full[0] if arch == "gpt2" else full
+        cache = m.init_kv_cache(2)
+        steps = [m.forward_with_cache(ids[:, :7], cache)]  # prompt
+        steps += [m.forward_with_cache(ids[:, t:t + 1], cache) for t in range(7, 20)]  # one token at a time
+        steps.append(m.forward_with_cache(ids[:, 20:32], cache))  # a chunk attending to cache + itself
+    assert cache.pos == 32
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="KV cache"):
+        m.forward_with_cache(ids[:, :1], cache)
+
+
+def test_model_vocab_padding_changes_neither_loss_nor_sampling():
+    plain = _model_gpt()
+    padded = _model_gpt(pad_vocab_to_multiple_of=64)
+    assert padded.transformer.wte.weight.shape[0] == 128 and padded.vocab_size == 97
+    with torch.no_grad():
+        sd = plain.state_dict()
+        for k, v in padded.state_dict().items():
+            if k in ("transformer.wte.weight", "lm_head.weight"):
+                v[:97].copy_(sd[k])
+                v[97:].fill_(5.0)  # padded rows would dominate the logits if they were not removed
+            else:
+                v.copy_(sd[k])
+    ids = _model_ids(97)
+    targets = torch.roll(ids, -1, 1)
+    (lp, loss_p), (l0, loss_0) = padded(ids, targets), plain(ids, targets)
+    assert lp.shape == (2, 32, 97)
+    torch.testing.assert_close(lp, l0)
+    torch.testing.assert_close(loss_p, loss_0)
+    loss_p.backward()
+    loss_0.backward()
+    torch.testing.assert_close(padded.transformer.wte.weight.grad[:97], plain.transformer.wte.weight.grad)
+    assert (padded.transformer.wte.weight.grad[97:] == 0).all()
+    with torch.no_grad():
+        cache = padded.init_kv_cache(2)
+        step = padded.forward_with_cache(ids[:, :5], cache)
+    assert step.shape[-1] == 97
+    gen = torch.Generator().manual_seed(0)
+    draws_p = torch.multinomial(torch.softmax(step[:, -1], -1), 20, replacement=True, generator=gen)
+    gen = torch.Generator().manual_seed(0)
+    draws_0 = torch.multinomial(torch.softmax(l0[:, 4].detach(), -1), 20, replacement=True, generator=gen)
+    assert torch.equal(draws_p, draws_0) and draws_p.max() < 97
+
+
+def test_model_parameter_counts():
+    with torch.device("meta"):
+        cs336 = M.TransformerLM(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
+                                d_ff=1344, rope_theta=10000.0)
+        gpt2 = M.GPT(M.GPTConfig())
+        gpt2_padded = M.GPT(M.GPTConfig(pad_vocab_to_multiple_of=64))
+    # per layer 4*512^2 (attention) + 3*512*1344 (SwiGLU) + 2*512 (norms); + ln_final + lm_head
+    assert cs336.get_num_params() == 4 * (4 * 512 * 512 + 3 * 512 * 1344 + 2 * 512) + 512 + 512 * 10000 == 17_576_448
+    assert cs336.get_num_params(non_embedding=False) == 17_576_448 + 10000 * 512
+    assert gpt2.get_num_params(non_embedding=False) == 124_439_808
+    assert gpt2.get_num_params() == 124_439_808 - 1024 * 768
+    assert gpt2_padded.get_num_params(non_embedding=False) == 124_439_808 + 47 * 768
+
+
+def test_model_param_groups_decay_matrices_only():
+    for m in (_model_llama(), _model_gpt()):
+        decay, no_decay = M.param_groups(m, 0.1)
+        assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+        assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+        ids = {id(p) for p in decay["params"]} | {id(p) for p in no_decay["params"]}
+        assert ids == {id(p) for p in m.parameters()}
+        assert len(decay["params"]) + len(no_decay["params"]) == len(list(m.parameters()))
+
+
+def test_model_checkpoint_round_trip_and_wrappers(tmp_path):
+    for m in (_model_llama(remove_rope=True, attn_impl="sdpa"), _model_gpt(pad_vocab_to_multiple_of=64)):
+        cfg = m.model_config()
+        assert cfg["arch"] in ("llama", "gpt2") and json.loads(json.dumps(cfg)) == cfg
+        ckpt = {"model": {"_orig_mod.module." + k: v for k, v in m.state_dict().items()}, "model_config": cfg}
+        torch.save(ckpt, tmp_path / "ckpt.pt")
+        loaded = M.model_from_checkpoint(torch.load(tmp_path / "ckpt.pt", weights_only=True))
+        ids = _model_ids(97)
+        torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
+
+        class Wrapper(torch.nn.Module):  # stands in for DDP (.module) / torch.compile (._orig_mod)
+            def __init__(self, inner):
+                super().__init__()
+                self.module = inner
+
+            def forward(self, *a):
+                return self.module(*a)
+
+        torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids, arch=cfg["arch"]), M.lm_loss(m, ids, ids))
+        torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids), M.lm_loss(m, ids, ids))
+        assert len(M.param_groups(Wrapper(m), 0.1)[0]["params"]) == len(M.param_groups(m, 0.1)[0]["params"])
+
+
+# ---- bad input: one clear line each ----
+
+def test_model_bad_input_errors():
+    llama, gpt = _model_llama(), _model_gpt()
+    with pytest.raises(ValueError, match="sequence length 33 exceeds context_length 32"):
+        llama(_model_ids(97, (1, 33)))
+    with pytest.raises(ValueError, match="sequence length 33 exceeds context_length 32"):
+        gpt(_model_ids(97, (1, 33)))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 97\)"):
+        llama(torch.tensor([[1, 97]]))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 97\)"):
+        gpt(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match="targets must be in"):
+        M.cross_entropy(torch.randn(2, 5), torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="d_model 65 must be divisible by num_heads 4"):
+        M.TransformerLM(**{**_MODEL_LLAMA, "d_model": 65})
+    with pytest.raises(ValueError, match="n_embd 65 must be divisible by n_head 4"):
+        M.GPT(M.GPTConfig(**{**_MODEL_GPT, "n_embd": 65}))
+    with pytest.raises(ValueError, match="d_k must be even"):
+        M.RotaryPositionalEmbedding(10000.0, 7, 16)
+    with pytest.raises(ValueError, match="d_k must be even"):
+        M.TransformerLM(**{**_MODEL_LLAMA, "d_model": 60, "num_heads": 4})  # d_k 15
+    with pytest.raises(ValueError, match="ffn_type"):
+        M.TransformerLM(**_MODEL_LLAMA, ffn_type="relu")
+    with pytest.raises(ValueError, match="attn_impl"):
+        M.TransformerLM(**_MODEL_LLAMA, attn_impl="flash")
+    with pytest.raises(ValueError, match="arch"):
+        M.build_model({"arch": "mamba"})
+    with pytest.raises(ValueError, match="unknown gpt2 config keys"):
+        M.build_model({"arch": "gpt2", "d_model": 3})
+    # another architecture's state dict, and the right architecture with another shape
+    with pytest.raises(ValueError, match="holds a gpt2 model, but the model is llama"):
+        M.model_from_checkpoint({"model": gpt.state_dict(), "model_config": llama.model_config()})
+    with pytest.raises(ValueError, match="holds a llama model, but the model is gpt2"):
+        M.model_from_checkpoint({"model": llama.state_dict(), "model_config": gpt.model_config()})
+    wide = _model_llama(d_ff=128)
+    with pytest.raises(ValueError, match=r"layers.0.ffn.w1.weight: shape \(128, 64\), model expects \(96, 64\)"):
+        M.model_from_checkpoint({"model": wide.state_dict(), "model_config": llama.model_config()})
+    with pytest.raises(ValueError, match="needs 'model' and 'model_config'"):
+        M.model_from_checkpoint({"model": llama.state_dict()})
+    cache = llama.init_kv_cache(1, max_seq_len=4)
+    with pytest.raises(ValueError, match="KV cache holds 4 positions"):
+        llama.forward_with_cache(_model_ids(97, (1, 5)), cache)
+
+
+# ============================================================================
+# train.py
+# ============================================================================
+
+
+# ---- helpers: a synthetic token corpus (documents with learnable structure) and a tiny run config
+
+def _train_write_tokens(path, ids, vocab_size, eot_id=0, tokenizer=None):
+    ids = np.asarray(ids, dtype=np.uint16)
+    ids.tofile(path)
+    Path(str(path) + ".json").write_text(json.dumps(dict(
+        format="tokens-v1", dtype="uint16", vocab_size=vocab_size, num_tokens=len(ids), num_docs=None,
+        tokenizer=tokenizer, eot_id=eot_id)))
+
+
+def _train_docs(n_tokens, seed):
+    """eot (0) before every document; a document counts up in steps of 3 from a random start."""
+    r = np.random.default_rng(seed)
+    out = []
+    while len(out) < n_tokens:
+        a, n = r.integers(1, 64), r.integers(5, 40)
+        out += [0] + [(a + 3 * i) % 63 + 1 for i in range(n)]
+    return out[:n_tokens]
+
+
+@pytest.fixture
+def _train_data(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 64)
+    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 64)
+    return d
+
+
+def _train_cfg(data_dir, out_dir, **kw):
+    cfg = dict(train.DEFAULTS, data_dir=str(data_dir), out_dir=str(out_dir), prepare_data=False, resume=False,
+               vocab_size=64, context_length=16, d_model=32, num_layers=2, num_heads=2, batch_size=4,
+               max_iters=6, warmup_iters=2, learning_rate=3e-3, eval_interval=1000, eval_iters=2, log_interval=1000,
+               num_samples=0, compile=False, device="cpu", dtype="float32", seed=0, time_budget="")
+    cfg.update(kw)
+    return cfg
+
+
+def _train_quiet(*a, **k):
+    pass
+
+
+def _train_weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+# ---- building blocks
+
+def test_train_adamw_matches_torch_over_many_steps():
+    torch.manual_seed(0)
+    ref = [torch.nn.Parameter(torch.randn(5, 7)), torch.nn.Parameter(torch.randn(7))]
+    ours = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+    mk = lambda ps: [{"params": [ps[0]], "weight_decay": 0.1}, {"params": [ps[1]], "weight_decay": 0.0}]
+    opt_ref = torch.optim.AdamW(mk(ref), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    opt_ours = train.AdamW(mk(ours), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    for step in range(100):
+        lr = train.get_lr_cosine_schedule(step, 1e-2, 1e-3, 10, 80)   # a schedule writing group["lr"]
+        for opt in (opt_ref, opt_ours):
+            for g in opt.param_groups:
+                g["lr"] = lr
+        g = torch.Generator().manual_seed(step)
+        grads = [torch.randn(p.shape, generator=g) for p in ref]
+        for ps, opt in ((ref, opt_ref), (ours, opt_ours)):
+            for p, gr in zip(ps, grads):
+                p.grad = gr.clone()
+            opt.step()
+    for a, b in zip(ref, ours):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # state dicts interchange with torch's (same names): ours loads torch's and continues identically
+    opt_ours.load_state_dict(opt_ref.state_dict())
+    assert set(opt_ours.state[ours[0]]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+def test_train_adamw_weight_decay_only_step():
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.zeros(3)
+    train.AdamW([p], lr=0.1, weight_decay=0.5).step()
+    torch.testing.assert_close(p.detach(), torch.full((3,), 1 - 0.1 * 0.5))   # decoupled: theta *= 1 - lr*wd
+
+
+def test_train_cosine_schedule_points():
+    f = lambda it: train.get_lr_cosine_schedule(it, 1.0, 0.1, 10, 110)
+    assert f(0) == 0.0
+    assert f(5) == pytest.approx(0.5)                     # warmup
+    assert f(10) == pytest.approx(1.0)                    # peak
+    assert f(60) == pytest.approx(0.1 + 0.5 * 0.9)        # middle of the cosine
+    assert f(110) == pytest.approx(0.1)                   # end
+    assert f(500) == pytest.approx(0.1)                   # flat after
+    assert train.get_lr_cosine_schedule(0, 1.0, 0.1, 0, 100) == pytest.approx(1.0)   # no warmup
+
+
+def test_train_gradient_clipping_matches_torch():
+    for max_norm in (0.01, 1e3):                          # clipped, and untouched
+        torch.manual_seed(1)
+        a = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))]
+        b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+        for p, q in zip(a[:2], b[:2]):                    # the last one has no gradient
+            p.grad = torch.randn(p.shape)
+            q.grad = p.grad.clone()
+        n_ref = torch.nn.utils.clip_grad_norm_(a, max_norm)
+        n_ours = train.gradient_clipping((p for p in b), max_norm)   # a one-shot generator
+        torch.testing.assert_close(torch.as_tensor(n_ours), n_ref)
+        for p, q in zip(a[:2], b[:2]):
+            torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_train_get_batch_windows():
+    data = np.arange(100, dtype=np.uint16)
+    starts = set()
+    for _ in range(200):
+        x, y = train.get_batch(data, 8, 10, "cpu")
+        assert x.shape == y.shape == (8, 10) and x.dtype == y.dtype == torch.int64 and x.device.type == "cpu"
+        assert torch.equal(x[:, 1:], y[:, :-1])                       # y is x shifted by one
+        assert torch.equal(x, x[:, :1] + torch.arange(10))             # real consecutive slices
+        starts.update(x[:, 0].tolist())
+    assert starts == set(range(0, 100 - 10))                           # every start in [0, len - T - 1]
+    if torch.cuda.is_available():
+        assert train.get_batch(data, 2, 10, "cuda")[0].device.type == "cuda"
+
+
+def test_train_checkpoint_roundtrip_path_and_bytesio(tmp_path):
+    cfg = _train_cfg(tmp_path, tmp_path)
+    m = M.build_model(train.model_config_from(dict(cfg, _pad_vocab=1), 64))
+    opt = train.AdamW(m.parameters(), lr=1e-2)
+    x = torch.randint(0, 64, (2, 8))
+    M.lm_loss(m, x, x).backward()
+    opt.step()
+    for target in (tmp_path / "c.pt", io.BytesIO()):
+        train.save_checkpoint(m, opt, 7, target, rng=train.rng_state(), loader={"pos": 3})
+        if isinstance(target, io.BytesIO):
+            target.seek(0)
+        m2 = M.build_model(m.model_config())
+        opt2 = train.AdamW(m2.parameters(), lr=1e-2)
+        assert train.load_checkpoint(target, m2, opt2) == 7
+        for k, v in m.state_dict().items():
+            assert torch.equal(v, m2.state_dict()[k])
+        s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+        assert all(torch.equal(s1[i]["exp_avg_sq"], s2[i]["exp_avg_sq"]) for i in s1)
+    assert not list(tmp_path.glob("*.tmp*"))                         # atomic write leaves no temp file
+
+
+def test_train_corrupt_checkpoint_and_data_are_clear_errors(tmp_path, _train_data):
+    good = tmp_path / "good.pt"
+    torch.save({"model": {}, "iteration": 1}, good)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(good.read_bytes()[:40])                           # truncated
+    with pytest.raises(ValueError, match="bad.pt: not a readable checkpoint"):
+        train.read_checkpoint(bad)
+    # a token file shorter than its sidecar says
+    raw = (_train_data / "train.bin").read_bytes()
+    (_train_data / "train.bin").write_bytes(raw[:-6])
+    with pytest.raises(ValueError, match="train.bin: .*truncated"):
+        train.load_tokens(_train_data / "train.bin")
+    # a token id beyond the model's vocabulary is refused before training
+    _train_write_tokens(_train_data / "train.bin", [1, 2, 99, 3] * 100, 64)
+    with pytest.raises(ValueError, match="token id 99 >= the model's vocab_size 64"):
+        train.train(_train_cfg(_train_data, tmp_path / "o"), log=_train_quiet)
+
+
+def test_train_total_batch_tokens_arithmetic():
+    assert train.grad_accum_steps(524288, 64, 1024, 8) == 1
+    assert train.grad_accum_steps(524288, 16, 1024, 1) == 32
+    with pytest.raises(ValueError, match="not divisible by batch_size\\*context_length\\*world_size = 48\\*1024\\*1"):
+        train.grad_accum_steps(524288, 48, 1024, 1)
+
+
+def test_train_sequential_sampler_shuffles_documents_and_resumes():
+    docs = _train_docs(4000, 3)
+    shards = [("a", np.asarray(docs[:2000], np.uint16), {}), ("b", np.asarray(docs[2000:], np.uint16), {})]
+    s = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+    first_epoch = [s.next_batch("cpu")[0] for _ in range(3)]
+    for x in first_epoch:                                             # documents stay intact: +3 (mod 63) inside
+        for row in x.tolist():
+            for a, b in zip(row, row[1:]):
+                assert b == 0 or a == 0 or b == (a + 2) % 63 + 1
+    while s.epoch == 0:
+        s.next_batch("cpu")
+    state = s.state_dict()
+    later = [s.next_batch("cpu")[0] for _ in range(3)]
+    assert not all(torch.equal(a, b) for a, b in zip(first_epoch, later))   # epoch 1 reads another order
+    s2 = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+    s2.load_state_dict(state)
+    assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)    # resumes at the exact position
+    # two ranks read disjoint halves of what one rank with twice the batch reads
+    one = train.SequentialSampler(shards, 2, 8, 0, 1, seed=5, eot_id=0)
+    r0 = train.SequentialSampler(shards, 1, 8, 0, 2, seed=5, eot_id=0)
+    r1 = train.SequentialSampler(shards, 1, 8, 1, 2, seed=5, eot_id=0)
+    for _ in range(5):
+        assert torch.equal(one.next_batch("cpu")[0], torch.cat([r0.next_batch("cpu")[0], r1.next_batch("cpu")[0]]))
+
+
+def test_train_presets_resolve_to_documented_values():
+    cfg, _ = train.get_config(["--preset=tinystories-cpu"])
+    assert (cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"], cfg["num_heads"],
+            cfg["d_ff"], cfg["rope_theta"]) == (10000, 256, 512, 4, 16, 1344, 10000.0)
+    assert cfg["batch_size"] * cfg["max_iters"] * cfg["context_length"] == 40_960_000
+    ts, _ = train.get_config(["--preset=tinystories"])
+    assert ts["batch_size"] * ts["max_iters"] * ts["context_length"] == 327_680_000
+    owt, _ = train.get_config(["--preset=owt"])
+    assert owt["vocab_size"] == 32000 and owt["d_model"] == 512 and owt["num_layers"] == 4
+    g, _ = train.get_config(["--preset=gpt2-124m", "--batch_size=16"])    # flags still override
+    assert g["model"] == "gpt2" and g["total_batch_tokens"] == 524288 and g["learning_rate"] == 6e-4
+    assert (g["warmup_iters"], g["max_iters"], g["min_lr_ratio"], g["weight_decay"]) == (715, 19073, 0.1, 0.1)
+    assert (g["beta1"], g["beta2"], g["grad_clip"], g["eval_interval"], g["hellaswag"]) == (0.9, 0.95, 1.0, 250, True)
+    assert g["batch_size"] == 16 and train.grad_accum_steps(524288, 16, 1024, 8) == 4
+    with pytest.raises(SystemExit, match="unknown 'nope'"):
+        train.get_config(["--preset=nope"])
+
+
+def test_train_preset_without_data_prints_the_command(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="python fineweb.py"):
+        train.main(["--preset=tinystories-cpu", f"--data_dir={tmp_path}/none", f"--out_dir={tmp_path}/o"])
+
+
+# ---- the loop
+
+def test_train_resume_is_bit_identical(tmp_path, _train_data):
+    straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=8, ckpt_interval=4), log=_train_quiet)
+    assert straight["step"] == 8
+
+    def crash(step):
+        if step == 6:
+            raise RuntimeError("simulated crash")
+    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=8, ckpt_interval=4)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=crash, log=_train_quiet)
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["iteration"] == 4
+    train.train(dict(cfg, resume=True), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)                     # bit for bit
+
+
+def test_train_random_sampler_resume_is_bit_identical(tmp_path, _train_data):
+    kw = dict(max_iters=6, ckpt_interval=3, sampler="random")
+    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", **dict(kw, max_iters=3)), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", resume=True, **kw), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_accumulation_matches_one_big_batch(tmp_path, _train_data):
+    # 1 x (B=8) == 2 x (B=4) with total_batch_tokens = 8*16: same tokens, gradient averaged the same way
+    train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, max_iters=4), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, max_iters=4),
+                log=_train_quiet)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    for k in a:   # float32 summation order differs; 4 AdamW steps keep it far below the update size (~lr)
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+
+
+def test_train_time_budget_follows_injected_clock(tmp_path, _train_data):
+    t = [0.0]
+
+    def clock():   # each call advances a fake second: one step = 1 s, no sleeping
+        t[0] += 1.0
+        return t[0]
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="10s", max_iters=100, warmup_iters=0,
+                     min_lr_ratio=0.1, learning_rate=1e-3)
+    s = train.train(cfg, clock=clock, log=_train_quiet)
+    assert s["step"] == 10 and s["elapsed"] == pytest.approx(10.0)
+    assert s["lr"] == pytest.approx(1e-4)                               # the schedule's end
+    assert s["last_lr"] == pytest.approx(train.get_lr_cosine_schedule(90, 1e-3, 1e-4, 0, 100))
+    rows = [json.loads(l) for l in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
+    assert rows[-1]["type"] == "eval"                                  # it evaluates after stopping
+
+
+def test_train_compiled_training_with_eval_and_generation(tmp_path, _train_data):
+    # eval and samples run on the plain module while training goes through torch.compile
+    from sample import generate
+    cfg = _train_cfg(_train_data, tmp_path / "o", compile=True, compile_backend="aot_eager", max_iters=3,
+                     eval_interval=2)
+    s = train.train(cfg, log=_train_quiet)
+    assert s["step"] == 3 and math.isfinite(s["val_loss"])
+    m = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
+    out = generate(m, [[0, 5, 8]], 5, temperature=0)
+    assert len(out[0]) <= 5
+
+
+def _train_free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data):
+    # 1 process x 2 accumulation steps == 2 processes x 1: both average the gradient of the same 2*B windows
+    # (the sequential sampler gives rank r the r-th of every W windows). float32 all-reduce vs sequential
+    # accumulation differ in summation order only: tolerance 1e-5 after 3 AdamW steps.
+    common = ["--prepare_data=false", "--resume=false", f"--data_dir={_train_data}", "--vocab_size=64",
+              "--context_length=16", "--d_model=32", "--num_layers=2", "--num_heads=2", "--batch_size=4",
+              "--total_batch_tokens=128", "--max_iters=3", "--eval_interval=1000", "--eval_iters=2",
+              "--num_samples=0", "--compile=false", "--device=cpu", "--num_threads=1", "--time_budget=",
+              "--seed=0", "--warmup_iters=2", "--learning_rate=3e-3", "--dtype=float32"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    one = train.train(_train_cfg(_train_data, tmp_path / "one", total_batch_tokens=128, max_iters=3,
+                                 eval_interval=1000), log=_train_quiet)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={_train_free_port()}", "train.py", f"--out_dir={tmp_path}/two", *common],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "1 accum x 2 procs" in two.stdout and one["step"] == 3
+    a, b = _train_weights(tmp_path / "one" / "ckpt.pt"), _train_weights(tmp_path / "two" / "ckpt.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+    ck = torch.load(tmp_path / "two" / "ckpt.pt", weights_only=True)
+    assert len(ck["loader"]) == 2                                       # every rank's loader position
+
+
+def test_train_plot_writes_pngs(tmp_path, _train_data):
+    pytest.importorskip("matplotlib")
+    train.train(_train_cfg(_train_data, tmp_path / "o", log_interval=1, max_iters=3), log=_train_quiet)
+    paths = train.plot_log(tmp_path / "o" / "log.jsonl")
+    assert all(Path(p).stat().st_size > 1000 for p in paths)
+
+
+def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys):
+    # generator -> tokenizer -> encode -> a few steps -> checkpoint -> sample, at a tiny size, then a rerun
+    args = [f"--data_dir={tmp_path}/data", f"--out_dir={tmp_path}/out", "--download=false", "--corpus_bytes=60000",
+            "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2", "--context_length=32",
+            "--batch_size=4", "--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--sample_tokens=8",
+            "--time_budget=", "--num_threads=1"]
+    train.main(args)
+    out = capsys.readouterr().out
+    assert (tmp_path / "data" / "train.bin").is_file() and (tmp_path / "data" / "tokenizer").is_dir()
+    assert "val loss" in out and "bits/byte" in out and "sample: Once upon a time" in out
+    assert "python sample.py" in out and (tmp_path / "out" / "ckpt.pt").is_file()
+    ck = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 4 and ck["tokenizer"].endswith("tokenizer") and ck["val_loss"] is not None
+    assert ck["model_config"]["arch"] == "llama" and ck["config"]["d_model"] == 32
+    train.main(args)                                                   # the rerun reuses everything
+    out = capsys.readouterr().out
+    assert "reusing" in out and "resumed" in out and "step 4" in out
+    assert "step      1/" not in out                                  # no training step was repeated
+    with pytest.raises(SystemExit, match="holds a run with other settings \\(d_model 32 -> 64\\)"):
+        train.main(args + ["--d_model=64"])                            # never resumes a different run
+    train.main(args + ["--fresh", "--max_iters=1"])                    # --fresh starts over
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iteration"] == 1
+    assert "reusing" not in capsys.readouterr().out
+
+
+def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
+    # the first Ctrl-C (simulated: the SIGINT handler called after step 3) finishes the step, writes a checkpoint
+    # at step 3 (not a checkpoint step) and stops; resuming ends with the same weights as a straight run
+    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=6), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=6)
+    s = train.train(cfg, on_step=lambda step: step == 3 and train._Stop.handler(None, None), log=_train_quiet)
+    assert s["interrupted"] and s["step"] == 3
+    train.train(dict(cfg, resume=True), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_gpt2_model_with_padded_vocab_trains(tmp_path, _train_data):
+    s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", pad_vocab=True, max_iters=3,
+                               eval_interval=3), log=_train_quiet)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["model_config"]["arch"] == "gpt2" and ck["model_config"]["pad_vocab_to_multiple_of"] == 64
+    assert s["val_loss"] < math.log(64) + 0.5
+
+
+def test_train_init_from_local_gpt2_weights(tmp_path, _train_data):
+    # --init_from loads released-format weights (here a tiny Hugging Face GPT-2 saved locally, since the test is
+    # offline); the step-0 validation loss equals transformers' loss on the same windows
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1,
+                                                              n_head=2)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", init_from=str(tmp_path / "hf"),
+                               max_iters=0), log=_train_quiet)
+    val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16).astype(np.int64))
+    n = 4 * 16
+    losses = []
+    with torch.no_grad():
+        for i in range(2):   # the evaluator reads the validation tokens in order: windows of B*T+1
+            buf = val[i * n: i * n + n + 1]
+            x, y = buf[:-1].view(4, 16), buf[1:].view(4, 16)
+            logits = hf(x).logits
+            losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, 64), y.reshape(-1)))
+    assert s["val_loss"] == pytest.approx(torch.stack(losses).mean().item(), abs=1e-4)
+
+
+# ============================================================================
+# sample.py and flops.py
+# ============================================================================
+
+
+@pytest.fixture
+def _sample_single_thread():
+    """Tiny models run far faster on one thread, and do not stall when the 2 cores are oversubscribed."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -----------------------------------------------------------------------------
+# flops.py
+
+_FLOPS_XL = dict(arch="llama", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48, num_heads=25,
+                 d_ff=4288, rope_theta=10000.0)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_tiny_shape_hand_computed():
+    # Llama: V=10, d=4, 1 layer, 2 heads, d_ff=6, T=8. Params: embedding 10*4, Q/K/V/O 4*4*4,
+    # SwiGLU 3*4*6, two block norms + final norm 3*4, untied head 4*10.
+    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
+    p = flops.count_params(cfg)
+    assert (p["embedding"], p["attention"], p["ffn"], p["norm"], p["lm_head"], p["total"]) == (40, 64, 72, 12, 40, 228)
+    f = flops.forward_flops(cfg, 8)
+    # each projection 2*T*d*d = 256; scores and weighted sum 2*T*T*d = 512 each; FFN 2*T*3*d*d_ff = 1152;
+    # head 2*T*d*V = 640
+    assert [f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj")] == [256] * 4
+    assert (f["attn_scores"], f["attn_values"], f["ffn"], f["lm_head"], f["total"]) == (512, 512, 1152, 640, 3840)
+    assert flops.train_flops_per_token(cfg, 8) == 3 * 3840 / 8
+    # SiLU FFN has two matrices; no RMSNorm removes the 12 gains
+    silu = dict(cfg, ffn_type="silu", d_ff=16, remove_rmsnorm=True)
+    assert flops.count_params(silu)["total"] == 40 + 64 + 2 * 4 * 16 + 40
+    # GPT-2: wte 10*4, wpe 8*4, c_attn 4*12+12, c_proj 4*4+4, c_fc 4*16+16, c_proj 16*4+4, 3 LayerNorms 3*8, tied head
+    gpt = dict(arch="gpt2", vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=4)
+    assert flops.count_params(gpt)["total"] == 40 + 32 + 60 + 20 + 80 + 68 + 24
+    assert flops.forward_flops(gpt, 8)["ffn"] == 2 * 8 * 2 * 4 * 16
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.parametrize("cfg", [
+    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64),
+    dict(arch="llama", vocab_size=100, context_length=8, d_model=48, num_layers=3, num_heads=3, d_ff=128),
+    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=128, ffn_type="silu"),
+    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=1, num_heads=4, d_ff=80,
+         remove_rmsnorm=True, remove_rope=True),
+    dict(arch="gpt2", vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32),
+    dict(arch="gpt2", vocab_size=50, block_size=24, n_layer=3, n_head=2, n_embd=16, pad_vocab_to_multiple_of=64),
+])
+def test_flops_param_counts_equal_real_models(cfg):
+    m = M.build_model(cfg)
+    p = flops.count_params(m.model_config())
+    assert p["total"] == sum(t.numel() for t in m.parameters())
+    assert p["total"] == sum(v for k, v in p.items() if k != "total")
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.parametrize("cfg", [
+    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=48),
+    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=128, ffn_type="silu"),
+    dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="scratch",
+         pad_vocab_to_multiple_of=64),
+    dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="sdpa"),
+])
+def test_flops_match_torch_flop_counter(cfg):
+    from torch.utils.flop_counter import FlopCounterMode
+    m = M.build_model(cfg)
+    x = torch.randint(0, 50, (2, 16))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        m(x)
+    ours = flops.forward_flops(m.model_config(), 16, batch_size=2)
+    if m.model_config().get("attn_impl") == "sdpa":
+        # FlopCounterMode has no formula for the CPU fused attention kernel: it counts only the projections
+        assert counter.get_total_flops() == ours["total"] - ours["attn_scores"] - ours["attn_values"]
+    else:
+        assert counter.get_total_flops() == ours["total"]
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_gpt2_xl_reference_figures():
+    p = flops.count_params(_FLOPS_XL)["total"]
+    assert round(p / 1e9, 2) == 1.64 and round(4 * p / 1e9, 2) == 6.56
+    f = flops.forward_flops(_FLOPS_XL, 1024)
+    assert round(f["total"] / 1e12, 2) == 3.52
+    blocks = f["total"] - f["lm_head"]  # the ~60/30/10 split is of the transformer blocks (head: 4.7% of total)
+    qkvo = sum(f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert round(100 * f["ffn"] / blocks) == 60 and round(100 * qkvo / blocks) == 30
+    assert round(100 * (f["attn_scores"] + f["attn_values"]) / blocks) == 10
+    f16 = flops.forward_flops(_FLOPS_XL, 16384)
+    assert round(f16["total"] / 1e12, 1) == 133.6
+    assert round(100 * (f16["attn_scores"] + f16["attn_values"]) / f16["total"]) == 62
+    fixed, per_seq = flops.memory_bytes(_FLOPS_XL, 1024)
+    assert round(per_seq / 1e9, 2) == 16.37
+    assert abs(fixed / 1e9 - 26.24) < 0.01  # 26.247: the spec's 26.24 is 16 bytes x 1.64e9 (N rounded first)
+    assert flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_mfu_and_peak_table():
+    cfg = dict(_FLOPS_XL)
+    assert flops.peak_flops("H100", "bf16") == 989.4e12
+    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16) == 312e12
+    assert flops.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert flops.peak_flops("NVIDIA B200", "tf32") == 1.125e15
+    assert flops.peak_flops("NVIDIA L40S", "fp16") == 362e12 and flops.peak_flops("NVIDIA L4", "bf16") == 121e12
+    per_tok = flops.train_flops_per_token(cfg, 1024)
+    assert flops.mfu(cfg, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
+    with pytest.raises(ValueError, match="no peak"):
+        flops.peak_flops("Voodoo2", "bf16")
+    cpu = flops.peak_flops("cpu", torch.float32)
+    assert cpu > 1e8 and flops.peak_flops("cpu", "fp32") == cpu  # measured once, then cached
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_cli_prints_reference_table(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2-xl", "--context", "1024,16384"])
+    flops.main()
+    out = capsys.readouterr().out
+    assert "1,640,452,800" in out and "6.56 GB" in out
+    assert "3.5168" in out and "133.5777" in out
+    assert "16.37 * batch + 26.25 GB" in out and "largest batch on 80 GB: 3" in out
+    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2", "--arch=gpt2"])
+    flops.main()
+    assert "124,439,808" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["flops.py", "--context", "abc"])
+    with pytest.raises(SystemExit, match="--context"):
+        flops.main()
+
+
+# -----------------------------------------------------------------------------
+# sample.py
+
+def _sample_models():
+    torch.manual_seed(0)
+    llama = M.build_model(dict(arch="llama", vocab_size=64, context_length=16, d_model=32, num_layers=2,
+                                       num_heads=4, d_ff=64))
+    gpt = M.build_model(dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32))
+    return [llama, gpt]
+
+
+def _sample_greedy_reference(model, prompt, n):
+    """Plain uncached greedy decoding, one sequence: the obvious loop."""
+    ids = list(prompt)
+    for _ in range(n):
+        logits = sample._forward_logits(model, torch.tensor([ids[-model.context_length:]]))
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def _sample_kept(probs, **kw):
+    out = sample.filter_probs(torch.tensor([probs], dtype=torch.float64), **kw)[0]
+    assert float(out.sum()) == pytest.approx(1.0)
+    return sorted(torch.nonzero(out).flatten().tolist())
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_top_p_keeps_exactly_the_nucleus():
+    probs = [0.125, 0.5, 0.125, 0.25]  # sorted: id1 0.5, id3 0.25, then a tie id0 / id2 at 0.125
+    assert _sample_kept(probs, top_p=0.1) == [1]
+    assert _sample_kept(probs, top_p=0.5) == [1]            # 0.5 reaches 0.5: one token
+    assert _sample_kept(probs, top_p=0.5001) == [1, 3]
+    assert _sample_kept(probs, top_p=0.75) == [1, 3]
+    assert _sample_kept(probs, top_p=0.8) == [0, 1, 3]      # tie at the boundary: the lower id is kept
+    assert _sample_kept(probs, top_p=0.875) == [0, 1, 3]
+    assert _sample_kept(probs, top_p=0.9) == [0, 1, 2, 3]
+    assert _sample_kept(probs, top_p=1.0) == [0, 1, 2, 3]   # p = 1 keeps everything
+    assert _sample_kept([0.5, 0.0, 0.5, 0.0], top_p=1.0) == [0, 2]
+    assert _sample_kept([0.25] * 4, top_k=2) == [0, 1]      # top-k keeps exactly k, lower ids on ties
+    assert _sample_kept(probs, top_k=3, top_p=0.8) == [1, 3]  # top-p on the top-k renormalised mass (0.5/0.875)
+    kept = sample.filter_probs(torch.tensor([probs]), top_p=0.75)[0]
+    assert kept.tolist() == pytest.approx([0, 2 / 3, 0, 1 / 3])
+    # sampling only ever draws from the nucleus, and draws all of it
+    g = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([probs] * 400))
+    drawn = sample.sample_next(logits, 1.0, top_p=0.8, generator=g)
+    assert set(drawn.tolist()) == {0, 1, 3}
+
+
+def _sample_reference_kept(row, top_k, top_p):
+    """The kept set by the definition, in plain Python: rank by (probability desc, id asc), cut."""
+    order = sorted(range(len(row)), key=lambda i: (-row[i], i))[:top_k or len(row)]
+    total = sum(row[i] for i in order)
+    kept, mass = [], 0.0
+    for i in order:
+        if mass >= top_p * total:
+            break
+        kept.append(i)
+        mass += row[i]
+    return sorted(kept)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.parametrize("scale,top_k,top_p", [(4.0, None, 0.9), (0.5, None, 0.9), (0.5, None, 0.3),
+                                               (4.0, 50, 0.8), (2.0, 7, None)])
+def test_sample_candidates_match_sorting_reference(scale, top_k, top_p):
+    # rounded logits make many exact ties; scale 0.5 is flat, so the nucleus outgrows the topk candidates
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.round(torch.randn(3, 3000, generator=g) * scale), dim=-1)
+    out = sample.filter_probs(probs, top_k=top_k, top_p=top_p)
+    for b in range(3):
+        expected = _sample_reference_kept(probs[b].double().tolist(), top_k, 1.0 if top_p is None else top_p)
+        assert torch.nonzero(out[b]).flatten().tolist() == expected
+        assert float(out[b].sum()) == pytest.approx(1.0)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_temperature_zero_is_argmax():
+    logits = torch.randn(5, 64)
+    assert torch.equal(sample.sample_next(logits, 0.0), logits.argmax(-1))
+    for m in _sample_models():
+        got = sample.generate(m, [[1, 2, 3]], 10, temperature=0.0)
+        assert got == [_sample_greedy_reference(m, [1, 2, 3], 10)]
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_greedy_matches_transformers_generate(tmp_path):
+    # independent reference: Hugging Face's GPT2LMHeadModel.generate on the same weights (saved and reloaded)
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
+                                                               n_head=4)).eval()
+    hf.save_pretrained(tmp_path)
+    ours = M.GPT.from_pretrained(str(tmp_path))
+    prompts = [[5, 9, 2], [7, 1, 1, 4, 3, 8, 2]]
+    got = sample.generate(ours, prompts, 12, temperature=0.0)
+    for p, g in zip(prompts, got):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        assert g == ref[0, len(p):].tolist()
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_seeded_sampling_is_reproducible():
+    for m in _sample_models():
+        run = lambda seed: sample.generate(m, [[1, 2], [3]], 12, temperature=1.0, top_k=20, top_p=0.95,
+                                           generator=torch.Generator().manual_seed(seed))
+        first = run(7)
+        assert run(7) == first and run(8) != first
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_stops_at_end_of_text():
+    prompts = [[1, 2, 3], [4]]
+    for m in _sample_models():
+        run = lambda **kw: sample.generate(m, prompts, 12, temperature=1.0, generator=torch.Generator().manual_seed(5), **kw)
+        free = run()
+        i = next(i for i in range(1, 12) if free[0][i] not in free[0][:i])  # a token first drawn at step i
+        stop = free[0][i]
+        streamed = []
+        got = run(stop_token=stop, on_token=lambda row, t: streamed.append((row, t)))
+        assert got[0] == free[0][:i]  # stops there; the stop token is not returned
+        assert got[1] == (free[1][:free[1].index(stop)] if stop in free[1] else free[1])
+        assert [t for r, t in streamed if r == 0] == got[0] and [t for r, t in streamed if r == 1] == got[1]
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cached_equals_uncached_under_fixed_seed():
+    # different prompt lengths, top-k/top-p sampling, and generation past the 16-token context (window slides)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    for m in _sample_models():
+        for kw in (dict(temperature=0.0), dict(temperature=0.8, top_k=10, top_p=0.9)):
+            a = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=True, **kw)
+            b = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
+            assert a == b and [len(x) for x in a] == [30, 30, 30]
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_batched_prompts_of_different_lengths_equal_one_at_a_time():
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17]]
+    for m in _sample_models():
+        batched = sample.generate(m, prompts, 6, temperature=0.0)
+        for p, got in zip(prompts, batched):
+            assert got == sample.generate(m, [p], 6, temperature=0.0)[0] == _sample_greedy_reference(m, p, 6)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_bad_input_and_long_prompts():
+    m = _sample_models()[0]
+    with pytest.raises(ValueError, match="temperature"):
+        sample.generate(m, [[1]], 3, temperature=-0.5)
+    for p in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="top_p"):
+            sample.generate(m, [[1]], 3, top_p=p)
+    with pytest.raises(ValueError, match="at least one token"):
+        sample.generate(m, [[]], 3)
+    long_prompt = list(range(40))  # context is 16: the last 16 tokens are kept, with a warning
+    with pytest.warns(UserWarning, match="longer than the model's context"):
+        got = sample.generate(m, [long_prompt], 5, temperature=0.0)
+    assert got == sample.generate(m, [long_prompt[-16:]], 5, temperature=0.0)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_generate_restores_training_mode():
+    m = _sample_models()[1].train()
+    sample.generate(m, [[1, 2]], 3)
+    assert m.training
+
+
+def _sample_write_ckpt(path, m, tokenizer="gpt2"):
+    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": tokenizer,
+                "iteration": 0}, path)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+@needs_gpt2_files
+def test_sample_cli_streams_from_checkpoint(tmp_path, capsys, monkeypatch):
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="gpt2", vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    ckpt = tmp_path / "ckpt.pt"
+    _sample_write_ckpt(ckpt, m)
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("Once upon a time", encoding="utf-8")
+    argv = ["sample.py", f"--ckpt={ckpt}", f"--prompt=FILE:{prompt_file}", "--num_samples=2", "--max_new_tokens=5",
+            "--top_p=0.9", "--seed=1", "--no_stop", "--device=cpu"]
+    monkeypatch.setattr(sys, "argv", argv)
+    sample.main()
+    out = capsys.readouterr().out
+    assert out.count("Once upon a time") == 2 and "sample 2/2" in out
+    monkeypatch.setattr(sys, "argv", argv)
+    sample.main()
+    assert capsys.readouterr().out == out  # seeded: identical text
+    for bad, msg in (("--temperature=-1", "--temperature"), ("--top_p=0", "--top_p"), ("--top_p=1.5", "--top_p"),
+                     (f"--ckpt={tmp_path / 'missing.pt'}", "no such checkpoint")):
+        monkeypatch.setattr(sys, "argv", argv + [bad])
+        with pytest.raises(SystemExit, match=msg):
+            sample.main()
+    # --init_from: released-weights path (here a local Hugging Face directory, as from_pretrained accepts)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    hf.save_pretrained(tmp_path / "hf")
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--init_from={tmp_path / 'hf'}", "--prompt=Hi", "--num_samples=1",
+                                      "--max_new_tokens=3", "--device=cpu"])
+    sample.main()
+    assert "Hi" in capsys.readouterr().out
+
+
+def _sample_byte_tokenizer(tmp_path):
+    import bpe
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
+    tok.save_dir(str(tmp_path / "tok"))
+    return str(tmp_path / "tok")
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cli_llama_checkpoint_with_bpe_tokenizer(tmp_path, capsys, monkeypatch):
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+                                   num_heads=2, d_ff=32))
+    ckpt = tmp_path / "ckpt.pt"
+    _sample_write_ckpt(ckpt, m, tokenizer=_sample_byte_tokenizer(tmp_path))
+    # a 12-byte prompt is longer than the 8-token context: kept from the left, with a warning on stderr
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--prompt=abcdefghijkl", "--num_samples=1",
+                                      "--max_new_tokens=20", "--temperature=0", "--device=cpu"])
+    sample.main()
+    captured = capsys.readouterr()
+    assert "keeping the last 8" in captured.err and captured.out.startswith("---------- sample 1/1\nabcdefghijkl")
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_streamer_holds_back_partial_utf8(tmp_path):
+    import io
+    import bpe
+    tok = bpe.load_tokenizer(_sample_byte_tokenizer(tmp_path))
+    out = io.StringIO()
+    streamer = sample._Streamer(tok, out)
+    ids = tok.encode("é!")  # 'é' is two bytes, two tokens
+    streamer(0, ids[0])
+    assert out.getvalue() == ""  # half a character is not printed
+    streamer(0, ids[1])
+    assert out.getvalue() == "é"
+    streamer(0, ids[2])
+    streamer.flush()
+    assert out.getvalue() == "é!\n"
+
+
+# ============================================================================
+# fineweb.py and stories.py
+# ============================================================================
+
+
+_FW_EOT = "<|endoftext|>"
+
+
+def _fw_read_shards(out_dir):
+    """All token ids of a shard directory in stream order (val_000000 first), plus the per-file arrays."""
+    meta = json.loads((Path(out_dir) / "meta.json").read_text())
+    dtype = np.dtype(meta["config"]["dtype"]).newbyteorder("<")
+    arrays = [np.fromfile(Path(out_dir) / s["file"], dtype=dtype) for s in meta["shards"]]
+    return np.concatenate(arrays), arrays, meta
+
+
+def _fw_corpus(tmp_path, n=120, seed=0, name="corpus.txt"):
+    docs = stories.generate_stories(n, seed)
+    path = tmp_path / name
+    path.write_text("".join(d + stories.SEPARATOR for d in docs), encoding="utf-8")
+    return path, docs
+
+
+@pytest.fixture(scope="module")
+def _fw_bpe_dir(tmp_path_factory):
+    """A small bpe.py tokenizer (vocab 300) trained on generated stories."""
+    import bpe
+    tmp = tmp_path_factory.mktemp("fw_bpe")
+    path, _ = _fw_corpus(tmp, n=200, seed=5)
+    vocab, merges = bpe.train_bpe(str(path), 300, [_FW_EOT], num_workers=1)
+    bpe.Tokenizer(vocab, merges, [_FW_EOT]).save_dir(tmp / "tok")
+    return str(tmp / "tok")
+
+
+# ---- stories.py ----------------------------------------------------------------------------------------
+
+def test_stories_deterministic_for_a_seed():
+    a, b, c = stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=4)
+    assert a == b and a != c
+    assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
+
+
+def test_stories_write_corpus_size_and_separator(tmp_path):
+    path = tmp_path / "s.txt"
+    n, nbytes = stories.write_corpus(path, 50_000, seed=2)
+    data = path.read_bytes()
+    assert len(data) == nbytes
+    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by SEPARATOR
+    assert data.decode("utf-8") == "".join(d + stories.SEPARATOR for d in docs)
+    last = len((docs[-1] + stories.SEPARATOR).encode())
+    assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
+    assert stories.SEPARATOR == "\n<|endoftext|>\n"
+    stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
+    assert (tmp_path / "t.txt").read_bytes() == data
+
+
+def test_stories_variety_and_well_formed():
+    docs = stories.generate_stories(3000, seed=0)
+    assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
+    for d in docs:
+        assert "{" not in d and "}" not in d, d  # no unfilled template fields
+        assert d.count('"') % 2 == 0, d  # every quote closes
+        assert d[0].isupper() and d.rstrip()[-1] in '.!?"', d
+    openers = {d.split("\n")[1].split()[0] for d in docs}
+    assert len(openers) > 20  # the plots and their phrasings all occur
+
+
+# ---- fineweb.py: local corpora into shards ---------------------------------------------------------------
+
+@needs_gpt2_files
+def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path)
+    assert list(fineweb.file_docs(path)) == docs
+    out = tmp_path / "shards"
+    fineweb.write_shards(fineweb.file_docs(path), out, "gpt2", shard_size=5000, num_workers=2, progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(out)
+    # independent reference: tiktoken on each document, eot before each
+    ref = []
+    for d in docs:
+        ref += [enc.eot_token] + enc.encode_ordinary(d)
+    assert ids.tolist() == ref
+    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    # shard boundaries: every shard full but the last; shard 0 is validation
+    names = [s["file"] for s in meta["shards"]]
+    assert names[0] == "val_000000.bin" and names[1:] == [f"train_{i:06d}.bin" for i in range(1, len(names))]
+    assert [len(a) for a in arrays[:-1]] == [5000] * (len(arrays) - 1) and 0 < len(arrays[-1]) <= 5000
+    assert len(arrays) == -(-len(ref) // 5000)
+    # metadata: directory record and CONTRACT sidecars
+    assert meta["complete"] and meta["num_tokens"] == len(ref) and meta["num_docs"] == len(docs)
+    assert meta["config"]["tokenizer"] == "gpt2" and meta["config"]["vocab_size"] == 50257 and meta["config"]["dtype"] == "uint16"
+    for s, a in zip(meta["shards"], arrays):
+        side = json.loads((out / f"{s['file']}.json").read_text())
+        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 50257, "num_tokens": len(a),
+                        "num_docs": int((a == enc.eot_token).sum()), "tokenizer": "gpt2", "eot_id": 50256}
+    assert sum(s["num_docs"] for s in meta["shards"]) == len(docs)
+    assert (out / "val_000000.bin").stat().st_size == 2 * 5000
+    assert not list(out.glob("*.tmp"))
+
+
+def test_fw_round_trip_bpe_tokenizer_file_and_folder(tmp_path, _fw_bpe_dir):
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    path, docs = _fw_corpus(tmp_path, n=60, seed=9)
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "a", _fw_bpe_dir, shard_size=3000, num_workers=1,
+                         progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "a")
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    assert ids.tolist() == [i for d in docs for i in [tok.eot_id] + tok.encode(d)]
+    assert meta["config"]["vocab_size"] == 300 and meta["config"]["eot_id"] == tok.eot_id == 0
+    assert len(arrays) > 2
+    # a folder: one document per file, sorted by name
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, d in enumerate(docs[:12]):
+        (folder / f"{i:03d}.txt").write_text(d + "\n", encoding="utf-8")
+    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "b", _fw_bpe_dir, shard_size=10**6, num_workers=2,
+                         progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "b")
+    assert len(arrays) == 1 and tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs[:12])
+
+
+@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
+def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
+    ref = _fw_bpe_dir if which == "bpe" else "gpt2"
+    tok = fineweb.load_tokenizer(ref)
+    docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for i, d in enumerate(docs):
+        (folder / f"{i}.txt").write_text(d, encoding="utf-8")
+    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "out", ref, shard_size=10**6, num_workers=1,
+                         progress=False, log=lambda *a: None)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert int((ids == tok.eot_id).sum()) == 2 == meta["num_docs"]  # only the two separators
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+
+
+@needs_gpt2_files
+def test_fw_uint32_and_token_file(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path, n=30)
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
+                         num_workers=1, progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
+    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
+    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
+    one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+@needs_gpt2_files
+def test_fw_resume_after_interruption(tmp_path):
+    path, docs = _fw_corpus(tmp_path, n=150)
+    kw = dict(tokenizer="gpt2", shard_size=4000, progress=False, log=lambda *a: None, batch_chars=3000)
+    fineweb.write_shards(iter(docs), tmp_path / "clean", num_workers=1, **kw)
+
+    def crashing(n):  # the corpus stream dies after n documents, as a killed job would
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
+
+    out = tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(100), out, num_workers=2, **kw)
+    meta = json.loads((out / "meta.json").read_text())
+    assert not meta["complete"] and len(meta["shards"]) >= 2
+    done = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in meta["shards"]}
+    logs = []
+    fineweb.write_shards(iter(docs), out, num_workers=2, **{**kw, "log": logs.append})
+    assert any("resuming after shard" in line for line in logs)
+    assert {f: (out / f).stat().st_mtime_ns for f in done} == done  # complete shards were not rewritten
+    a, _, meta_a = _fw_read_shards(tmp_path / "clean")
+    b, _, meta_b = _fw_read_shards(out)
+    assert np.array_equal(a, b) and meta_a["shards"] == meta_b["shards"]
+    for f in (tmp_path / "clean").glob("*.bin"):
+        assert f.read_bytes() == (out / f.name).read_bytes()
+    logs.clear()
+    fineweb.write_shards(iter(docs), out, num_workers=1, **{**kw, "log": logs.append})
+    assert "already complete" in logs[0]
+
+
+@needs_data
+@needs_gpt2_files
+def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
+    """Real files: curly quotes, non-ASCII, a BOM and CRLF line endings (Pride and Prejudice), a Wikipedia page."""
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    folder = tmp_path / "real"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes((DATA / "tinystories/cs336_tinystories_sample.txt").read_bytes())
+    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"), ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
+        data = (DATA / src).read_bytes()
+        (folder / name).write_bytes(data[:data.rindex(b"\n", 0, 60_000) + 1])  # cut at a line end, not mid-character
+    docs = list(fineweb.folder_docs(folder))
+    assert len(docs) == 3 and "\r\n" in docs[1] and not docs[1].startswith("\ufeff")
+    assert docs[0] == (folder / "a.txt").read_text(encoding="utf-8").strip()
+    for ref, decode, eot in [("gpt2", enc.decode, enc.eot_token), (_fw_bpe_dir, None, None)]:
+        tok = fineweb.load_tokenizer(ref)
+        out = tmp_path / ("gpt2" if ref == "gpt2" else "bpe")
+        fineweb.write_shards(iter(docs), out, ref, shard_size=7000, num_workers=2, progress=False, log=lambda *a: None,
+                             batch_chars=20_000)
+        ids, _, _ = _fw_read_shards(out)
+        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+        if ref == "gpt2":
+            assert ids.tolist() == [i for d in docs for i in [eot] + enc.encode_ordinary(d)]
+
+
+def test_fw_shuffle_docs_is_a_seeded_permutation():
+    docs = [f"doc {i}" for i in range(500)]
+    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert sorted(a) == sorted(docs) and a != docs
+    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
+
+
+def test_fw_bad_input_errors(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        fineweb.check_input(tmp_path / "missing.txt")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
+        list(fineweb.file_docs(bad))
+    with pytest.raises(ValueError, match="unknown"):
+        fineweb.hf_docs("no-such-corpus")
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        fineweb.choose_dtype(100_000, "uint16")
+    assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
+    with pytest.raises(ValueError, match="not a tokenizer directory"):
+        fineweb.load_tokenizer(str(tmp_path))
+    # the CLI turns these into one line naming the flag or file
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
+                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("fineweb.py: ") and "missing.txt" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--dataset", "nope"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--dataset 'nope': unknown" in r.stderr
+
+
+@needs_gpt2_files
+def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir):
+    path, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    with pytest.raises(ValueError, match="tokenizer 'gpt2'"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, **kw)
+    with pytest.raises(ValueError, match="different settings"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **{**kw, "shard_size": 100})
+    # token files from elsewhere (no meta.json)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other/train.bin").write_bytes(b"\0\0")
+    with pytest.raises(ValueError, match="no meta.json"):
+        fineweb.write_shards(iter(docs), tmp_path / "other", "gpt2", **kw)
+    # a listed shard that was truncated afterwards is not silently trusted
+    (tmp_path / "out/meta.json").write_text((tmp_path / "out/meta.json").read_text().replace('"complete": true', '"complete": false'))
+    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0")
+    with pytest.raises(ValueError, match="wrong size"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+
+
+# ---- fineweb.prepare_tinystories: train.py's default data --------------------------------------------------
+
+def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
+    import bpe
+    logs = []
+    kw = dict(vocab_size=320, allow_download=False, log=logs.append, corpus_bytes=40_000, num_workers=2)
+    got = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
+    d = Path(got["data_dir"])
+    assert got["tokenizer"] == str(d / "tokenizer") and "stories.py" in got["source"]
+    assert any("downloads disabled" in line for line in logs)
+    tok = bpe.load_tokenizer(got["tokenizer"])
+    assert tok.vocab_size == 320 and tok.eot_id is not None
+    for split in ("train", "val"):
+        side = json.loads((d / f"{split}.bin.json").read_text())
+        ids = np.fromfile(d / f"{split}.bin", dtype="<u2")
+        docs = list(fineweb.file_docs(d / f"{split}.txt"))
+        assert side["format"] == "tokens-v1" and side["num_tokens"] == len(ids) == got[f"{split}_tokens"]
+        assert side["num_docs"] == len(docs) and side["tokenizer"] == got["tokenizer"] and side["vocab_size"] == 320
+        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    assert 36_000 <= (d / "train.txt").stat().st_size and 1_000 <= (d / "val.txt").stat().st_size
+    # the second call reuses every step and rewrites nothing
+    stamps = {p: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
+    logs.clear()
+    again = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
+    assert again == got and sum("reusing" in line for line in logs) == 3
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    # a different vocabulary keeps the corpus, retrains the tokenizer and re-encodes
+    logs.clear()
+    other = fineweb.prepare_tinystories(tmp_path / "ts", **{**kw, "vocab_size": 300})
+    assert bpe.load_tokenizer(other["tokenizer"]).vocab_size == 300 and "reusing" in logs[0] and "trained BPE" in logs[1]
+    # fresh=True redoes everything (the generated corpus is the same for the same seed)
+    logs.clear()
+    fineweb.prepare_tinystories(tmp_path / "ts", fresh=True, **kw)
+    assert not any("reusing" in line for line in logs)
+    assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
+
+
+# ---- the network paths, with `datasets` replaced by a local stand-in (no network in tests) ------------------
+
+def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
+    import types
+
+    def load_dataset(path, name=None, split=None, streaming=False):
+        calls.append(dict(path=path, name=name, split=split, streaming=streaming))
+        if fail:
+            raise fail
+        return iter({"text": t} for t in rows_by_split[split])
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
+
+
+def test_fw_hub_offline_is_detected_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
+    with pytest.raises(ValueError, match="unreachable.*--input PATH"):
+        fineweb.hf_docs("fineweb-edu")
+
+
+def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
+    calls = []
+    _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
+    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
+    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
+
+
+def test_fw_prepare_tinystories_download_and_failed_download(tmp_path, monkeypatch):
+    calls, logs = [], []
+    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)], "validation": [f"Val story {i}." for i in range(50)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+    assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
+    assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
+    train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
+    assert train_docs == rows["train"][:len(train_docs)] and 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
+    assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
+    # a failing download: one line saying so, then the generated corpus
+    logs.clear()
+    _fw_fake_datasets(monkeypatch, rows, calls, fail=ConnectionError("no route to host"))
+    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+    assert "stories.py" in got["source"]
+    assert logs[0].startswith("TinyStories download failed (ConnectionError: no route to host)")
+    assert not list((tmp_path / "fail").glob("*.tmp"))
+
+
+def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
+    import bpe
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    logs = []
+    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tmp_path / "out/tokenizer", num_workers=1, log=logs.append)
+    tok = bpe.load_tokenizer(ref)
+    assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
+    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tmp_path / "out/tokenizer", log=logs.append) == ref
+    assert "reusing" in logs[-1]
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
+
+
+# ============================================================================
+# hellaswag.py
+# ============================================================================
+
+
+# Hand-written rows in the original rowanz format: one ending is the obvious continuation.
+_HS_ROWS = [
+    ("The chef cracks two eggs into a bowl . She", 0,
+     ["whisks them with a fork until smooth .", "drives the bowl to the airport .",
+      "paints the ceiling with the shells .", "sings loudly to a sleeping cat ."]),
+    ("A man kneels beside a flat bicycle tire . He", 2,
+     ["eats the tire for lunch .", "throws the bicycle into a lake .",
+      "pumps air into the tire with a hand pump .", "reads a newspaper upside down ."]),
+    ("A girl stands at the edge of a diving board . She", 1,
+     ["plants a tree in the pool .", "jumps and dives into the water .",
+      "folds the board into a paper plane .", "calls her dentist about a cake ."]),
+    ("Two friends set up a chess board on a table . They", 3,
+     ["bake the pieces in an oven .", "paint the table bright green .",
+      "throw the board out the window .", "take turns moving the pieces ."]),
+    ("A woman holds a paint roller next to a white wall . She", 0,
+     ["rolls blue paint across the wall .", "feeds the roller to a goat .",
+      "drives the wall to the beach .", "swims across the white carpet ."]),
+    ("A boy ties the laces of his running shoes . He", 2,
+     ["mails the shoes to the moon .", "cooks the laces in a pot .",
+      "runs down the street in the morning .", "paints his dog bright blue ."]),
+    ("A barber drapes a cape over a customer . He", 1,
+     ["plays drums on the customer .", "trims the customer 's hair with scissors .",
+      "fills the cape with sand .", "waters the mirror with a hose ."]),
+]
+
+
+def _hs_row(i, ctx, label, endings, label_as_str=False):
+    return {"ind": 100 + i, "activity_label": "Everyday", "ctx_a": ctx, "ctx_b": "", "ctx": ctx,
+            "split": "val", "split_type": "indomain", "label": str(label) if label_as_str else label,
+            "endings": endings, "source_id": f"handwritten~{i}"}
+
+
+def _hs_write_rows(path, rows=None):
+    rows = rows if rows is not None else [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+class _HsWordTokenizer:
+    """Stand-in tokenizer: one id per whitespace-separated word (id 0 is reserved, so padding is visible)."""
+
+    def __init__(self, texts):
+        words = sorted({w for t in texts for w in t.split()})
+        self.ids = {w: i + 1 for i, w in enumerate(words)}
+        self.vocab_size = len(words) + 1
+
+    def encode(self, text):
+        return [self.ids[w] for w in text.split()]
+
+
+def _hs_word_tokenizer():
+    return _HsWordTokenizer([c for c, _, _ in _HS_ROWS] + [e for _, _, es in _HS_ROWS for e in es])
+
+
+class _HsTableLM(torch.nn.Module):
+    """Stand-in LM with controlled preferences: the logits after token a are table[a] (a bigram model;
+    a unigram one when all rows are equal). Records its mode during forward."""
+
+    def __init__(self, table, gpt_style=False):
+        super().__init__()
+        self.register_buffer("table", torch.as_tensor(table, dtype=torch.float32))
+        self.gpt_style = gpt_style
+        self.seen = []
+
+    def forward(self, idx):
+        self.seen.append((self.training, torch.is_grad_enabled(), tuple(idx.shape)))
+        logits = self.table[idx]
+        return (logits, None) if self.gpt_style else logits
+
+
+def _hs_bigram_table(tok, chosen):
+    """A table that continues every context with ending chosen[i] of row i: big logits on its bigrams."""
+    table = torch.zeros(tok.vocab_size, tok.vocab_size)
+    for (ctx, _, endings), c in zip(_HS_ROWS, chosen):
+        ids = tok.encode(ctx) + tok.encode(" " + endings[c])
+        for a, b in zip(ids, ids[1:]):
+            table[a, b] = 6.0
+    return table
+
+
+def _hs_reference_losses(table, ctx_ids, end_ids):
+    """Independent scoring in plain Python: loss of each ending token given the previous token."""
+    losses, prev = [], ctx_ids[-1]
+    for t in end_ids:
+        row = table[prev].tolist()
+        losses.append(math.log(sum(math.exp(v) for v in row)) - row[t])
+        prev = t
+    return sum(losses), sum(losses) / len(losses)
+
+
+def test_hs_load_examples_reads_rowanz_format(tmp_path):
+    rows = [_hs_row(i, *r, label_as_str=(i == 1)) for i, r in enumerate(_HS_ROWS)]
+    path = _hs_write_rows(tmp_path / "val.jsonl", rows)
+    with open(path, "a") as f:
+        f.write("\n")  # a trailing blank line is fine
+    examples = hellaswag.load_examples(path)
+    assert len(examples) == len(_HS_ROWS)
+    assert [e["label"] for e in examples] == [r[1] for r in _HS_ROWS]  # the string label "2" became 2
+    assert examples[3]["endings"] == _HS_ROWS[3][2] and examples[3]["ind"] == 103
+
+
+@pytest.mark.parametrize("bad, expect", [
+    ("not json", "not a JSON object"),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), "list of 4 strings"),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), "label"),
+    (json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), "ctx"),
+])
+def test_hs_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, expect):
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps(_hs_row(0, *_HS_ROWS[0])) + "\n" + bad + "\n")
+    with pytest.raises(ValueError, match=rf"val.jsonl:2: .*{expect}"):
+        hellaswag.load_examples(path)
+    with pytest.raises(ValueError, match="no such file"):
+        hellaswag.load_examples(tmp_path / "missing.jsonl")
+
+
+def test_hs_load_examples_uses_cached_download(tmp_path):
+    # path=None reads data_dir/hellaswag_val.jsonl when it is already there (no network in tests)
+    _hs_write_rows(tmp_path / "hellaswag_val.jsonl")
+    assert len(hellaswag.load_examples(None, data_dir=tmp_path)) == len(_HS_ROWS)
+    assert hellaswag.VAL_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
+
+
+def test_hs_render_rows_and_mask_token_by_token():
+    tok = _hs_word_tokenizer()
+    ctx, label, endings = _HS_ROWS[1]
+    tokens, mask, got_label = hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok)
+    ctx_ids = tok.encode(ctx)
+    ends = [tok.encode(e) for e in endings]
+    T = len(ctx_ids) + max(map(len, ends))
+    assert got_label == label and tokens.shape == mask.shape == (4, T)
+    for i, end in enumerate(ends):
+        pad = T - len(ctx_ids) - len(end)
+        assert tokens[i].tolist() == ctx_ids + end + [0] * pad
+        assert mask[i].tolist() == [0] * len(ctx_ids) + [1] * len(end) + [0] * pad
+
+
+def test_hs_render_truncates_context_from_the_start_for_all_rows():
+    tok = _hs_word_tokenizer()
+    ctx, _, endings = _HS_ROWS[1]
+    longest = max(len(tok.encode(e)) for e in endings)
+    tokens, mask, _ = hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok, max_len=longest + 3)
+    assert tokens.shape == (4, longest + 3)
+    assert (tokens[:, :3] == torch.tensor(tok.encode(ctx)[-3:])).all()  # the last 3 context words, every row
+    assert (mask[:, :3] == 0).all() and mask.sum(1).tolist() == [len(tok.encode(e)) for e in endings]
+    with pytest.raises(ValueError, match="too long for context length"):
+        hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok, max_len=longest)
+
+
+@needs_gpt2_files
+def test_hs_render_with_tiktoken_space_belongs_to_the_ending():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    row = _hs_row(0, *_HS_ROWS[0])
+    tokens, mask, _ = hellaswag.render_example(row, enc)
+    ctx_ids = enc.encode(row["ctx"])
+    for i, ending in enumerate(row["endings"]):
+        end_ids = enc.encode(" " + ending)
+        assert tokens[i, :len(ctx_ids) + len(end_ids)].tolist() == ctx_ids + end_ids
+        assert enc.decode(tokens[i][mask[i] == 1].tolist()) == " " + ending
+        assert enc.decode([tokens[i][mask[i] == 1][0].item()]).startswith(" ")
+
+
+@pytest.mark.parametrize("gpt_style", [False, True])
+def test_hs_score_endings_matches_hand_computed_losses(gpt_style):
+    # a bigram model makes the loss of each ending token depend on the token before it, so any
+    # off-by-one in the target shift or the mask changes the numbers
+    tok = _hs_word_tokenizer()
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=g) * 2
+    model = _HsTableLM(table, gpt_style=gpt_style)
+    for i, (ctx, _, endings) in enumerate(_HS_ROWS[:3]):
+        tokens, mask, _ = hellaswag.render_example(_hs_row(i, ctx, 0, endings), tok)
+        sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
+        for j, ending in enumerate(endings):
+            ref_sum, ref_avg = _hs_reference_losses(table, tok.encode(ctx), tok.encode(ending))
+            assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
+            assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
+
+
+def test_hs_evaluate_controlled_model_gives_known_accuracy():
+    tok = _hs_word_tokenizer()
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    labels = [r[1] for r in _HS_ROWS]
+    truthful = _HsTableLM(_hs_bigram_table(tok, labels))
+    r = hellaswag.evaluate(truthful, tok, examples, "cpu")
+    assert r == dict(acc=1.0, acc_norm=1.0, num_correct=7, num_correct_norm=7, num_total=7)
+    # a model that believes in the wrong ending of the last 3 rows gets exactly 4/7
+    misled = _HsTableLM(_hs_bigram_table(tok, labels[:4] + [(l + 1) % 4 for l in labels[4:]]))
+    for batch_examples in (1, 3, 8):  # batching and padding never change the result
+        r = hellaswag.evaluate(misled, tok, examples, "cpu", batch_examples=batch_examples)
+        assert (r["num_correct_norm"], r["num_correct"], r["num_total"]) == (4, 4, 7)
+        assert r["acc_norm"] == pytest.approx(4 / 7)
+
+
+def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():
+    # unigram model: every word of the long ending costs -log 0.1, "ran" -log 0.01, "flew"/"swam" -log 0.001.
+    # the long ending has the lowest average loss (acc_norm picks it) but a higher sum than "ran" (acc picks that).
+    long_ending = "sat on the warm mat"
+    rows = [_hs_row(0, "The cat", 0, [long_ending, "ran", "flew", "swam"]),
+            _hs_row(1, "The dog", 1, ["flew", "ran", long_ending, "swam"]),
+            _hs_row(2, "The cow", 3, ["flew", "swam", "ran", long_ending])]
+    tok = _HsWordTokenizer([r["ctx"] for r in rows] + [e for r in rows for e in r["endings"]])
+    p = torch.full((tok.vocab_size,), 1e-6)
+    for w in long_ending.split():
+        p[tok.ids[w]] = 0.1
+    p[tok.ids["ran"]], p[tok.ids["flew"]], p[tok.ids["swam"]] = 0.01, 0.001, 0.001
+    model = _HsTableLM(p.log().expand(tok.vocab_size, -1))
+    # by hand: long ending sum 5*2.303=11.5 avg 2.303; "ran" sum = avg = 4.6; so acc picks "ran", acc_norm the long one
+    r = hellaswag.evaluate(model, tok, rows, "cpu")
+    assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (1, 2, 3)
+    assert r["acc"] == pytest.approx(1 / 3) and r["acc_norm"] == pytest.approx(2 / 3)
+    assert hellaswag.result_line(r) == "hellaswag acc_norm 0.6667 (2/3) acc 0.3333 (1/3)"
+
+
+def test_hs_evaluate_runs_in_eval_no_grad_and_restores_train_mode(capsys):
+    tok = _hs_word_tokenizer()
+    model = _HsTableLM(_hs_bigram_table(tok, [r[1] for r in _HS_ROWS]))
+    model.train()
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    hellaswag.evaluate(model, tok, examples, "cpu", verbose=True, batch_examples=2)
+    assert model.training and torch.is_grad_enabled()
+    assert [s[:2] for s in model.seen] == [(False, False)] * 4  # 7 examples in batches of 2 -> 4 forwards
+    assert model.seen[0][2][0] == 8  # 2 examples x 4 endings in one forward
+    out = capsys.readouterr().out
+    assert out.count("--- example") == 7 and "whisks them with a fork" in out
+    model.eval()
+    hellaswag.evaluate(model, tok, examples, "cpu")
+    assert not model.training
+
+
+def test_hs_evaluate_unwraps_compiled_module():
+    tok = _hs_word_tokenizer()
+    model = _HsTableLM(_hs_bigram_table(tok, [r[1] for r in _HS_ROWS]))
+    compiled = torch.compile(model)
+    assert hellaswag.unwrap(compiled) is model
+    r = hellaswag.evaluate(compiled, tok, [_hs_row(i, *x) for i, x in enumerate(_HS_ROWS)], "cpu")
+    assert r["num_correct_norm"] == 7 and len(model.seen) == 2  # ran eagerly on the plain module
+
+
+def _hs_free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hs_ddp_worker(rank, world_size, port, table, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        tok = _hs_word_tokenizer()
+        examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+        r = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", rank, world_size, batch_examples=2)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hs_ddp_two_processes_equal_one_process(tmp_path):
+    tok = _hs_word_tokenizer()
+    labels = [r[1] for r in _HS_ROWS]
+    table = _hs_bigram_table(tok, labels[:2] + [(l + 3) % 4 for l in labels[2:]])  # 2/7 right
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    single = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu")
+    assert single["num_correct_norm"] == 2 and single["num_total"] == 7
+    mp.spawn(_hs_ddp_worker, args=(2, _hs_free_port(), table, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):  # 7 examples split 4 + 3, every rank gets the all-reduced totals
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == single
+
+
+# ---- with model.py and bpe.py ----
+
+def _hs_tiny_model(arch, vocab_size, context_length=64, seed=0):
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        return M.GPT(M.GPTConfig(block_size=context_length, vocab_size=vocab_size,
+                                                 n_layer=1, n_head=2, n_embd=32))
+    return M.TransformerLM(vocab_size=vocab_size, context_length=context_length, d_model=32,
+                                   num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_hs_tiny_model_trained_on_the_right_endings_scores_them(arch):
+    # either model.py architecture, trained for a few steps on context + the right ending of each row,
+    # then prefers exactly those endings; the same weights untrained are near chance
+    tok = _hs_word_tokenizer()
+    model = _hs_tiny_model(arch, tok.vocab_size)
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    assert hellaswag.evaluate(model, tok, examples, "cpu")["num_correct_norm"] < 7
+    rows = [tok.encode(r["ctx"]) + tok.encode(" " + r["endings"][r["label"]]) for r in examples]
+    T = max(map(len, rows))
+    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
+    for _ in range(40):
+        logits = hellaswag.forward_logits(model, data[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    r = hellaswag.evaluate(model, tok, examples, "cpu")
+    assert (r["num_correct_norm"], r["num_total"]) == (7, 7)
+    assert model.training  # left as it was found
+
+
+def _hs_run_main(monkeypatch, capsys, *argv):
+    monkeypatch.setattr(sys, "argv", ["hellaswag.py", *map(str, argv)])
+    hellaswag.main()
+    return capsys.readouterr().out
+
+
+@needs_gpt2_files
+def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
+    # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main()
+    import bpe
+    tok = bpe.load_tokenizer("gpt2")
+    model = _hs_tiny_model("llama", tok.vocab_size, context_length=128)
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
+                "iteration": 0, "config": {}}, ckpt)
+    data = _hs_write_rows(tmp_path / "val.jsonl")
+    expected = hellaswag.result_line(hellaswag.evaluate(model, tok, hellaswag.load_examples(data), "cpu"))
+    out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--device", "cpu")
+    assert out.strip().splitlines()[-1] == expected and expected.startswith("hellaswag acc_norm ")
+    out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose")
+    assert out.count("--- example") == 3 and out.strip().splitlines()[-1].endswith("/3)")
+    with pytest.raises(SystemExit, match=r"--ckpt .*nope.pt: no such file"):
+        _hs_run_main(monkeypatch, capsys, "--ckpt", tmp_path / "nope.pt", "--data", data)
+    with pytest.raises(SystemExit, match=r"--data .*missing.jsonl: no such file"):
+        _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", tmp_path / "missing.jsonl")
+    with pytest.raises(SystemExit, match="exactly one of --ckpt"):
+        _hs_run_main(monkeypatch, capsys, "--data", data)
+
+
+@needs_data
+@needs_gpt2_files
+def test_hs_smoke_real_rows_tiny_random_gpt():
+    # the first 20 real validation rows, a tiny random GPT and tiktoken: runs end to end, and each padded,
+    # batched score equals an unpadded forward of that single row
+    import tiktoken
+    examples = hellaswag.load_examples(DATA / "hellaswag" / "hellaswag_val_subset.jsonl")[:20]
+    assert examples[0]["ind"] == 20022 and examples[0]["label"] == 3
+    tok = tiktoken.get_encoding("gpt2")
+    model = _hs_tiny_model("gpt2", tok.n_vocab, context_length=256)
+    r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=4)
+    assert r["num_total"] == 20 and 0 <= r["num_correct_norm"] <= 20 and r["acc"] == r["num_correct"] / 20
+    tokens, mask, _ = hellaswag.render_example(examples[0], tok, 256)
+    sum_loss, avg_loss = hellaswag.score_endings(model.eval(), tokens, mask)
+    for i in range(4):
+        n = int(mask[i].nonzero().max()) + 1
+        one_sum, one_avg = hellaswag.score_endings(model, tokens[i:i + 1, :n], mask[i:i + 1, :n])
+        assert one_avg.item() == pytest.approx(avg_loss[i].item(), rel=1e-4)
+        assert one_sum.item() == pytest.approx(sum_loss[i].item(), rel=1e-4)
+
+
+@needs_gpt2_files
+def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monkeypatch, capsys):
+    # the --init_from path (GPT.from_pretrained + tiktoken) on a small random GPT-2 saved by transformers,
+    # against scores computed independently with transformers' GPT2LMHeadModel, one unpadded row at a time
+    import tiktoken
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.3)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    enc = tiktoken.get_encoding("gpt2")
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    ref_correct = ref_correct_norm = 0
+    ref_scores = []
+    with torch.no_grad():
+        for ex in examples:
+            ctx_ids, sums, avgs = enc.encode(ex["ctx"]), [], []
+            for ending in ex["endings"]:
+                end_ids = enc.encode(" " + ending)
+                logp = torch.log_softmax(hf(torch.tensor([ctx_ids + end_ids])).logits[0].double(), dim=-1)
+                nll = [-logp[len(ctx_ids) + k - 1, t].item() for k, t in enumerate(end_ids)]
+                sums.append(sum(nll))
+                avgs.append(sum(nll) / len(nll))
+            ref_scores.append((sums, avgs))
+            ref_correct += min(range(4), key=sums.__getitem__) == ex["label"]
+            ref_correct_norm += min(range(4), key=avgs.__getitem__) == ex["label"]
+    from model import GPT
+    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    for ex, (sums, avgs) in zip(examples, ref_scores):
+        tokens, mask, _ = hellaswag.render_example(ex, enc, 64)
+        sum_loss, avg_loss = hellaswag.score_endings(ours, tokens, mask)
+        assert sum_loss.tolist() == pytest.approx(sums, rel=1e-4)
+        assert avg_loss.tolist() == pytest.approx(avgs, rel=1e-4)
+    data = _hs_write_rows(tmp_path / "val.jsonl")
+    out = _hs_run_main(monkeypatch, capsys, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device", "cpu")
+    n = len(examples)
+    assert out.strip().splitlines()[-1] == (f"hellaswag acc_norm {ref_correct_norm / n:.4f} ({ref_correct_norm}/{n}) "
+                                            f"acc {ref_correct / n:.4f} ({ref_correct}/{n})")
