@@ -37,6 +37,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+import bpe
+import fineweb
+import flops
+import hellaswag
+import model as model_lib
+from sample import generate
+
 # -----------------------------------------------------------------------------
 # configuration: (name, default, help). argparse is generated from this block.
 # "auto" means: on where the hardware supports it (CUDA), off elsewhere.
@@ -563,14 +570,6 @@ def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size)
 # -----------------------------------------------------------------------------
 # evaluation helpers
 
-def _optional(name, why):
-    """Import a project file that may not be there (hellaswag, sample, flops, fineweb): a clear message if not."""
-    try:
-        return __import__(name)
-    except ImportError as e:
-        raise SystemExit(f"train.py: {why} needs {name}.py, which could not be imported ({e})") from None
-
-
 def bytes_per_token(tokenizer, ids, eot_id):
     """UTF-8 bytes per token of ids decoded with the tokenizer (eot tokens count as tokens with 0 bytes)."""
     ids = [int(t) for t in ids]
@@ -581,7 +580,7 @@ def bytes_per_token(tokenizer, ids, eot_id):
 @torch.no_grad()
 def estimate_val_loss(model, shards, cfg, arch, device, autocast, rank, world, eval_iters):
     """Mean next-token loss (nats) over the first eval_iters*B*T*world tokens of the validation data."""
-    lm_loss = sys.modules["model"].lm_loss
+    lm_loss = model_lib.lm_loss
     loader = SequentialSampler(shards, cfg["batch_size"], cfg["context_length"], rank, world, shuffle=False)
     model.eval()
     total = torch.zeros((), device=device)
@@ -597,39 +596,8 @@ def estimate_val_loss(model, shards, cfg, arch, device, autocast, rank, world, e
     return total.item()
 
 
-@torch.no_grad()
-def _simple_generate(model, prompts, max_new_tokens, temperature=1.0, top_p=None, stop_token=None, generator=None, **_):
-    """Stand-in for sample.generate when sample.py is absent: no cache, temperature + top-p."""
-    out = []
-    ctx = getattr(model, "context_length", 1024)
-    for prompt in prompts:
-        idx, new = torch.tensor([prompt], device=next(model.parameters()).device), []
-        for _ in range(max_new_tokens):
-            logits = model(idx[:, -ctx:])
-            logits = (logits[0] if isinstance(logits, tuple) else logits)[0, -1].float()
-            if temperature == 0:
-                t = int(logits.argmax())
-            else:
-                probs = torch.softmax(logits / temperature, -1)
-                if top_p is not None:
-                    sp, si = probs.sort(descending=True)
-                    sp[(sp.cumsum(0) - sp) > top_p] = 0
-                    probs = torch.zeros_like(probs).scatter_(0, si, sp)
-                t = int(torch.multinomial(probs, 1, generator=generator))
-            if t == stop_token:
-                break
-            new.append(t)
-            idx = torch.cat([idx, torch.tensor([[t]], device=idx.device)], 1)
-        out.append(new)
-    return out
-
-
 def generate_samples(model, tokenizer, cfg, device, autocast, seed):
     """A few samples from the plain (uncompiled) module: generation's changing shapes would recompile."""
-    try:
-        from sample import generate
-    except ImportError:
-        generate = _simple_generate
     prompt = tokenizer.encode(cfg["sample_prompt"]) if cfg["sample_prompt"] else [tokenizer.eot_id or 0]
     g = torch.Generator(device=device).manual_seed(seed)
     model.eval()
@@ -642,9 +610,8 @@ def generate_samples(model, tokenizer, cfg, device, autocast, seed):
 
 def _mfu(mcfg, T, tokens_per_sec, device, dtype):
     try:
-        import flops
         return flops.mfu(mcfg, T, tokens_per_sec, device.type if device.type == "cpu" else str(device), dtype)
-    except Exception:   # no flops.py, or a GPU without a known peak: leave the column out
+    except Exception:   # a GPU without a known peak: leave the column out
         return None
 
 
@@ -712,7 +679,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     # prepare only a folder that prepare_tinystories made (or an empty one): never overwrite someone's own data
     if cfg["prepare_data"] and ((data_dir / "prepared.json").exists() or not any(data_dir.glob("train*.bin"))):
         if master:
-            _optional("fineweb", "preparing the data (--prepare_data)").prepare_tinystories(
+            fineweb.prepare_tinystories(
                 data_dir=cfg["data_dir"], vocab_size=cfg["vocab_size"], allow_download=cfg["download"],
                 fresh=cfg["fresh"], log=say, corpus_bytes=cfg["corpus_bytes"])
         if ddp:
@@ -738,7 +705,6 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         say(f"train.py: the data's vocabulary is {data_vocab} (--vocab_size={cfg['vocab_size']}): using {data_vocab}")
     tokenizer = None
     if tok_ref:
-        import bpe
         ref = tok_ref
         if ref != "gpt2" and not Path(ref).exists() and (Path(cfg["data_dir"]) / Path(ref).name).exists():
             ref = str(Path(cfg["data_dir"]) / Path(ref).name)   # a data folder that was moved with its tokenizer
@@ -757,7 +723,6 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     # ---- model and optimizer -------------------------------------------------------------------------------------------
     # the model's vocabulary is the data's (the tokenizer's): a larger one would let samples pick undecodable ids
-    import model as model_lib
     ckpt_path = out_dir / "ckpt.pt"
     resume_ckpt = cfg.pop("_resume_ckpt", None)
     if resume_ckpt is None and _parse_bool(cfg["resume"]) is True and not cfg["fresh"]:
@@ -875,8 +840,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     hellaswag_examples = None
     if cfg["hellaswag"]:
-        hs = _optional("hellaswag", "--hellaswag")
-        hellaswag_examples = hs.load_examples(cfg["hellaswag_path"] or None)
+        hellaswag_examples = hellaswag.load_examples(cfg["hellaswag_path"] or None)
 
     # ---- the loop ----------------------------------------------------------------------------------------------------------
     ckpt_every = cfg["ckpt_interval"] or cfg["eval_interval"]
@@ -896,7 +860,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                 fields = dict(step=step, val_loss=val_loss, val_bpb=bpb, elapsed=elapsed)
                 if hellaswag_examples is not None and tokenizer is not None:
                     with autocast:
-                        res = sys.modules["hellaswag"].evaluate(raw, tokenizer, hellaswag_examples, device, rank, world)
+                        res = hellaswag.evaluate(raw, tokenizer, hellaswag_examples, device, rank, world)
                     fields["hellaswag_acc_norm"] = res["acc_norm"]
                 say(f"step {step:>6} | val loss {val_loss:.4f}" + (f" | val bpb {bpb:.4f}" if bpb else "") +
                     (f" | hellaswag {fields['hellaswag_acc_norm']:.4f}" if "hellaswag_acc_norm" in fields else ""))

@@ -1,0 +1,578 @@
+"""Side-by-side benchmarks: each section times our code and its peer in the same process (interleaved
+repeats, medians), and prints the ratio. Never run it while tests or another benchmark run.
+
+    python bench.py tokenizer        # bpe.py vs HF tokenizers (training) and tiktoken (encoding)
+    python bench.py model            # train step (fp32, bf16) and generation vs transformers
+    python bench.py train            # whole loop vs model-only step; the data loader alone
+    python bench.py sample           # sample.generate vs transformers generate
+    python bench.py SECTION --help   # that section's flags
+"""
+from contextlib import nullcontext
+from pathlib import Path
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import model as M
+import numpy as np
+import torch
+import train
+
+
+# -----------------------------------------------------------------------------
+# tokenizer: bpe.py vs Hugging Face tokenizers (training) and tiktoken (encoding)
+# Tokenizer benchmark: bpe.py vs Hugging Face `tokenizers` (training) and tiktoken (encoding).
+#
+#     python bench.py tokenizer                       # everything, 3 interleaved repeats
+#     python bench.py tokenizer --parts train --repeats 5 --mix20 /tmp/mix20.txt
+#
+# Training runs in a fresh process per repeat (ours, HF, ours, HF, ...) so that each peak RSS is that
+# run's own: ours = main process + the sum of the worker processes' peaks; HF = its process (threads).
+# Encoding runs in this process, interleaved, medians reported.
+
+ROOT = Path(__file__).resolve().parent
+DATA = ROOT.parent / "shared" / "data"
+TIKTOKEN_CACHE = ROOT.parent / "shared" / "tiktoken_cache"
+_TOK_GPT2_VOCAB = TIKTOKEN_CACHE / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6"
+_TOK_GPT2_MERGES = TIKTOKEN_CACHE / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"
+
+# one training run in a fresh interpreter; prints {"seconds", "peak_mib", "vocab"} as JSON
+_TOK_TRAIN_OURS = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import bpe
+stats = {}
+t0 = time.perf_counter()
+vocab, merges = bpe.train_bpe(sys.argv[2], int(sys.argv[3]), ["<|endoftext|>"], stats=stats)
+dt = time.perf_counter() - t0
+own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": dt, "peak_mib": own + stats["worker_peak_rss_kb"] / 1024, "vocab": len(vocab),
+                  "pretokenize_s": stats["pretokenize_s"], "merge_s": stats["merge_s"]}))
+"""
+_TOK_TRAIN_HF = r"""
+import json, resource, sys, time
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # GPT-2 split regex
+trainer = trainers.BpeTrainer(vocab_size=int(sys.argv[3]), special_tokens=["<|endoftext|>"], show_progress=False,
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+t0 = time.perf_counter()
+tok.train([sys.argv[2]], trainer)
+dt = time.perf_counter() - t0
+own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": dt, "peak_mib": own, "vocab": tok.get_vocab_size()}))
+"""
+
+
+def _tok_run_train(script, path, vocab):
+    r = subprocess.run([sys.executable, "-c", script, str(ROOT), str(path), str(vocab)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"bench: training subprocess failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _tok_median(xs):
+    return statistics.median(xs)
+
+
+def _tok_bench_train(args, cases):
+    print(f"\n## training (fresh process per run, {args.repeats} interleaved repeats, medians)")
+    print(f"| input | vocab | ours s | HF s | ours/HF time | ours MiB | HF MiB | ours/HF memory | ours split (pre-tok + merge) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for path, vocab in cases:
+        ours, hf = [], []
+        for _ in range(args.repeats):
+            ours.append(_tok_run_train(_TOK_TRAIN_OURS, path, vocab))
+            hf.append(_tok_run_train(_TOK_TRAIN_HF, path, vocab))
+        o_s, h_s = _tok_median([r["seconds"] for r in ours]), _tok_median([r["seconds"] for r in hf])
+        o_m, h_m = _tok_median([r["peak_mib"] for r in ours]), _tok_median([r["peak_mib"] for r in hf])
+        split = f"{_tok_median([r['pretokenize_s'] for r in ours]):.2f} + {_tok_median([r['merge_s'] for r in ours]):.2f}"
+        size = os.path.getsize(path) / 1e6
+        print(f"| {Path(path).name} ({size:.1f} MB) | {vocab} | {o_s:.2f} | {h_s:.2f} | {o_s / h_s:.2f}x | "
+              f"{o_m:.0f} | {h_m:.0f} | {o_m / h_m:.2f}x | {split} |", flush=True)
+
+
+def _tok_bench_encode(args, text_path):
+    import tiktoken
+    import bpe
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+    text = Path(text_path).read_text(encoding="utf-8")
+    mb = len(text.encode()) / 1e6
+    enc = tiktoken.get_encoding("gpt2")
+    print(f"\n## encode, single process, GPT-2 files, {Path(text_path).name} ({mb:.1f} MB), {args.repeats} interleaved repeats")
+    cold, warm, tk, hf_t = [], [], [], []
+    hf = None
+    try:
+        from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+        hf = HFTokenizer(models.BPE.from_file(str(_TOK_GPT2_VOCAB), str(_TOK_GPT2_MERGES)))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    except Exception as e:  # the peer is optional
+        print(f"(HF tokenizers unavailable: {e})")
+    for _ in range(args.repeats):
+        tok = bpe.Tokenizer.from_files(_TOK_GPT2_VOCAB, _TOK_GPT2_MERGES, ["<|endoftext|>"])  # fresh: empty cache
+        t0 = time.perf_counter(); ids = tok.encode(text); t1 = time.perf_counter()
+        tok.encode(text); t2 = time.perf_counter()
+        ref = enc.encode(text, allowed_special="all"); t3 = time.perf_counter()
+        cold.append(mb / (t1 - t0)); warm.append(mb / (t2 - t1)); tk.append(mb / (t3 - t2))
+        if hf is not None and args.hf_encode:
+            t4 = time.perf_counter(); hf.encode(text); hf_t.append(mb / (time.perf_counter() - t4))
+        assert ids == ref, "ids differ from tiktoken"
+    print("| encoder | MB/s | vs tiktoken |\n|---|---|---|")
+    t = _tok_median(tk)
+    print(f"| bpe.py, fresh cache | {_tok_median(cold):.1f} | {_tok_median(cold) / t:.2f}x |")
+    print(f"| bpe.py, warm cache | {_tok_median(warm):.1f} | {_tok_median(warm) / t:.2f}x |")
+    print(f"| tiktoken | {t:.1f} | 1.00x |")
+    if hf_t:
+        print(f"| HF tokenizers (BPE.from_file + ByteLevel) | {_tok_median(hf_t):.1f} | {_tok_median(hf_t) / t:.2f}x |")
+    print("(ids identical to tiktoken: checked)")
+
+
+def _tok_bench_encode_file(args, text_path):
+    import bpe
+    import tempfile
+    mb = os.path.getsize(text_path) / 1e6
+    ncores = bpe._default_workers()
+    print(f"\n## --encode (encode_file) on {Path(text_path).name} ({mb:.1f} MB), GPT-2 files, {args.repeats} interleaved repeats")
+    with tempfile.TemporaryDirectory() as d:
+        bpe.Tokenizer.from_files(_TOK_GPT2_VOCAB, _TOK_GPT2_MERGES, ["<|endoftext|>"]).save_dir(Path(d) / "gpt2")
+        res = {1: [], ncores: []}
+        for _ in range(args.repeats):
+            for w in res:
+                meta = bpe.encode_file(text_path, str(Path(d) / "gpt2"), Path(d) / "out.bin", num_workers=w)
+                res[w].append(mb / meta["seconds"])
+    print("| workers | MB/s | speed-up |\n|---|---|---|")
+    for w, xs in res.items():
+        print(f"| {w} | {_tok_median(xs):.1f} | {_tok_median(xs) / _tok_median(res[1]):.2f}x |")
+
+
+def bench_tokenizer(args):
+    args.parts = args.parts.split(",")
+    mix20 = Path(args.mix20)
+    if "train" in args.parts or "encode_file" in args.parts:
+        if not mix20.is_file():
+            subprocess.run([sys.executable, str(DATA / "make_mix20.py"), "--out", str(mix20)], check=True)
+    ts = DATA / "tinystories" / "tinystories_sample.txt"
+    if "train" in args.parts:
+        cases = [(ts, 10000), (DATA / "webtext" / "cs336_corpus_en.txt", 500)]
+        if args.big:
+            cases.append((mix20, 10000))
+        _tok_bench_train(args, cases)
+    if "encode" in args.parts:
+        _tok_bench_encode(args, ts)
+    if "encode_file" in args.parts:
+        _tok_bench_encode_file(args, mix20)
+
+
+# -----------------------------------------------------------------------------
+# model: TransformerLM / GPT train step and KV-cached generation vs transformers
+# bench.py model section: model.py vs transformers, side by side, interleaved in one process.
+#
+#     python bench.py model                      # train steps (fp32 + bf16), generation
+#     python bench.py model --parts train --repeats 5
+#     python bench.py model --parts compile      # torch.compile on CPU (slow to compile)
+#
+# Train step = forward + backward + torch.optim.AdamW step (the same optimizer on both sides), batch 8 x 256.
+# Llama: CS336 TinyStories shape (vocab 10k, d 512, 4 layers, 16 heads, d_ff 1344) vs LlamaForCausalLM.
+# GPT: 4 layers / 256 wide / block 256 / vocab 50,304 vs GPT2LMHeadModel (dropout 0 on both sides);
+# the generation model has block 512 because prompt + new tokens = 272 positions.
+# Generation: batch 1, 16-token prompt -> 256 new tokens, greedy, KV cache, on the GPT shape, vs
+# GPT2LMHeadModel.generate(use_cache=True). Every figure is a median over --repeats, ours and the reference
+# alternating so that machine load hits both alike.
+
+def _bench_llama_pair(attn_impl):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    ours = M.TransformerLM(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
+                           d_ff=1344, rope_theta=10000.0, attn_impl=attn_impl)
+    cfg = LlamaConfig(vocab_size=10000, hidden_size=512, intermediate_size=1344, num_hidden_layers=4,
+                      num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=256,
+                      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
+    ref = LlamaForCausalLM(cfg)  # attn_implementation defaults to sdpa
+    return ours, ref, 10000
+
+
+def _bench_gpt_pair(attn_impl="sdpa", block_size=256):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    ours = M.GPT(M.GPTConfig(block_size=block_size, vocab_size=50304, n_layer=4, n_head=4, n_embd=256,
+                             attn_impl=attn_impl))
+    cfg = GPT2Config(vocab_size=50304, n_positions=block_size, n_embd=256, n_layer=4, n_head=4, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    ref = GPT2LMHeadModel(cfg)
+    ref.load_state_dict({k: v.t() if k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else v
+                         for k, v in ours.state_dict().items()}, strict=False)
+    return ours, ref, 50304
+
+
+def _bench_ours_loss(model, x, y):
+    return M.lm_loss(model, x, y)
+
+
+def _bench_ref_loss(model, x, y):
+    return model(input_ids=x, labels=x).loss  # Hugging Face's own path (it shifts labels inside)
+
+
+def _bench_step(model, loss_fn, opt, x, y, dtype):
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
+    t0 = time.perf_counter()
+    with ctx:
+        loss = loss_fn(model, x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def _bench_interleaved(sides, repeats, warmup=1):
+    """sides: {name: zero-arg callable returning seconds}; returns {name: median seconds}."""
+    times = {name: [] for name in sides}
+    for r in range(warmup + repeats):
+        for name, fn in sides.items():
+            t = fn()
+            if r >= warmup:
+                times[name].append(t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _bench_train(args, rows):
+    B, T = 8, 256
+    cases = [("llama", "scratch", "fp32"), ("llama", "sdpa", "fp32"), ("llama", "scratch", "bf16"),
+             ("llama", "sdpa", "bf16"), ("gpt2", "sdpa", "fp32"), ("gpt2", "sdpa", "bf16")]
+    for arch, attn_impl, dtype in cases:
+        if args.only and args.only not in f"{arch}-{attn_impl}-{dtype}":
+            continue
+        ours, ref, vocab = _bench_llama_pair(attn_impl) if arch == "llama" else _bench_gpt_pair(attn_impl)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, vocab, (B, T), generator=g)
+        y = torch.randint(0, vocab, (B, T), generator=g)
+        opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-4, weight_decay=0.1)
+        opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-4, weight_decay=0.1)
+        med = _bench_interleaved({"ours": lambda: _bench_step(ours, _bench_ours_loss, opt_o, x, y, dtype),
+                                  "ref": lambda: _bench_step(ref, _bench_ref_loss, opt_r, x, y, dtype)},
+                                 args.repeats)
+        rows.append((f"train {arch} attn={attn_impl} {dtype}", B * T / med["ours"], B * T / med["ref"], "tok/s"))
+        print(_bench_fmt(rows[-1]), flush=True)
+
+
+def _bench_compile(args, rows):
+    B, T = 8, 256
+    for arch in ("llama", "gpt2"):
+        ours, ref, vocab = _bench_llama_pair("sdpa") if arch == "llama" else _bench_gpt_pair()
+        eager = M.build_model(ours.model_config())
+        eager.load_state_dict(ours.state_dict())
+        compiled = torch.compile(ours)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, vocab, (B, T), generator=g)
+        y = torch.randint(0, vocab, (B, T), generator=g)
+        opt_c = torch.optim.AdamW(compiled.parameters(), lr=1e-4, weight_decay=0.1)
+        opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-4, weight_decay=0.1)
+        opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-4, weight_decay=0.1)
+        arch_kw = {"arch": arch}
+        t0 = time.perf_counter()
+        _bench_step(compiled, lambda m, a, b: M.lm_loss(m, a, b, **arch_kw), opt_c, x, y, "fp32")
+        print(f"  compile + first step {arch}: {time.perf_counter() - t0:.1f} s", flush=True)
+        med = _bench_interleaved(
+            {"compiled": lambda: _bench_step(compiled, lambda m, a, b: M.lm_loss(m, a, b, **arch_kw), opt_c, x, y,
+                                             "fp32"),
+             "eager": lambda: _bench_step(eager, _bench_ours_loss, opt_e, x, y, "fp32"),
+             "ref": lambda: _bench_step(ref, _bench_ref_loss, opt_r, x, y, "fp32")}, args.repeats)
+        rows.append((f"train {arch} fp32 torch.compile vs reference", B * T / med["compiled"], B * T / med["ref"],
+                     "tok/s"))
+        rows.append((f"train {arch} fp32 torch.compile vs our eager", B * T / med["compiled"],
+                     B * T / med["eager"], "tok/s"))
+        print(_bench_fmt(rows[-2]), flush=True)
+        print(_bench_fmt(rows[-1]), flush=True)
+
+
+@torch.inference_mode()
+def _bench_greedy(model, prompt, max_new_tokens):
+    """The lean generation loop: prefill once, then one token per forward_with_cache."""
+    cache = model.init_kv_cache(prompt.size(0), prompt.size(1) + max_new_tokens)
+    tok = model.forward_with_cache(prompt, cache)[:, -1].argmax(-1, keepdim=True)
+    out = [tok]
+    for _ in range(max_new_tokens - 1):
+        tok = model.forward_with_cache(tok, cache)[:, -1].argmax(-1, keepdim=True)
+        out.append(tok)
+    return torch.cat(out, 1)
+
+
+def _bench_generate(args, rows):
+    ours, ref = (m.eval() for m in _bench_gpt_pair(block_size=512)[:2])  # 16 + 256 positions > 256
+    prompt = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(0))
+    n = 256
+    got = {}
+
+    def run_ours():
+        t0 = time.perf_counter()
+        got["ours"] = _bench_greedy(ours, prompt, n)
+        return time.perf_counter() - t0
+
+    def run_ref():
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=False, use_cache=True, pad_token_id=0)
+        got["ref"] = out[:, prompt.size(1):]
+        return time.perf_counter() - t0
+
+    med = _bench_interleaved({"ours": run_ours, "ref": run_ref}, args.repeats)
+    same = (got["ours"] == got["ref"]).float().mean().item()
+    rows.append((f"generate gpt2 4x256 kv-cache greedy (same tokens: {same:.0%})", n / med["ours"], n / med["ref"],
+                 "tok/s"))
+    print(_bench_fmt(rows[-1]), flush=True)
+
+
+def _bench_fmt(row):
+    name, ours, ref, unit = row
+    return f"| {name:<52} | {ours:>9.1f} | {ref:>9.1f} | {ours / ref:>5.2f}x | {unit} |"
+
+
+def bench_model(args):
+    torch.set_num_threads(args.threads)
+    rows = []
+    print(f"| {'case':<52} | {'ours':>9} | {'reference':>9} | {'ratio':>6} | unit |")
+    print(f"|{'-' * 54}|{'-' * 11}|{'-' * 11}|{'-' * 8}|------|")
+    parts = args.parts.split(",")
+    if "train" in parts:
+        _bench_train(args, rows)
+    if "generate" in parts:
+        _bench_generate(args, rows)
+    if "compile" in parts:
+        _bench_compile(args, rows)
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# train: the whole training loop vs the model-only step, and the loader alone
+# bench.py `train` section: the whole training loop vs the model-only step, and the data loader alone.
+#
+#     python bench.py train                      # CS336 TinyStories shape (d 512, 4 layers, ctx 256, vocab 10k)
+#     python bench.py train --shape=small        # the main job's model (d 128, 4 layers, ctx 128)
+#     python bench.py train --dtypes=float32,bfloat16   # also compare CPU bf16 autocast
+
+SHAPES = {
+    "cs336": dict(vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16, d_ff=1344),
+    "small": dict(vocab_size=2048, context_length=128, d_model=128, num_layers=4, num_heads=4, d_ff=0),
+}
+
+
+def _write_tokens(path, n, vocab, seed=0):
+    """n random ids with an eot (0) every ~200 tokens, as a token file with its sidecar."""
+    r = np.random.default_rng(seed)
+    ids = r.integers(1, vocab, size=n, dtype=np.uint16)
+    ids[r.integers(0, n, size=n // 200)] = 0
+    ids.tofile(path)
+    Path(str(path) + ".json").write_text(json.dumps(dict(format="tokens-v1", dtype="uint16", vocab_size=vocab,
+                                                         num_tokens=n, num_docs=None, tokenizer=None, eot_id=0)))
+
+
+def _mcfg(cfg):
+    return train.model_config_from(dict(train.DEFAULTS, **cfg, _pad_vocab=1), cfg["vocab_size"])
+
+
+def _model_step_times(cfg, steps, dtype):
+    """fwd + bwd + clip + AdamW on one fixed batch: what the loop would cost with free data and no bookkeeping."""
+    import model as model_lib
+    torch.manual_seed(0)
+    m = model_lib.build_model(_mcfg(cfg))
+    opt = train.AdamW(model_lib.param_groups(m, 0.1), lr=1e-3, betas=(0.9, 0.95))
+    x = torch.randint(0, cfg["vocab_size"], (cfg["batch_size"], cfg["context_length"]))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else torch.autocast("cpu", enabled=False)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        with ctx:
+            loss = model_lib.lm_loss(m, x, x)
+        loss.backward()
+        train.gradient_clipping(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    return times[1:]   # the first step allocates optimizer state
+
+
+def _loop_step_times(cfg, steps, dtype, data_dir, out_dir):
+    """The real train() loop (sampler, accumulation, clipping, schedule, logging); per-step dt from its log."""
+    c = dict(train.DEFAULTS, **cfg, data_dir=str(data_dir), out_dir=str(out_dir), prepare_data=False, resume=False,
+             max_iters=steps, eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0, compile=False,
+             device="cpu", dtype=dtype, sampler="sequential", time_budget="")
+    train.train(c, log=lambda *a, **k: None)
+    rows = [json.loads(l) for l in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+    return [r["dt"] for r in rows if r["type"] == "train"][1:]
+
+
+def _loader_tokens_per_sec(shards, B, T, kind, batches=200):
+    s = (train.SequentialSampler(shards, B, T, seed=0, eot_id=0) if kind == "sequential"
+         else train.RandomSampler(shards, B, T, seed=0))
+    s.next_batch("cpu")
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        s.next_batch("cpu")
+    return batches * B * T / (time.perf_counter() - t0)
+
+
+BENCH_DEFAULTS = dict(shape="cs336", batch_size=8, steps=4, repeats=3, threads=2, dtypes="float32")
+
+
+def bench_train(args):
+    # bench.py's merged parser may not carry every option: fall back to this section's defaults
+    args = argparse.Namespace(**{k: getattr(args, k, None) or v for k, v in BENCH_DEFAULTS.items()})
+    torch.set_num_threads(args.threads)
+    cfg = dict(SHAPES[args.shape], batch_size=args.batch_size)
+    tokens = cfg["batch_size"] * cfg["context_length"]
+    tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
+    data = tmp / "data"
+    data.mkdir()
+    _write_tokens(data / "train.bin", 2_000_000, cfg["vocab_size"], 0)
+    _write_tokens(data / "val.bin", 100_000, cfg["vocab_size"], 1)
+    shards = train.find_shards(data, "train")
+
+    print(f"train bench: shape {args.shape} {SHAPES[args.shape]}, batch {cfg['batch_size']} x {cfg['context_length']} "
+          f"= {tokens:,} tokens/step, {args.threads} threads, {args.steps} steps x {args.repeats} repeats (medians)")
+    print(f"{'what':<42} {'tok/s':>12} {'ratio':>8}")
+    loader_tps = {}
+    for kind in ("sequential", "random"):
+        loader_tps[kind] = statistics.median(_loader_tokens_per_sec(shards, cfg["batch_size"], cfg["context_length"],
+                                                                    kind) for _ in range(3))
+        print(f"{'loader alone: ' + kind:<42} {loader_tps[kind]:>12,.0f}")
+    for dtype in args.dtypes.split(","):
+        loop, step = [], []
+        for r in range(args.repeats):   # interleaved: ours (the loop), peer (the bare model step), ...
+            loop += _loop_step_times(cfg, args.steps + 1, dtype, data, tmp / f"out{r}")
+            step += _model_step_times(cfg, args.steps + 1, dtype)
+        t_loop, t_step = statistics.median(loop), statistics.median(step)
+        mfu = train._mfu(_mcfg(cfg), cfg["context_length"], tokens / t_loop, torch.device("cpu"), dtype)
+        print(f"{'whole loop (train.train), ' + dtype:<42} {tokens / t_loop:>12,.0f} {t_step / t_loop:>8.3f}"
+              + (f"   mfu {100 * mfu:.1f}%" if mfu else ""))
+        print(f"{'model-only step (fwd+bwd+clip+AdamW), ' + dtype:<42} {tokens / t_step:>12,.0f} {1.0:>8.3f}")
+        print(f"{'  loop overhead (loop / model step - 1)':<42} {100 * (t_loop / t_step - 1):>11.1f}%")
+        # the part of the overhead that is data loading, measured alone (robust to a busy machine)
+        print(f"{'  loader time / model step time':<42} {100 * tokens / loader_tps['sequential'] / t_step:>11.3f}%")
+
+
+# -----------------------------------------------------------------------------
+# sample: sample.generate vs transformers generate(use_cache=True)
+# Benchmark: sample.generate vs transformers GPT2LMHeadModel.generate(use_cache=True) on the same weights.
+#
+#     python bench.py sample                 # batch 1 and 8, 256 new tokens, 4-layer / 256-wide GPT-2
+#     python bench.py sample --repeats 5 --threads 2
+
+def bench_sample(args):
+    import transformers
+
+    import model as model_lib
+    import sample
+
+    threads = getattr(args, "threads", 2)
+    repeats = getattr(args, "repeats", 3)
+    n_new, prompt_len = getattr(args, "max_new_tokens", 256), getattr(args, "prompt_len", 16)
+    modes = getattr(args, "modes", "greedy,top_p").split(",")
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    hf_cfg = transformers.GPT2Config(vocab_size=50257, n_positions=1024, n_embd=256, n_layer=4, n_head=4)
+    hf = transformers.GPT2LMHeadModel(hf_cfg).eval()
+    with tempfile.TemporaryDirectory() as d:  # the same weights, loaded through GPT.from_pretrained
+        hf.save_pretrained(d)
+        ours = model_lib.GPT.from_pretrained(d).eval()
+    print(f"sample: 4-layer / 256-wide GPT-2 (vocab 50257), prompt {prompt_len} tokens, {n_new} new tokens, "
+          f"{threads} threads, median of {repeats}")
+
+    def run_ours(prompts, mode):
+        kw = dict(temperature=0.0) if mode == "greedy" else dict(temperature=1.0, top_p=0.9)
+        out = sample.generate(ours, prompts.tolist(), n_new, generator=torch.Generator().manual_seed(0), **kw)
+        return out
+
+    def run_hf(prompts, mode):
+        kw = dict(do_sample=False) if mode == "greedy" else dict(do_sample=True, top_p=0.9, top_k=0)
+        with torch.no_grad():
+            out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=n_new,
+                              min_new_tokens=n_new, use_cache=True, pad_token_id=0, eos_token_id=None, **kw)
+        return out[:, prompts.size(1):].tolist()
+
+    def lm_head_ms(batch):
+        """One step's output matmul (batch x 256 @ 256 x 50257): the same work in both, a floor per step."""
+        x, w = torch.randn(batch, 256), ours.lm_head.weight
+        ts = []
+        with torch.no_grad():
+            for _ in range(5):
+                t0 = time.perf_counter()
+                torch.nn.functional.linear(x, w)
+                ts.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(ts)
+
+    print(f"{'mode':<8}{'batch':>6}{'ours tok/s':>12}{'HF tok/s':>10}{'ratio':>8}"
+          f"{'ours ms/step':>14}{'HF ms/step':>12}{'lm_head ms':>12}{'ratio net of lm_head':>22}{'greedy match':>14}")
+    for mode in modes:
+        for batch in (1, 8):
+            prompts = torch.randint(0, 50257, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+            run_ours(prompts[:, :4], mode), run_hf(prompts[:, :4], mode)  # warm-up
+            t_ours, t_hf, t_head = [], [], []
+            for _ in range(repeats):  # interleaved: ours, peer, ours, peer ...
+                t0 = time.perf_counter()
+                a = run_ours(prompts, mode)
+                t_ours.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                b = run_hf(prompts, mode)
+                t_hf.append(time.perf_counter() - t0)
+                t_head.append(lm_head_ms(batch))
+            ours_ms = 1e3 * statistics.median(t_ours) / n_new
+            hf_ms = 1e3 * statistics.median(t_hf) / n_new
+            head_ms = statistics.median(t_head)
+            net = (hf_ms - head_ms) / (ours_ms - head_ms) if ours_ms > head_ms else float("nan")
+            match = ""
+            if mode == "greedy":  # same weights, so greedy tokens should agree (up to float ties late on)
+                same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+                match = f"{same}/{batch * n_new}"
+            print(f"{mode:<8}{batch:>6}{batch * 1e3 / ours_ms:>12.1f}{batch * 1e3 / hf_ms:>10.1f}{hf_ms / ours_ms:>7.2f}x"
+                  f"{ours_ms:>14.2f}{hf_ms:>12.2f}{head_ms:>12.2f}{net:>21.2f}x{match:>14}")
+
+
+# -----------------------------------------------------------------------------
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sections = parser.add_subparsers(dest="section", required=True)
+
+    p = sections.add_parser("tokenizer", help="bpe.py vs Hugging Face tokenizers (training) and tiktoken (encoding)")
+    p.set_defaults(run=bench_tokenizer)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement (medians reported)")
+    p.add_argument("--parts", default="train,encode,encode_file", help="comma list of train, encode, encode_file")
+    p.add_argument("--mix20", default="/tmp/mix20.txt", help="~20 MB corpus (made by ../shared/data/make_mix20.py if absent)")
+    p.add_argument("--big", type=int, default=1, help="1: also train on the ~20 MB corpus")
+    p.add_argument("--hf_encode", type=int, default=1, help="1: also time HF tokenizers' encode")
+
+    p = sections.add_parser("model", help="TransformerLM / GPT train step and KV-cached generation vs transformers")
+    p.set_defaults(run=bench_model)
+    p.add_argument("--parts", default="train,generate", help="comma list of train, generate, compile")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per side (median reported)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--only", default="", help="train: run only cases containing this text, e.g. llama-sdpa")
+
+    p = sections.add_parser("train", help="the whole training loop vs the model-only step, and the loader alone")
+    p.set_defaults(run=bench_train)
+    p.add_argument("--shape", default="cs336", choices=list(SHAPES), help="cs336 (d 512) or small (the main job's)")
+    p.add_argument("--batch_size", type=int, default=8, help="sequences per step")
+    p.add_argument("--steps", type=int, default=4, help="measured steps per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--dtypes", default="float32", help="comma list: float32,bfloat16 (CPU autocast)")
+
+    p = sections.add_parser("sample", help="sample.generate vs transformers generate(use_cache=True)")
+    p.set_defaults(run=bench_sample)
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats (median reported)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--max_new_tokens", type=int, default=256, help="tokens generated per row")
+    p.add_argument("--prompt_len", type=int, default=16, help="prompt length in tokens")
+    p.add_argument("--modes", default="greedy,top_p", help="decoding modes to time: greedy, top_p")
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
