@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import bpe
+import experiments
 import fineweb
 import flops
 import hellaswag
@@ -2535,3 +2536,72 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
     n = len(examples)
     assert out.strip().splitlines()[-1] == (f"hellaswag acc_norm {ref_correct_norm / n:.4f} ({ref_correct_norm}/{n}) "
                                             f"acc {ref_correct / n:.4f} ({ref_correct}/{n})")
+
+
+# ============================================================================
+# experiments.py
+# ============================================================================
+
+
+@pytest.mark.parametrize("preset", sorted(experiments.PRESETS))
+def test_experiments_plan_covers_the_issue(preset):
+    runs = experiments.plan(preset)
+    names = [r["name"] for r in runs]
+    assert names[0] == "baseline" and len(names) == len(set(names))
+    groups = lambda g: [r for r in runs if g in r["groups"]]
+    assert len({r["flags"]["learning_rate"] for r in groups("lr")}) >= 5
+    assert len({r["flags"]["batch_size"] for r in groups("batch")}) >= 3
+    ablations = {r["name"]: r["flags"] for r in groups("ablation")}
+    assert ablations["nope"]["remove_rope"] and ablations["post_norm"]["use_post_norm"]
+    assert ablations["no_rmsnorm"]["remove_rmsnorm"]
+    assert ablations["silu_ffn"]["ffn_type"] == "silu"
+    assert ablations["silu_ffn"]["d_ff"] == 4 * ablations["baseline"]["d_model"]
+    assert any(r["flags"]["time_budget"] for r in groups("time"))
+    base = runs[0]["flags"]
+    for r in runs:
+        f = r["flags"]
+        # the same scored validation tokens everywhere (train.py scores the first eval_iters*B*T tokens)
+        assert f["eval_iters"] * f["batch_size"] == base["eval_iters"] * base["batch_size"]
+        if "batch" in r["groups"]:   # equal tokens across batch sizes
+            assert f["max_iters"] * f["batch_size"] == base["max_iters"] * base["batch_size"]
+
+
+def test_experiments_flags_parse_in_train_py():
+    # every run's command line is valid train.py syntax and sets what the plan says
+    for r in experiments.plan("cpu", steps=7):
+        cfg, _ = train.get_config(experiments.train_args(r["flags"], "d", "o"))
+        for k, v in r["flags"].items():
+            assert cfg[k] == v or str(cfg[k]) == str(v), (r["name"], k, cfg[k], v)
+        assert cfg["fresh"] is True and cfg["num_samples"] == 0
+    assert experiments.plan("cpu", steps=7)[0]["flags"]["max_iters"] == 7
+
+
+def _experiments_fake_log(path, name, groups, final, lr=3e-3, nan=False):
+    rows = [dict(type="experiment", name=name, groups=groups, change=name, flags={"learning_rate": lr}, args=[],
+                 wall=12.5),
+            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=lr, warmup_iters=1,
+                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
+                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
+    for s in (5, 10):
+        rows.append(dict(type="train", step=s, loss=float("nan") if nan else 5.0 - s / 10, lr=lr, tokens_per_sec=100.0,
+                         elapsed=s * 1.0, tokens=s * 32))
+    rows += [dict(type="eval", step=0, val_loss=7.6, val_bpb=3.0, elapsed=0.0),
+             dict(type="eval", step=10, val_loss=final, val_bpb=final / math.log(2) / 3.6, elapsed=10.0)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr", "ablation"], 4.0)
+    _experiments_fake_log(tmp_path / "logs" / "nope.jsonl", "nope", ["ablation"], 4.25)
+    _experiments_fake_log(tmp_path / "logs" / "lr_1e-1.jsonl", "lr_1e-1", ["lr"], float("nan"), lr=0.1, nan=True)
+    experiments.report(log=lambda *a: None)
+    md = (tmp_path / "results.md").read_text()
+    assert "| nope |" in md and "+0.2500" in md          # Δ vs baseline
+    assert "| lr_1e-1 |" in md and "nan" in md            # a divergent run is reported, not dropped
+    assert (tmp_path / "ablation.png").stat().st_size > 0 and (tmp_path / "lr.png").stat().st_size > 0
+    # the best run skips the non-finite one
+    runs = [dict(name=n) for n in ("baseline", "nope", "lr_1e-1")]
+    assert experiments.best_run(runs)[0] == "baseline"
