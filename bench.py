@@ -50,7 +50,7 @@ stats = {}
 t0 = time.perf_counter()
 vocab, merges = bpe.train_bpe(sys.argv[2], int(sys.argv[3]), ["<|endoftext|>"], stats=stats)
 dt = time.perf_counter() - t0
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+own = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024  # this process only (ru_maxrss keeps the forking parent's peak across exec)
 print(json.dumps({"seconds": dt, "peak_mib": own + stats["worker_peak_rss_kb"] / 1024, "vocab": len(vocab),
                   "pretokenize_s": stats["pretokenize_s"], "merge_s": stats["merge_s"]}))
 """
@@ -64,7 +64,7 @@ trainer = trainers.BpeTrainer(vocab_size=int(sys.argv[3]), special_tokens=["<|en
 t0 = time.perf_counter()
 tok.train([sys.argv[2]], trainer)
 dt = time.perf_counter() - t0
-own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+own = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024  # this process only (ru_maxrss keeps the forking parent's peak across exec)
 print(json.dumps({"seconds": dt, "peak_mib": own, "vocab": tok.get_vocab_size()}))
 """
 

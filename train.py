@@ -1020,10 +1020,11 @@ def main(argv=None):
     print(f"checkpoint: {summary['ckpt']}   log: {summary['log']}")
     ckpt_flag = "" if Path(summary["ckpt"]) == Path("out/ckpt.pt") else f" --ckpt={summary['ckpt']}"
     print("next:")
-    print(f"  python sample.py{ckpt_flag} --top_p 0.9                  # more samples from this model")
-    print(f"  python train.py --plot={summary['log']}           # loss curves as PNG")
-    print(f"  python train.py --preset=tinystories-cpu         # the CS336 baseline shape (needs its data:")
-    print(f"      {PREPARE_COMMANDS['tinystories-cpu']})")
+    for cmd, why in [(f"python sample.py{ckpt_flag} --top_p 0.9", "more samples from this model"),
+                     (f"python train.py --plot={summary['log']}", "loss curves as PNG"),
+                     ("python train.py --preset=tinystories-cpu", "the CS336 baseline shape, once its data exists:")]:
+        print(f"  {cmd:<44} # {why}")
+    print(f"      {PREPARE_COMMANDS['tinystories-cpu']}")
 
 
 if __name__ == "__main__":
