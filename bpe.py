@@ -340,6 +340,12 @@ def _default_workers():
         return os.cpu_count() or 1
 
 
+def _warn_replaced(path, bad):
+    """One warning line for the invalid UTF-8 that training and --encode decode with replacement."""
+    if bad:
+        print(f"bpe.py: warning: {path}: {bad} bytes of invalid UTF-8 replaced by U+FFFD", file=sys.stderr)
+
+
 def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_bytes=16 << 20, min_chunk_bytes=4 << 20,
                          stats=None, progress=False):
     """Counter of GPT-2 pre-tokens (str) over a file, special tokens excluded; parallel over chunks."""
@@ -379,8 +385,7 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
             pool.terminate()
     if progress:
         print(file=sys.stderr)
-    if bad:
-        print(f"bpe.py: warning: {path}: {bad} bytes of invalid UTF-8 replaced by U+FFFD", file=sys.stderr)
+    _warn_replaced(path, bad)
     if stats is not None:
         stats["worker_peak_rss_kb"] = sum(v for k, v in peak_kb.items() if k != os.getpid())
         stats["num_chunks"] = len(tasks)
@@ -898,8 +903,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
             pool.terminate()
     if progress:
         print(file=sys.stderr)
-    if bad:
-        print(f"bpe.py: warning: {path}: {bad} bytes of invalid UTF-8 replaced by U+FFFD", file=sys.stderr)
+    _warn_replaced(path, bad)
     if tok.eot_id is not None and last_id is not None and last_id != tok.eot_id:
         num_docs += 1  # a last document without a trailing separator
     meta = {"format": "tokens-v1", "dtype": np.dtype(dtype).name, "vocab_size": tok.vocab_size,
