@@ -32,7 +32,9 @@ import train
 #     python bench.py tokenizer --parts train --repeats 5 --mix20 /tmp/mix20.txt
 #
 # Training runs in a fresh process per repeat (ours, HF, ours, HF, ...) so that each peak RSS is that
-# run's own: ours = main process + the sum of the worker processes' peaks; HF = its process (threads).
+# run's own. HF: its process (threads), VmHWM. Ours: the larger of the two phases, pre-tokenisation (the
+# main process's peak + the sum of the worker processes' peaks, pages shared after fork counted in each)
+# and merging (the main process alone).
 # Encoding runs in this process, interleaved, medians reported.
 
 ROOT = Path(__file__).resolve().parent
@@ -50,8 +52,8 @@ stats = {}
 t0 = time.perf_counter()
 vocab, merges = bpe.train_bpe(sys.argv[2], int(sys.argv[3]), ["<|endoftext|>"], stats=stats)
 dt = time.perf_counter() - t0
-own = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024  # this process only (ru_maxrss keeps the forking parent's peak across exec)
-print(json.dumps({"seconds": dt, "peak_mib": own + stats["worker_peak_rss_kb"] / 1024, "vocab": len(vocab),
+# all processes: max(pre-tokenisation: main + sum of the workers' peaks, merging: main), see train_bpe
+print(json.dumps({"seconds": dt, "peak_mib": stats["peak_rss_kb"] / 1024, "vocab": len(vocab),
                   "pretokenize_s": stats["pretokenize_s"], "merge_s": stats["merge_s"]}))
 """
 _TOK_TRAIN_HF = r"""

@@ -301,17 +301,19 @@ def _count_pretokens(text, special_tokens, counts):
                 counts[tok] = get(tok, 0) + c
 
 
-_READ_BLOCK = 1 << 18  # bytes a training worker reads at a time
+_READ_BLOCK = 1 << 18  # bytes a training process reads at a time
 
 
-def _count_chunk(args):
-    """Worker: count the pre-tokens of one byte range of the file, streaming it in ~256 KB blocks."""
-    path, start, end, special_tokens = args
-    try:
+def _count_chunks(path, ranges, special_tokens, progress=False):
+    """Count the pre-tokens of byte ranges of the file into one dict, streaming each in ~256 KB blocks.
+
+    Returns (counts, number of invalid UTF-8 bytes replaced)."""
+    special_re = _special_regex(special_tokens)
+    counts, bad = {}, 0
+    for n, (start, end) in enumerate(ranges):
         decoder = codecs.getincrementaldecoder("utf-8")(errors="bpe_count")
         _INVALID_BYTES[0] = 0
-        special_re = _special_regex(special_tokens)
-        counts, buf = {}, ""
+        buf = ""
         with open(path, "rb") as f:
             f.seek(start)
             left = end - start
@@ -328,9 +330,30 @@ def _count_chunk(args):
                     buf = buf[cut:]
         if buf:
             _count_pretokens(buf, special_tokens, counts)
-        return counts, _INVALID_BYTES[0], os.getpid(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, None
-    except Exception as e:  # reported by the parent as one line, not a traceback from inside a pool
-        return None, 0, os.getpid(), 0, f"{type(e).__name__}: {e}"
+        bad += _INVALID_BYTES[0]
+        if progress:
+            print(f"\rpre-tokenising: chunk {n + 1}/{len(ranges)} of this process's share", end="", file=sys.stderr, flush=True)
+    return counts, bad
+
+
+def _count_worker(conn, path, ranges, special_tokens):
+    """Worker process: count its share of the chunks; send back (counts, invalid bytes, peak RSS in KiB, error)."""
+    try:
+        counts, bad = _count_chunks(path, ranges, special_tokens)
+        conn.send((counts, bad, peak_rss_kb(), None))
+    except Exception as e:  # reported by the parent as one line, not a traceback from inside a worker
+        conn.send((None, 0, 0, f"{type(e).__name__}: {e}"))
+    conn.close()
+
+
+def peak_rss_kb():
+    """Peak resident memory of this process in KiB (VmHWM; ru_maxrss where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("VmHWM")).split()[1])
+    except (OSError, StopIteration):
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return maxrss // 1024 if sys.platform == "darwin" else maxrss  # bytes on macOS, KiB on Linux
 
 
 def _default_workers():
@@ -348,7 +371,13 @@ def _warn_replaced(path, bad):
 
 def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_bytes=16 << 20, min_chunk_bytes=4 << 20,
                          stats=None, progress=False):
-    """Counter of GPT-2 pre-tokens (str) over a file, special tokens excluded; parallel over chunks."""
+    """{pre-token (str): count} over a file, special tokens excluded, counted by num_workers processes.
+
+    The file is cut at special tokens into chunks of at most chunk_bytes (one per process at least, but none
+    under min_chunk_bytes: below ~4 MB a second process saves less time (~0.1 s) than it costs memory). The
+    main process counts every num_workers-th chunk itself while forked workers count the others, each into
+    one dict that it sends back once: no idle parent and one dict per process keep peak memory low.
+    """
     path = Path(input_path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
@@ -356,39 +385,60 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
     if size == 0:
         raise ValueError(f"{path}: file is empty")
     num_workers = num_workers or _default_workers()
-    # chunks of at most chunk_bytes (workers stream them, so this only sizes the count dicts sent back), one per
-    # worker at least, but none under min_chunk_bytes: below ~4 MB a second process saves less time (~0.1 s)
-    # than it costs memory (a whole interpreter)
     num_chunks = max(min(num_workers, -(-size // min_chunk_bytes)), -(-size // chunk_bytes))
     bounds = _find_chunk_boundaries(path, num_chunks, list(special_tokens))
-    tasks = [(str(path), a, b, list(special_tokens)) for a, b in zip(bounds[:-1], bounds[1:])]
-    counts, bad, peak_kb, done = Counter(), 0, {}, 0
-    if num_workers == 1 or len(tasks) == 1:
-        results = map(_count_chunk, tasks)
-        pool = None
-    else:
-        import multiprocessing as mp
-        pool = mp.get_context("fork" if sys.platform == "linux" else "spawn").Pool(min(num_workers, len(tasks)))
-        results = pool.imap_unordered(_count_chunk, tasks)
+    ranges = list(zip(bounds[:-1], bounds[1:]))
+    nproc = min(num_workers, len(ranges))
+    shares = [ranges[k::nproc] for k in range(nproc)]  # equal-sized chunks: a static split balances the work
+    workers = []
     try:
-        for c, nbad, pid, rss_kb, err in results:
+        if nproc > 1:  # start the workers before counting, so that they do not inherit the main process's dict
+            import multiprocessing as mp
+            ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+            for share in shares[1:]:
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_count_worker, args=(send, str(path), share, list(special_tokens)), daemon=True)
+                proc.start()
+                send.close()
+                workers.append((proc, recv))
+        try:
+            counts, bad = _count_chunks(path, shares[0], special_tokens, progress)
+        except Exception as e:
+            raise ValueError(f"{path}: pre-tokenisation failed: {type(e).__name__}: {e}") from None
+        if progress:
+            print(file=sys.stderr)
+        worker_kb = 0
+        for proc, recv in workers:
+            try:
+                c, nbad, rss_kb, err = recv.recv()
+            except EOFError:
+                proc.join()
+                raise ValueError(f"{path}: a pre-tokenisation worker died (exit code {proc.exitcode}); "
+                                 f"out of memory? try --workers 1") from None
             if err is not None:
                 raise ValueError(f"{path}: pre-tokenisation failed: {err}")
-            counts.update(c)  # exact integer sums: any worker count gives the same totals
+            if len(c) > len(counts):  # add the smaller dict into the larger one
+                counts, c = c, counts
+            get = counts.get
+            for tok, n in c.items():  # exact integer sums: any worker count gives the same totals
+                counts[tok] = get(tok, 0) + n
+            del c
             bad += nbad
-            peak_kb[pid] = max(peak_kb.get(pid, 0), rss_kb)
-            done += 1
-            if progress:
-                print(f"\rpre-tokenising: chunk {done}/{len(tasks)}", end="", file=sys.stderr, flush=True)
+            worker_kb += rss_kb
     finally:
-        if pool is not None:
-            pool.terminate()
-    if progress:
-        print(file=sys.stderr)
+        for proc, recv in workers:
+            recv.close()
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
     _warn_replaced(path, bad)
     if stats is not None:
-        stats["worker_peak_rss_kb"] = sum(v for k, v in peak_kb.items() if k != os.getpid())
-        stats["num_chunks"] = len(tasks)
+        # the all-process peak of this phase, counted generously: the main process's peak so far plus every
+        # worker's peak, as if they all happened at the same moment (pages shared after fork count twice)
+        stats["pretokenize_peak_kb"] = peak_rss_kb() + worker_kb
+        stats["worker_peak_rss_kb"] = worker_kb
+        stats["num_chunks"] = len(ranges)
+        stats["num_processes"] = nproc
         stats["invalid_bytes"] = bad
     return counts
 
@@ -423,13 +473,19 @@ def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None, stats
     t1 = time.perf_counter()
     stats["pretokenize_s"] = t1 - t0
     stats["num_pretokens"] = len(counts)
-    vocab, merges = merge_pretokens(counts, vocab_size, special_tokens, progress)
+    vocab, merges = merge_pretokens(counts, vocab_size, special_tokens, progress)  # empties counts
     stats["merge_s"] = time.perf_counter() - t1
+    # all processes: the pre-tokenisation phase (main + workers) or the merge loop (main alone), the larger
+    stats["merge_peak_kb"] = peak_rss_kb()
+    stats["peak_rss_kb"] = max(stats.get("pretokenize_peak_kb", 0), stats["merge_peak_kb"])
     return vocab, merges
 
 
 def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
-    """The BPE merge loop over pre-token counts {str: int}; returns (vocab, merges) as train_bpe does."""
+    """The BPE merge loop over pre-token counts {str: int}; returns (vocab, merges) as train_bpe does.
+
+    `counts` is emptied once the words are built from it, so that its memory is free for the merge loop.
+    """
     t1 = time.perf_counter()
     vocab = {i: t.encode("utf-8") for i, t in enumerate(special_tokens)}
     offset = len(special_tokens)
@@ -451,7 +507,7 @@ def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
         for p in zip(w, w[1:]):
             pair_counts[p] += c
             pair_words[p].append(i)
-    del counts
+    counts.clear()
     heap = [(-c, keys[p[0]] + keys[p[1]], p) for p, c in pair_counts.items()]
     heapify(heap)
 
@@ -974,8 +1030,6 @@ def main():
     wall = time.perf_counter() - t0
     tok = Tokenizer(vocab, merges, specials, name=str(out))
     tok.save_dir(out)
-    own_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    workers_mb = stats.get("worker_peak_rss_kb", 0) / 1024
     learned = [vocab[i] for i in range(len(specials), len(vocab))]
     longest = max(len(b) for b in learned)
     longest_toks = [b for b in learned if len(b) == longest]
@@ -985,7 +1039,9 @@ def main():
     print(f"trained {len(vocab)} tokens ({len(merges)} merges) on {args.input} -> {out}")
     print(f"wall time {wall:.2f}s = pre-tokenisation {stats['pretokenize_s']:.2f}s ({stats['num_chunks']} chunk(s), "
           f"{stats['num_pretokens']:,} distinct pre-tokens) + merging {stats['merge_s']:.2f}s")
-    print(f"peak RSS {own_mb + workers_mb:.0f} MiB (main {own_mb:.0f} MiB + workers {workers_mb:.0f} MiB, summed peaks)")
+    print(f"peak RSS of all processes {stats['peak_rss_kb'] / 1024:.0f} MiB (pre-tokenisation in {stats['num_processes']} "
+          f"process(es), peaks summed: {stats['pretokenize_peak_kb'] / 1024:.0f} MiB; merging in the main process: "
+          f"{stats['merge_peak_kb'] / 1024:.0f} MiB)")
     print(f"longest token ({longest} bytes): " + ", ".join(repr(b.decode('utf-8', 'replace')) for b in longest_toks[:3]))
     print(f"compression on {len(docs)} sampled documents: {nbytes / max(ntoks, 1):.2f} bytes/token")
 

@@ -281,6 +281,35 @@ def test_bpe_chunk_boundaries_without_special_tokens(tmp_path):
     assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text))
 
 
+def test_bpe_parallel_counting_stats_and_worker_failures(tmp_path, monkeypatch):
+    # the main process counts its share while a forked worker counts the other: invalid bytes add up over
+    # both, the memory figures are filled in, and a worker that raises or dies is one ValueError naming the file
+    path = tmp_path / "c.txt"
+    half = _bpe_synthetic_text(100, seed=6).encode()
+    path.write_bytes(half + b"one bad \xff byte\n" + half + b"two \xfe\xfe bad bytes\n")
+    stats = {}
+    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
+    assert stats["num_processes"] == 2 and stats["invalid_bytes"] == 3
+    assert counts[" \ufffd"] == 1 and counts[" \ufffd\ufffd"] == 1
+    assert stats["pretokenize_peak_kb"] > stats["worker_peak_rss_kb"] > 0
+    main_pid, real = os.getpid(), bpe._count_chunks
+
+    def failing(how):
+        def count(*a, **k):
+            if os.getpid() != main_pid:  # in the forked worker only
+                if how == "raise":
+                    raise RuntimeError("boom")
+                os._exit(3)
+            return real(*a, **k)
+        return count
+    monkeypatch.setattr(bpe, "_count_chunks", failing("raise"))
+    with pytest.raises(ValueError, match=r"c\.txt: pre-tokenisation failed: RuntimeError: boom"):
+        bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000)
+    monkeypatch.setattr(bpe, "_count_chunks", failing("die"))
+    with pytest.raises(ValueError, match=r"c\.txt: a pre-tokenisation worker died \(exit code 3\)"):
+        bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000)
+
+
 # ---------------------------------------------------------------------------------------------
 # tokenizer behaviour
 
