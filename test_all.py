@@ -1586,9 +1586,14 @@ def _sample_greedy_reference(model, prompt, n):
 
 
 def _sample_kept(probs, **kw):
-    out = sample.filter_probs(torch.tensor([probs], dtype=torch.float64), **kw)[0]
-    assert float(out.sum()) == pytest.approx(1.0)
-    return sorted(torch.nonzero(out).flatten().tolist())
+    # float64 goes through the sort, float32 through the radix select (top-p alone): both must agree
+    kept = []
+    for dtype in (torch.float64, torch.float32):
+        out = sample.filter_probs(torch.tensor([probs], dtype=dtype), **kw)[0]
+        assert float(out.sum()) == pytest.approx(1.0)
+        kept.append(sorted(torch.nonzero(out).flatten().tolist()))
+    assert kept[0] == kept[1], (probs, kw)
+    return kept[0]
 
 
 @pytest.mark.usefixtures("_sample_single_thread")
@@ -1628,12 +1633,13 @@ def _sample_reference_kept(row, top_k, top_p):
 
 
 @pytest.mark.usefixtures("_sample_single_thread")
-@pytest.mark.parametrize("scale,top_k,top_p", [(4.0, None, 0.9), (0.5, None, 0.9), (0.5, None, 0.3),
-                                               (4.0, 50, 0.8), (2.0, 7, None)])
-def test_sample_candidates_match_sorting_reference(scale, top_k, top_p):
-    # rounded logits make many exact ties; scale 0.5 is flat, so the nucleus outgrows the topk candidates
+@pytest.mark.parametrize("scale,top_k,top_p,mult", [(4.0, None, 0.9, 1), (0.5, None, 0.9, 1), (0.5, None, 0.3, 1),
+                                                    (4.0, None, 0.6, 900.0), (4.0, 50, 0.8, 1), (2.0, 7, None, 1)])
+def test_sample_candidates_match_sorting_reference(scale, top_k, top_p, mult):
+    # rounded logits make many exact ties, on the cut-off too; scale 0.5 is flat (a nucleus of thousands);
+    # mult > 1: unnormalised weights above 1.0 (the radix select's top bits)
     g = torch.Generator().manual_seed(1)
-    probs = torch.softmax(torch.round(torch.randn(3, 3000, generator=g) * scale), dim=-1)
+    probs = torch.softmax(torch.round(torch.randn(3, 3000, generator=g) * scale), dim=-1) * mult
     out = sample.filter_probs(probs, top_k=top_k, top_p=top_p)
     for b in range(3):
         expected = _sample_reference_kept(probs[b].double().tolist(), top_k, 1.0 if top_p is None else top_p)
@@ -1696,7 +1702,7 @@ def test_sample_cached_equals_uncached_under_fixed_seed():
     # different prompt lengths, top-k/top-p sampling, and generation past the 16-token context (window slides)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
     for m in _sample_models():
-        for kw in (dict(temperature=0.0), dict(temperature=0.8, top_k=10, top_p=0.9)):
+        for kw in (dict(temperature=0.0), dict(temperature=0.8, top_k=10, top_p=0.9), dict(temperature=1.2, top_p=0.7)):
             a = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=True, **kw)
             b = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
             assert a == b and [len(x) for x in a] == [30, 30, 30]
