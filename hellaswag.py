@@ -101,6 +101,10 @@ def load_examples(path=None, data_dir=DATA_DIR):
 # rendering and scoring
 
 
+class Unscorable(ValueError):
+    """An example that cannot be scored by this model: an ending longer than its context, or an empty context."""
+
+
 def render_example(example, tokenizer, max_len=None):
     """The 4 completions of one example as one padded batch.
 
@@ -115,11 +119,11 @@ def render_example(example, tokenizer, max_len=None):
     longest = max(len(t) for t in end_tokens)
     if max_len is not None:
         if longest + 1 > max_len:
-            raise ValueError(f"hellaswag example {example.get('ind')}: an ending has {longest} tokens, "
+            raise Unscorable(f"hellaswag example {example.get('ind')}: an ending has {longest} tokens, "
                              f"too long for context length {max_len}")
         ctx_tokens = ctx_tokens[-(max_len - longest):]
     if not ctx_tokens:
-        raise ValueError(f"hellaswag example {example.get('ind')}: the context encodes to no tokens")
+        raise Unscorable(f"hellaswag example {example.get('ind')}: the context encodes to no tokens")
     tokens = torch.zeros(len(end_tokens), len(ctx_tokens) + longest, dtype=torch.long)
     mask = torch.zeros_like(tokens)
     for i, end in enumerate(end_tokens):
@@ -161,7 +165,11 @@ def unwrap(model):
 
 def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, verbose=False,
              batch_examples=4, progress=False):
-    """HellaSwag accuracy of model on examples -> dict(acc, acc_norm, num_correct, num_correct_norm, num_total).
+    """HellaSwag accuracy of model on examples -> dict(acc, acc_norm, num_correct, num_correct_norm, num_total,
+    num_skipped).
+
+    Examples the model cannot score (an ending longer than its context: small-context models during training)
+    are skipped and counted in num_skipped rather than stopping the run; accuracy is over the num_total scored.
 
     Rank r scores examples r, r + world_size, ...; the counts are summed over ranks (every rank gets the
     totals), so all ranks must call this together. batch_examples examples (x4 rows) go through one forward.
@@ -173,12 +181,19 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     model.eval()
     max_len = getattr(model, "context_length", None)
     mine = range(ddp_rank, len(examples), ddp_world_size)
-    num_correct = num_correct_norm = num_done = 0
+    num_correct = num_correct_norm = num_done = num_skipped = 0
     try:
         with torch.no_grad():
             for start in range(0, len(mine), batch_examples):
-                batch = [examples[i] for i in mine[start:start + batch_examples]]
-                rendered = [render_example(ex, tokenizer, max_len) for ex in batch]
+                batch, rendered = [], []
+                for i in mine[start:start + batch_examples]:
+                    try:
+                        rendered.append(render_example(examples[i], tokenizer, max_len))
+                        batch.append(examples[i])
+                    except Unscorable:
+                        num_skipped += 1
+                if not batch:
+                    continue
                 T = max(tokens.size(1) for tokens, _, _ in rendered)
                 tokens = torch.cat([F.pad(t, (0, T - t.size(1))) for t, _, _ in rendered]).to(device)
                 mask = torch.cat([F.pad(m, (0, T - m.size(1))) for _, m, _ in rendered]).to(device)
@@ -202,17 +217,20 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
             print(file=sys.stderr)
     finally:
         model.train(was_training)
-    counts = torch.tensor([num_correct, num_correct_norm, num_done], dtype=torch.long, device=device)
+    counts = torch.tensor([num_correct, num_correct_norm, num_done, num_skipped], dtype=torch.long, device=device)
     if ddp_world_size > 1:
         dist.all_reduce(counts)
-    num_correct, num_correct_norm, num_total = counts.tolist()
+    num_correct, num_correct_norm, num_total, num_skipped = counts.tolist()
     return dict(acc=num_correct / max(num_total, 1), acc_norm=num_correct_norm / max(num_total, 1),
-                num_correct=num_correct, num_correct_norm=num_correct_norm, num_total=num_total)
+                num_correct=num_correct, num_correct_norm=num_correct_norm, num_total=num_total,
+                num_skipped=num_skipped)
 
 
 def result_line(r):
+    skipped = r.get("num_skipped", 0)
     return (f"hellaswag acc_norm {r['acc_norm']:.4f} ({r['num_correct_norm']}/{r['num_total']}) "
-            f"acc {r['acc']:.4f} ({r['num_correct']}/{r['num_total']})")
+            f"acc {r['acc']:.4f} ({r['num_correct']}/{r['num_total']})"
+            + (f", {skipped} skipped (an ending longer than the context)" if skipped else ""))
 
 # -----------------------------------------------------------------------------
 # command line

@@ -1300,6 +1300,18 @@ def test_train_accumulation_matches_one_big_batch(tmp_path, _train_data):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
 
 
+def test_train_eval_tokens_scores_the_same_text_at_any_batch_size(tmp_path, _train_data):
+    # lr 0 keeps the initial weights, so any difference in val loss comes from the text scored
+    kw = dict(max_iters=1, learning_rate=0.0, warmup_iters=0)
+    runs = {}
+    for B in (4, 8):
+        for eval_tokens in (0, 8 * 16 * 3):  # 0: eval_iters=2 batches, i.e. 128 vs 256 tokens
+            cfg = _train_cfg(_train_data, tmp_path / f"b{B}_{eval_tokens}", batch_size=B, eval_tokens=eval_tokens, **kw)
+            runs[B, eval_tokens] = train.train(cfg, log=_train_quiet)["val_loss"]
+    assert runs[4, 384] == pytest.approx(runs[8, 384], rel=1e-6)  # 6 x 64 and 3 x 128: the same 384 tokens
+    assert abs(runs[4, 0] - runs[8, 0]) > 1e-4                      # without it, different text
+
+
 def test_train_time_budget_follows_injected_clock(tmp_path, _train_data):
     t = [0.0]
 
@@ -2368,13 +2380,30 @@ def test_hs_evaluate_controlled_model_gives_known_accuracy():
     labels = [r[1] for r in _HS_ROWS]
     truthful = _HsTableLM(_hs_bigram_table(tok, labels))
     r = hellaswag.evaluate(truthful, tok, examples, "cpu")
-    assert r == dict(acc=1.0, acc_norm=1.0, num_correct=7, num_correct_norm=7, num_total=7)
+    assert r == dict(acc=1.0, acc_norm=1.0, num_correct=7, num_correct_norm=7, num_total=7, num_skipped=0)
     # a model that believes in the wrong ending of the last 3 rows gets exactly 4/7
     misled = _HsTableLM(_hs_bigram_table(tok, labels[:4] + [(l + 1) % 4 for l in labels[4:]]))
     for batch_examples in (1, 3, 8):  # batching and padding never change the result
         r = hellaswag.evaluate(misled, tok, examples, "cpu", batch_examples=batch_examples)
         assert (r["num_correct_norm"], r["num_correct"], r["num_total"]) == (4, 4, 7)
         assert r["acc_norm"] == pytest.approx(4 / 7)
+
+
+def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context():
+    # a small-context model (as during training) skips and counts those examples instead of stopping the run
+    tok = _hs_word_tokenizer()
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    labels = [r[1] for r in _HS_ROWS]
+    longest = [max(len(tok.encode(" " + e)) for e in r[2]) for r in _HS_ROWS]
+    model = _HsTableLM(_hs_bigram_table(tok, labels))
+    model.context_length = sorted(longest)[3] + 1  # the 3 examples with the longest endings no longer fit
+    too_long = sum(n + 1 > model.context_length for n in longest)
+    assert 0 < too_long < len(examples)
+    for batch_examples in (1, 4):
+        r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=batch_examples)
+        assert (r["num_skipped"], r["num_total"], r["num_correct_norm"]) == (too_long, 7 - too_long, 7 - too_long)
+        assert max(shape[1] for _, _, shape in model.seen) <= model.context_length
+    assert hellaswag.result_line(r).endswith(f", {too_long} skipped (an ending longer than the context)")
 
 
 def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():

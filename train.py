@@ -97,6 +97,8 @@ CONFIG = [
     # evaluation, logging, checkpoints
     ("eval_interval", 250, "evaluate (val loss, bits/byte, a sample) every N steps and at the end"),
     ("eval_iters", 10, "validation batches per evaluation"),
+    ("eval_tokens", 0, "validation tokens per evaluation, in whole batches (0 = eval_iters batches); the same "
+                       "number scores runs with different batch sizes on the same text"),
     ("log_interval", 10, "print a line every N steps"),
     ("ckpt_interval", 0, "write ckpt.pt every N steps (0 = at every evaluation); always at the end"),
     ("num_samples", 1, "samples generated at each evaluation"),
@@ -155,9 +157,10 @@ PREPARE_COMMANDS = {
 PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["tinystories"]
 # settings that may change when a run is resumed (everything else must match the checkpoint)
 RESUMABLE_CHANGES = {"out_dir", "resume", "fresh", "plot", "wandb", "wandb_project", "max_iters", "time_budget",
-                     "eval_interval", "eval_iters", "log_interval", "ckpt_interval", "num_samples", "sample_tokens",
-                     "temperature", "top_p", "sample_prompt", "hellaswag", "hellaswag_path", "device", "compile",
-                     "compile_backend", "num_threads", "prepare_data", "download", "preset", "lr_decay_iters", "fused"}
+                     "eval_interval", "eval_iters", "eval_tokens", "log_interval", "ckpt_interval", "num_samples",
+                     "sample_tokens", "temperature", "top_p", "sample_prompt", "hellaswag", "hellaswag_path", "device",
+                     "compile", "compile_backend", "num_threads", "prepare_data", "download", "preset", "lr_decay_iters",
+                     "fused"}
 
 
 # -----------------------------------------------------------------------------
@@ -783,7 +786,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
     val_len = sum(len(a) for _, a, _ in val_shards)
-    eval_iters = max(1, min(cfg["eval_iters"], (len(val_shards[0][1]) - 1) // (B * T * world)))
+    eval_iters = cfg["eval_tokens"] // (B * T * world) if cfg["eval_tokens"] else cfg["eval_iters"]
+    eval_iters = max(1, min(eval_iters, (len(val_shards[0][1]) - 1) // (B * T * world)))
     bpt = metas[-1].get("bytes_per_token")
     if bpt is None and tokenizer is not None:
         bpt = bytes_per_token(tokenizer, val_shards[0][1][1:eval_iters * B * T * world + 1], eot_id)
