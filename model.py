@@ -212,17 +212,6 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.max_seq_len = max_seq_len
         self.pos = 0
-        self.lm_head_t = None  # see output_logits
-
-    def output_logits(self, x, weight):
-        """x @ weight.T, the LM head, during generation. On CPU with several rows per step, a contiguous
-        (d_model, vocab) copy of the weight, made once per cache, makes this matmul (most of a decode step)
-        ~1.4x faster than the (vocab, d_model) original; the copy costs about 10 steps (bench.py sample)."""
-        if x.size(0) == 1 or x.device.type != "cpu":
-            return x @ weight.t()
-        if self.lm_head_t is None:
-            self.lm_head_t = weight.t().contiguous()
-        return x @ self.lm_head_t
 
     def update(self, layer, k, v):
         """Store the new keys/values at pos.. and return everything cached so far for this layer."""
@@ -333,7 +322,7 @@ class TransformerLM(nn.Module):
             x = layer(x, token_positions, kv_cache, i)
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.lm_head(x) if kv_cache is None else kv_cache.output_logits(x, self.lm_head.weight)
+        return self.lm_head(x)
 
     def init_kv_cache(self, batch_size, max_seq_len=None, device=None, dtype=None):
         p = self.lm_head.weight
@@ -523,8 +512,7 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for i, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, i)
-        x = self.transformer.ln_f(x)
-        return self.lm_head(x) if kv_cache is None else kv_cache.output_logits(x, self.lm_head.weight)  # (B, T, padded vocab)
+        return self.lm_head(self.transformer.ln_f(x))  # (B, T, padded vocab)
 
     def forward(self, idx, targets=None):
         logits = self._logits(idx)
