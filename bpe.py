@@ -356,6 +356,25 @@ def peak_rss_kb():
         return maxrss // 1024 if sys.platform == "darwin" else maxrss  # bytes on macOS, KiB on Linux
 
 
+def _input_file(input_path):
+    """(Path, size in bytes) of an input text file; one clear error when it is missing or empty."""
+    path = Path(input_path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"{path}: file is empty")
+    return path, size
+
+
+def _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens):
+    """[(start, end), ...]: the file cut at special tokens into chunks of at most chunk_bytes, one per worker at
+    least, but none under min_chunk_bytes (a small file is not worth another process)."""
+    num_chunks = max(min(num_workers, -(-size // min_chunk_bytes)), -(-size // chunk_bytes))
+    bounds = _find_chunk_boundaries(path, num_chunks, list(special_tokens))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def _default_workers():
     try:
         return len(os.sched_getaffinity(0))
@@ -373,21 +392,14 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
                          stats=None, progress=False):
     """{pre-token (str): count} over a file, special tokens excluded, counted by num_workers processes.
 
-    The file is cut at special tokens into chunks of at most chunk_bytes (one per process at least, but none
-    under min_chunk_bytes: below ~4 MB a second process saves less time (~0.1 s) than it costs memory). The
-    main process counts every num_workers-th chunk itself while forked workers count the others, each into
-    one dict that it sends back once: no idle parent and one dict per process keep peak memory low.
+    The file is cut into chunks (see _chunk_ranges; below ~4 MB a second process saves less time, ~0.1 s,
+    than it costs memory). The main process counts every num_workers-th chunk itself while forked workers
+    count the others, each into one dict that it sends back once: no idle parent and one dict per process
+    keep peak memory low.
     """
-    path = Path(input_path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    size = path.stat().st_size
-    if size == 0:
-        raise ValueError(f"{path}: file is empty")
+    path, size = _input_file(input_path)
     num_workers = num_workers or _default_workers()
-    num_chunks = max(min(num_workers, -(-size // min_chunk_bytes)), -(-size // chunk_bytes))
-    bounds = _find_chunk_boundaries(path, num_chunks, list(special_tokens))
-    ranges = list(zip(bounds[:-1], bounds[1:]))
+    ranges = _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens)
     nproc = min(num_workers, len(ranges))
     shares = [ranges[k::nproc] for k in range(nproc)]  # equal-sized chunks: a static split balances the work
     workers = []
@@ -896,11 +908,9 @@ def _encode_chunk(args):
 
 
 def peak_rss_mb():
-    """Peak resident memory in MiB of this process plus the largest finished child (Linux: KiB units)."""
-    scale = 1 if sys.platform != "darwin" else 1 / 1024
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale
-    return own / 1024, kids / 1024
+    """Peak resident memory in MiB of this process and of the largest finished child process."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # bytes on macOS, KiB on Linux
+    return peak_rss_kb() / 1024, (kids / 1024 if sys.platform == "darwin" else kids) / 1024
 
 
 def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_bytes=1 << 21, min_chunk_bytes=1 << 18,
@@ -911,18 +921,12 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     and written in file order, so the output equals tokenizer.encode(whole text).
     """
     import numpy as np  # only here: training and encoding never need it, and it costs ~15 MB per process
-    path = Path(input_path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    size = path.stat().st_size
-    if size == 0:
-        raise ValueError(f"{path}: file is empty")
+    path, size = _input_file(input_path)
     tok = load_tokenizer(tokenizer_ref)
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     num_workers = num_workers or _default_workers()
-    num_chunks = max(min(num_workers, -(-size // min_chunk_bytes)), -(-size // chunk_bytes))
-    bounds = _find_chunk_boundaries(path, num_chunks, tok.special_tokens)
-    tasks = [(str(path), a, b, dtype) for a, b in zip(bounds[:-1], bounds[1:])]
+    ranges = _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, tok.special_tokens)
+    tasks = [(str(path), a, b, dtype) for a, b in ranges]
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
