@@ -8,10 +8,12 @@ Generate text from a trained checkpoint (or OpenAI's GPT-2 weights), streaming t
 
 Decoding: logits / temperature -> top-k (exactly k tokens) -> top-p (the smallest set of tokens whose
 probability reaches p) -> sample; temperature 0 is greedy (argmax). Ties in top-k / top-p are broken
-toward the lower token id, so the kept set is always deterministic. Top-p finds its cut-off probability by
-a radix select over the vocabulary (far cheaper than sorting 50k probabilities; see `_nucleus`) and top-k
-uses topk. A token is drawn by inverse CDF from one uniform number per row, so a seeded torch.Generator gives the
-same tokens with and without the KV cache. Generation stops at <|endoftext|> unless --no_stop.
+toward the lower token id, so the kept set is always deterministic. Top-k and top-p rank candidates with
+topk, far cheaper than sorting a 50k vocabulary. Top-p looks at the 256 most likely tokens first; when their
+mass is short of p (a flat distribution), it finds its cut-off by a radix select over the vocabulary (see
+`_nucleus`), still without a sort. A token is drawn by inverse CDF from one uniform number per row, so a
+seeded torch.Generator gives the same tokens with and without the KV cache. Generation stops at
+<|endoftext|> unless --no_stop.
 `generate()` is the library function train.py and the tests use.
 
 Context: a prompt longer than the model's context keeps its last `context_length` tokens (with a warning).
@@ -29,6 +31,9 @@ import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
 # sampling from one step's logits
+
+
+TOP_P_CANDIDATES = 256  # top-p ranks this many tokens first: a trained model's nucleus is usually smaller
 
 
 def _ranked(probs, m):
@@ -90,17 +95,20 @@ def candidates(probs, top_k=None, top_p=None):
     use_p = top_p is not None and top_p < 1.0
     if not top_k and not use_p:
         return probs, None
-    if not top_k and probs.dtype == torch.float32:  # top-p alone: a mask over the vocabulary, no sort
-        kept = torch.where(_nucleus(probs, top_p), probs, 0.0)
-        return kept / kept.sum(-1, keepdim=True), None
-    sp, si = _ranked(probs, min(top_k or V, V))
+    m = min(top_k, V) if top_k else min(V, TOP_P_CANDIDATES) if probs.dtype == torch.float32 else V
+    sp, si = _ranked(probs, m)
     keep = torch.ones_like(sp, dtype=torch.bool)
     if use_p:
         # float64 so sums of hand-made probabilities (0.5 + 0.25 ...) are exact; a token is kept while the
         # mass strictly before it is still below p, i.e. up to and including the one that reaches p
         kept = sp.double()
+        total = kept.sum(-1, keepdim=True) if top_k else probs.double().sum(-1, keepdim=True)
+        if not top_k and m < V and not bool((kept.sum(-1, keepdim=True) >= top_p * total).all()):
+            # a flat distribution: some row's nucleus runs past the candidates; find it without sorting
+            kept = torch.where(_nucleus(probs, top_p), probs, 0.0)
+            return kept / kept.sum(-1, keepdim=True), None
         before = F.pad(kept.cumsum(-1)[:, :-1], (1, 0))  # mass of the tokens ranked above
-        keep = before < top_p * kept.sum(-1, keepdim=True)
+        keep = before < top_p * total
     keep[:, 0] = True  # never an empty set
     sp = sp * keep
     return sp / sp.sum(-1, keepdim=True), si

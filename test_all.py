@@ -1598,13 +1598,15 @@ def _sample_greedy_reference(model, prompt, n):
 
 
 def _sample_kept(probs, **kw):
-    # float64 goes through the sort, float32 through the radix select (top-p alone): both must agree
+    # float64 goes through the sort, float32 through topk: both must agree
     kept = []
     for dtype in (torch.float64, torch.float32):
         out = sample.filter_probs(torch.tensor([probs], dtype=dtype), **kw)[0]
         assert float(out.sum()) == pytest.approx(1.0)
         kept.append(sorted(torch.nonzero(out).flatten().tolist()))
-    assert kept[0] == kept[1], (probs, kw)
+    if set(kw) == {"top_p"}:  # and the radix select alone, which a 4-token vocabulary would not reach
+        kept.append(torch.nonzero(sample._nucleus(torch.tensor([probs]), kw["top_p"])[0]).flatten().tolist())
+    assert kept[0] == kept[1] == kept[-1], (probs, kw)
     return kept[0]
 
 
@@ -1646,10 +1648,11 @@ def _sample_reference_kept(row, top_k, top_p):
 
 @pytest.mark.usefixtures("_sample_single_thread")
 @pytest.mark.parametrize("scale,top_k,top_p,mult", [(4.0, None, 0.9, 1), (0.5, None, 0.9, 1), (0.5, None, 0.3, 1),
-                                                    (4.0, None, 0.6, 900.0), (4.0, 50, 0.8, 1), (2.0, 7, None, 1)])
+                                                    (0.5, None, 0.6, 3e4), (4.0, 50, 0.8, 1), (2.0, 7, None, 1)])
 def test_sample_candidates_match_sorting_reference(scale, top_k, top_p, mult):
-    # rounded logits make many exact ties, on the cut-off too; scale 0.5 is flat (a nucleus of thousands);
-    # mult > 1: unnormalised weights above 1.0 (the radix select's top bits)
+    # rounded logits make many exact ties, on the cut-off too; at scale 4 the nucleus fits in the topk candidates,
+    # scale 0.5 is flat (a nucleus of thousands: the radix select);
+    # mult > 1: unnormalised weights of about 10, whose float bits use the radix select's top bit
     g = torch.Generator().manual_seed(1)
     probs = torch.softmax(torch.round(torch.randn(3, 3000, generator=g) * scale), dim=-1) * mult
     out = sample.filter_probs(probs, top_k=top_k, top_p=top_p)
