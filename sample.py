@@ -95,21 +95,32 @@ def candidates(probs, top_k=None, top_p=None):
     use_p = top_p is not None and top_p < 1.0
     if not top_k and not use_p:
         return probs, None
-    m = min(top_k, V) if top_k else min(V, TOP_P_CANDIDATES) if probs.dtype == torch.float32 else V
-    sp, si = _ranked(probs, m)
+    if top_k or probs.dtype != torch.float32 or V <= TOP_P_CANDIDATES:
+        sp, si = _ranked(probs, min(top_k or V, V))
+        return _cut(sp, si, top_p if use_p else None)
+    # top-p alone over a big vocabulary: rank only the TOP_P_CANDIDATES most likely tokens (topk), enough for a
+    # trained model's nucleus in the usual case. A flat distribution, whose nucleus is larger (even that many
+    # tokens at the top probability fall short of p), gets the radix select over the vocabulary instead: no sort
+    total = probs.double().sum(-1, keepdim=True)
+    if bool((TOP_P_CANDIDATES * probs.amax(-1, keepdim=True) >= top_p * total).all()):
+        sp, si = _ranked(probs, TOP_P_CANDIDATES)
+        if bool((sp.double().sum(-1, keepdim=True) >= top_p * total).all()):
+            return _cut(sp, si, top_p, total)
+    kept = torch.where(_nucleus(probs, top_p), probs, 0.0)
+    return kept / kept.sum(-1, keepdim=True), None
+
+
+def _cut(sp, si, top_p, total=None):
+    """Renormalised (probs, ids) of ranked candidates (B, m): with top_p, a token is kept while the mass ranked
+    above it is below top_p * total, i.e. up to and including the one that reaches it. total: the mass p refers
+    to (default: the candidates' own, as after top-k). The most likely token is always kept."""
     keep = torch.ones_like(sp, dtype=torch.bool)
-    if use_p:
-        # float64 so sums of hand-made probabilities (0.5 + 0.25 ...) are exact; a token is kept while the
-        # mass strictly before it is still below p, i.e. up to and including the one that reaches p
-        kept = sp.double()
-        total = kept.sum(-1, keepdim=True) if top_k else probs.double().sum(-1, keepdim=True)
-        if not top_k and m < V and not bool((kept.sum(-1, keepdim=True) >= top_p * total).all()):
-            # a flat distribution: some row's nucleus runs past the candidates; find it without sorting
-            kept = torch.where(_nucleus(probs, top_p), probs, 0.0)
-            return kept / kept.sum(-1, keepdim=True), None
+    if top_p is not None:
+        kept = sp.double()  # float64 so sums of hand-made probabilities (0.5 + 0.25 ...) are exact
+        total = kept.sum(-1, keepdim=True) if total is None else total
         before = F.pad(kept.cumsum(-1)[:, :-1], (1, 0))  # mass of the tokens ranked above
         keep = before < top_p * total
-    keep[:, 0] = True  # never an empty set
+    keep[:, 0] = True
     sp = sp * keep
     return sp / sp.sum(-1, keepdim=True), si
 

@@ -1662,6 +1662,18 @@ def test_sample_candidates_match_sorting_reference(scale, top_k, top_p, mult):
         assert float(out[b].sum()) == pytest.approx(1.0)
 
 
+def test_sample_top_p_spike_over_a_flat_tail():
+    # a likely token or two over a flat tail of exact ties: the topk candidates look as if they may hold the
+    # nucleus but fall short at p 0.7 (then the radix select decides, ties by id), and hold it at p 0.3
+    probs = torch.ones(2, 3000)
+    probs[0, 17], probs[1, 5], probs[1, 6] = 3000.0, 1500.0, 1500.0
+    probs /= probs.sum(-1, keepdim=True)
+    for p in (0.3, 0.5, 0.7):
+        out = sample.filter_probs(probs, top_p=p)
+        for b in range(2):
+            assert torch.nonzero(out[b]).flatten().tolist() == _sample_reference_kept(probs[b].double().tolist(), None, p)
+
+
 @pytest.mark.usefixtures("_sample_single_thread")
 def test_sample_temperature_zero_is_argmax():
     logits = torch.randn(5, 64)
