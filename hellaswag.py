@@ -230,7 +230,7 @@ def result_line(r):
     skipped = r.get("num_skipped", 0)
     return (f"hellaswag acc_norm {r['acc_norm']:.4f} ({r['num_correct_norm']}/{r['num_total']}) "
             f"acc {r['acc']:.4f} ({r['num_correct']}/{r['num_total']})"
-            + (f", {skipped} skipped (an ending longer than the context)" if skipped else ""))
+            + (f", {skipped} skipped (an ending too long for the context, or an empty context)" if skipped else ""))
 
 # -----------------------------------------------------------------------------
 # command line
