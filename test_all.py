@@ -281,6 +281,20 @@ def test_bpe_chunk_boundaries_without_special_tokens(tmp_path):
     assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text))
 
 
+def test_bpe_parallel_counting_with_spawned_workers(tmp_path, monkeypatch):
+    # macOS and Windows start workers with "spawn" (a fresh interpreter that imports bpe.py), not "fork"
+    path = tmp_path / "c.txt"
+    text = _bpe_synthetic_text(150, seed=8)
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sys, "platform", "darwin")
+    stats = {}
+    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
+    monkeypatch.undo()
+    assert stats["num_processes"] == 2 and stats["worker_peak_rss_kb"] > 0
+    docs = regex.split(regex.escape(_BPE_EOT), text)
+    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+
+
 def test_bpe_parallel_counting_stats_and_worker_failures(tmp_path, monkeypatch):
     # the main process counts its share while a forked worker counts the other: invalid bytes add up over
     # both, the memory figures are filled in, and a worker that raises or dies is one ValueError naming the file
