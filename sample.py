@@ -82,7 +82,7 @@ def _nucleus(probs, top_p):
     # of the tokens equal to v, in id order, the j-th (from 0) is kept while above + j * v < target: count them
     # on a few j around the boundary (B, 4) rather than on the whole (B, V)
     v = prefix.view(torch.float32).double()
-    j = ((target - above) / v).floor() + torch.arange(-1.0, 3.0, dtype=torch.float64)
+    j = ((target - above) / v).floor() + torch.arange(-1.0, 3.0, dtype=torch.float64, device=probs.device)
     count = torch.where((j >= 0) & (above + j * v < target), j + 1, 0).amax(-1, keepdim=True).clamp(max=V).int()
     tied = bits == prefix
     return (bits > prefix) | (tied & (tied.int().cumsum(-1, dtype=torch.int32) <= count))
