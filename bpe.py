@@ -368,8 +368,9 @@ def _input_file(input_path):
 
 
 def _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens):
-    """[(start, end), ...]: the file cut at special tokens into chunks of at most chunk_bytes, one per worker at
-    least, but none under min_chunk_bytes (a small file is not worth another process)."""
+    """[(start, end), ...]: the file cut at special tokens into chunks of at most chunk_bytes, one per worker, but
+    no more chunks than min_chunk_bytes goes into the size (a file up to min_chunk_bytes is one chunk: a small
+    file is not worth another process)."""
     num_chunks = max(min(num_workers, -(-size // min_chunk_bytes)), -(-size // chunk_bytes))
     bounds = _find_chunk_boundaries(path, num_chunks, list(special_tokens))
     return list(zip(bounds[:-1], bounds[1:]))
@@ -392,7 +393,7 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
                          stats=None, progress=False):
     """{pre-token (str): count} over a file, special tokens excluded, counted by num_workers processes.
 
-    The file is cut into chunks (see _chunk_ranges; below ~4 MB a second process saves less time, ~0.1 s,
+    The file is cut into chunks (see _chunk_ranges; up to 4 MiB a second process saves less time, ~0.1 s,
     than it costs memory). The main process counts every num_workers-th chunk itself while forked workers
     count the others, each into one dict that it sends back once: no idle parent and one dict per process
     keep peak memory low.
