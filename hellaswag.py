@@ -211,7 +211,7 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                             flag = ("label " if i == label else "      ") + ("norm " if i == pred_norm else "     ")
                             print(f"  {i} {flag}avg {avgs[i].item():7.4f} sum {sums[i].item():8.3f}  {ending}")
                 if progress:
-                    print(f"\rhellaswag {num_done}/{len(mine)} acc_norm {num_correct_norm / num_done:.4f}",
+                    print(f"\rhellaswag {num_done + num_skipped}/{len(mine)} acc_norm {num_correct_norm / num_done:.4f}",
                           end="", file=sys.stderr, flush=True)
         if progress:
             print(file=sys.stderr)
@@ -334,7 +334,7 @@ def main():
     except ValueError as e:
         raise SystemExit(f"hellaswag.py: {e}")
     if rank == 0:
-        print(f"{result['num_total']} examples in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
+        print(f"{result['num_total']} examples scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
         print(result_line(result))
     if ddp:
         dist.destroy_process_group()
