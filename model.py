@@ -315,14 +315,14 @@ class TransformerLM(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.token_embeddings.weight.numel() if non_embedding else n
 
-    def forward(self, idx, token_positions=None, kv_cache=None):
+    def forward(self, idx, token_positions=None, kv_cache=None, lm_head=None):
         _check_ids(idx, self.vocab_size, self.context_length, "TransformerLM")
         x = self.token_embeddings(idx)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, kv_cache, i)
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.lm_head(x)
+        return (lm_head or self.lm_head)(x)  # lm_head: the same product by another kernel (sample.py's packed head)
 
     def init_kv_cache(self, batch_size, max_seq_len=None, device=None, dtype=None):
         p = self.lm_head.weight
@@ -330,13 +330,13 @@ class TransformerLM(nn.Module):
         return KVCache(len(self.layers), batch_size, attn.num_heads, max_seq_len or self.context_length, attn.d_k,
                        device or p.device, dtype or p.dtype)
 
-    def forward_with_cache(self, idx, cache):
+    def forward_with_cache(self, idx, cache, lm_head=None):
         """Logits for idx at positions cache.pos.., attending to everything cached; advances cache.pos."""
         cache.check_room(idx.size(1), "TransformerLM.forward_with_cache")
         if cache.pos + idx.size(1) > self.context_length:
             raise ValueError(f"TransformerLM.forward_with_cache: position {cache.pos + idx.size(1)} exceeds "
                              f"context_length {self.context_length}")
-        logits = self(idx, kv_cache=cache)
+        logits = self(idx, kv_cache=cache, lm_head=lm_head)
         cache.pos += idx.size(1)
         return logits
 
@@ -505,14 +505,14 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def _logits(self, idx, kv_cache=None):
+    def _logits(self, idx, kv_cache=None, lm_head=None):
         _check_ids(idx, self.vocab_size, self.context_length, "GPT")
         start = kv_cache.pos if kv_cache is not None else 0
         pos = torch.arange(start, start + idx.size(1), device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for i, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, i)
-        return self.lm_head(self.transformer.ln_f(x))  # (B, T, padded vocab)
+        return (lm_head or self.lm_head)(self.transformer.ln_f(x))  # (B, T, padded vocab)
 
     def forward(self, idx, targets=None):
         logits = self._logits(idx)
@@ -525,12 +525,12 @@ class GPT(nn.Module):
         return KVCache(c.n_layer, batch_size, c.n_head, max_seq_len or c.block_size, c.n_embd // c.n_head,
                        device or p.device, dtype or p.dtype)
 
-    def forward_with_cache(self, idx, cache):
+    def forward_with_cache(self, idx, cache, lm_head=None):
         cache.check_room(idx.size(1), "GPT.forward_with_cache")
         if cache.pos + idx.size(1) > self.context_length:
             raise ValueError(f"GPT.forward_with_cache: position {cache.pos + idx.size(1)} exceeds block_size "
                              f"{self.context_length}")
-        logits = self._logits(idx, cache)
+        logits = self._logits(idx, cache, lm_head)
         cache.pos += idx.size(1)
         return logits[..., : self.vocab_size]
 

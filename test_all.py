@@ -1697,6 +1697,24 @@ def test_sample_temperature_zero_is_argmax():
         assert got == [_sample_greedy_reference(m, [1, 2, 3], 10)]
 
 
+def test_sample_greedy_equals_argmax_with_ties_tails_and_strided_rows():
+    # many exact ties (the first maximum wins), a ragged tail after the last full block, a tail maximum that only
+    # ties an earlier block (the block wins), rows that are slices of a wider buffer (GPT's padded vocabulary)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        B, V = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 3000, (1,), generator=g))
+        tied = torch.randint(-3, 4, (B, V), generator=g).float()
+        assert torch.equal(sample.greedy(tied, block=64), tied.argmax(-1)), (B, V)
+        strided = torch.randn(B, 1, V + 9, generator=g)[:, -1, :V]
+        assert torch.equal(sample.greedy(strided, block=128), strided.argmax(-1)), (B, V)
+    x = torch.zeros(2, 300)
+    x[0, 10], x[0, 290] = 5.0, 5.0  # equal maxima in block 0 and the tail: block 0's comes first
+    x[1, 10], x[1, 290] = 5.0, 6.0  # the tail's is larger
+    assert sample.greedy(x, block=128).tolist() == [10, 290]
+    big = torch.randn(8, 50257, generator=g)  # the default block at GPT-2's vocabulary
+    assert torch.equal(sample.greedy(big), big.argmax(-1))
+
+
 @pytest.mark.usefixtures("_sample_single_thread")
 def test_sample_greedy_matches_transformers_generate(tmp_path):
     # independent reference: Hugging Face's GPT2LMHeadModel.generate on the same weights (saved and reloaded)
@@ -1747,6 +1765,50 @@ def test_sample_cached_equals_uncached_under_fixed_seed():
             a = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=True, **kw)
             b = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
             assert a == b and [len(x) for x in a] == [30, 30, 30]
+
+
+def test_sample_packed_lm_head_when_it_applies():
+    m = _sample_models()[1]
+    assert sample.packed_lm_head(m, 3, 100) is None  # batch below PACKED_HEAD_MIN_BATCH
+    assert sample.packed_lm_head(m, 8, 10) is None  # too few tokens to pay for the packing
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert sample.packed_lm_head(m, 8, 100) is None  # bf16 activations: the plain head under autocast
+    assert sample.packed_lm_head(M.build_model(dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=1, n_head=2,
+                                                     n_embd=16)).double(), 8, 100) is None
+    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        pytest.skip("this torch build has no MKL packed GEMM (only the fallback to model.lm_head is exercised)")
+    for m in _sample_models():
+        head = sample.packed_lm_head(m, 5, 100)
+        assert head is not None
+        w = m.lm_head.weight.detach()
+        x = torch.randn(5, 1, w.size(1))
+        torch.testing.assert_close(head(x), x @ w.t(), rtol=1e-5, atol=1e-5)
+        prefill = torch.randn(5, 7, w.size(1))  # another number of rows: the plain product
+        torch.testing.assert_close(head(prefill), prefill @ w.t(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_packed_head_gives_the_same_tokens():
+    # batch 5 and 40 new tokens: the cached path decodes through the packed head (where MKL has it), the uncached
+    # path and the one-at-a-time reference through model.lm_head
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13], [14, 15, 16, 17, 18]]
+    for m in _sample_models():
+        used = []
+        head = sample.packed_lm_head(m, len(prompts), 40)
+        if head is not None:
+            m.forward_with_cache = functools.partial(_sample_spy_forward_with_cache, m.forward_with_cache, used)
+        for kw in (dict(temperature=0.0), dict(temperature=0.9, top_p=0.9)):
+            a = sample.generate(m, prompts, 40, generator=torch.Generator().manual_seed(3), **kw)
+            b = sample.generate(m, prompts, 40, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
+            assert a == b and [len(x) for x in a] == [40] * 5
+        greedy = sample.generate(m, prompts, 40, temperature=0.0)
+        assert greedy[1][:9] == _sample_greedy_reference(m, prompts[1], 9)  # inside the 16-token context
+        assert (head is None) or any(used), "generate did not decode through the packed head"
+
+
+def _sample_spy_forward_with_cache(inner, used, idx, cache, lm_head=None):
+    used.append(lm_head is not None)
+    return inner(idx, cache, lm_head)
 
 
 @pytest.mark.usefixtures("_sample_single_thread")
