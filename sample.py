@@ -213,13 +213,13 @@ def packed_lm_head(model, batch_size, max_new_tokens):
     could make it pick another token than the plain head. Costs: ~20 ms to pack 50,257 x 256 (hence a minimum
     number of new tokens) and 1.2-1.4x the head's memory (2.6x at width 256, 5x at 128) while generate() runs.
     Inputs with another number of rows (the prefill) fall back to the plain product."""
-    w = model.lm_head.weight
+    w = model.lm_head.weight.detach()
     if (batch_size < PACKED_HEAD_MIN_BATCH or max_new_tokens < PACKED_HEAD_MIN_TOKENS or w.device.type != "cpu"
             or w.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or not torch.backends.mkl.is_available()
             or not hasattr(torch.ops.mkl, "_mkl_linear")):
         return None
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), batch_size)
-    return lambda x: torch.ops.mkl._mkl_linear(x, packed, w.detach(), None, batch_size)
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, batch_size)
+    return lambda x: torch.ops.mkl._mkl_linear(x, packed, w, None, batch_size)
 
 
 def _forward_logits(model, idx):
