@@ -548,7 +548,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sections = parser.add_subparsers(dest="section", required=True)
 
-    p = sections.add_parser("tokenizer", help="bpe.py vs Hugging Face tokenizers (training) and tiktoken (encoding)")
+    p = sections.add_parser("tokenizer", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="bpe.py vs Hugging Face tokenizers (training) and tiktoken (encoding)")
     p.set_defaults(run=bench_tokenizer)
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement (medians reported)")
     p.add_argument("--parts", default="train,encode,encode_file", help="comma list of train, encode, encode_file")
@@ -556,14 +557,16 @@ def main():
     p.add_argument("--big", type=int, default=1, help="1: also train on the ~20 MB corpus")
     p.add_argument("--hf_encode", type=int, default=1, help="1: also time HF tokenizers' encode")
 
-    p = sections.add_parser("model", help="TransformerLM / GPT train step and KV-cached generation vs transformers")
+    p = sections.add_parser("model", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="TransformerLM / GPT train step and KV-cached generation vs transformers")
     p.set_defaults(run=bench_model)
     p.add_argument("--parts", default="train,generate", help="comma list of train, generate, compile")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per side (median reported)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--only", default="", help="train: run only cases containing this text, e.g. llama-sdpa")
 
-    p = sections.add_parser("train", help="the whole training loop vs the model-only step, and the loader alone")
+    p = sections.add_parser("train", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="the whole training loop vs the model-only step, and the loader alone")
     p.set_defaults(run=bench_train)
     p.add_argument("--shape", default="cs336", choices=list(SHAPES), help="cs336 (d 512) or small (the main job's)")
     p.add_argument("--batch_size", type=int, default=8, help="sequences per step")
@@ -572,7 +575,8 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--dtypes", default="float32", help="comma list: float32,bfloat16 (CPU autocast)")
 
-    p = sections.add_parser("sample", help="sample.generate vs transformers generate(use_cache=True)")
+    p = sections.add_parser("sample", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="sample.generate vs transformers generate(use_cache=True)")
     p.set_defaults(run=bench_sample)
     p.add_argument("--repeats", type=int, default=3, help="timed repeats (median reported)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")

@@ -354,7 +354,8 @@ def _contexts(values):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Parameter, FLOP, memory and training-time accounting.")
+    parser = argparse.ArgumentParser(description="Parameter, FLOP, memory and training-time accounting.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="gpt2-xl", help=f"preset shape: {', '.join(PRESETS)} (ignored with --ckpt)")
     parser.add_argument("--arch", default="llama", choices=["llama", "gpt2"],
                         help="llama (RMSNorm/SwiGLU/RoPE, untied head: the spec's reference) or gpt2 (the real GPT-2)")
@@ -365,13 +366,13 @@ def main():
     parser.add_argument("--context_length", "--block_size", dest="context_length", type=int, default=None,
                         help="override the model's context length (also the default --context)")
     parser.add_argument("--vocab_size", type=int, default=None, help="override vocabulary size")
-    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; default 8/3*d rounded to 64)")
+    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; None = 8/3*d rounded to 64)")
     parser.add_argument("--ffn_type", default="swiglu", choices=["swiglu", "silu"], help="llama FFN type")
     parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=1, help="gpt2 vocabulary padding")
     parser.add_argument("--context", nargs="+", default=None,
-                        help="context lengths to report, e.g. --context 1024 16384 (default: the model's)")
+                        help="context lengths to report, e.g. --context 1024 16384 (None = the model's)")
     parser.add_argument("--gpu_mem", type=float, default=80.0, help="GPU memory budget in GB for the largest batch")
-    parser.add_argument("--train_tokens", type=float, default=None, help="tokens to train on (default 20 x params)")
+    parser.add_argument("--train_tokens", type=float, default=None, help="tokens to train on (None = 20 x params)")
     parser.add_argument("--mfu", type=float, default=0.5, help="assumed MFU for the training-time estimate")
     parser.add_argument("--gpus", default="H100,A100,B200", help=f"GPUs for the time estimate: {', '.join(GPU_PEAK)}")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")

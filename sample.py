@@ -358,16 +358,17 @@ def load_model_and_tokenizer(ckpt_path, init_from, device):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Generate text from a checkpoint or GPT-2 weights.")
+    parser = argparse.ArgumentParser(description="Generate text from a checkpoint or GPT-2 weights.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--ckpt", default=os.path.join("out", "ckpt.pt"), help="checkpoint written by train.py")
     parser.add_argument("--init_from", default=None,
                         help="released weights instead of --ckpt: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF dir")
-    parser.add_argument("--prompt", default="", help="prompt text, or FILE:path to read it from a file "
-                                                     "(default: start from <|endoftext|>)")
+    parser.add_argument("--prompt", default="", help="prompt text, or FILE:path to read it from a file; "
+                                                     "empty = start from <|endoftext|>")
     parser.add_argument("--num_samples", type=int, default=3, help="number of samples")
     parser.add_argument("--max_new_tokens", type=int, default=256, help="tokens to generate per sample")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 = greedy")
-    parser.add_argument("--top_k", type=int, default=None, help="keep only the k most likely tokens")
+    parser.add_argument("--top_k", type=int, default=None, help="keep only the k most likely tokens (None = all)")
     parser.add_argument("--top_p", type=float, default=1.0, help="nucleus: smallest set of tokens whose probability reaches p")
     parser.add_argument("--seed", type=int, default=1337, help="random seed")
     parser.add_argument("--no_stop", action="store_true", help="do not stop at <|endoftext|>")

@@ -1277,6 +1277,18 @@ def test_train_preset_without_data_prints_the_command(tmp_path, capsys):
         train.main(["--preset=tinystories-cpu", f"--data_dir={tmp_path}/none", f"--out_dir={tmp_path}/o"])
 
 
+def test_train_presets_run_in_their_own_folder_and_named_data_dirs_are_never_prepared(tmp_path):
+    assert {train.get_config([f"--preset={p}"])[0]["out_dir"] for p in train.PRESETS} == {
+        f"out/{p}" for p in train.PRESETS}                               # never the main job's out/ckpt.pt
+    assert train.get_config(["--preset=owt", "--out_dir=o"])[0]["out_dir"] == "o"
+    assert train.get_config([])[0]["prepare_data"] is True               # the main job builds its own data ...
+    assert train.get_config(["--data_dir=d"])[0]["prepare_data"] is False  # ... but not in a folder named by hand
+    assert train.get_config(["--data_dir=d", "--prepare_data=true"])[0]["prepare_data"] is True
+    with pytest.raises(SystemExit, match=r"mine: no train\*\.bin token files .*--prepare_data=true"):
+        train.main([f"--data_dir={tmp_path}/mine", f"--out_dir={tmp_path}/o", "--download=false"])
+    assert not (tmp_path / "mine").exists()
+
+
 # ---- the loop
 
 def test_train_resume_is_bit_identical(tmp_path, _train_data):
@@ -1391,9 +1403,10 @@ def test_train_plot_writes_pngs(tmp_path, _train_data):
     assert all(Path(p).stat().st_size > 1000 for p in paths)
 
 
-def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys):
+def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, monkeypatch):
     # generator -> tokenizer -> encode -> a few steps -> checkpoint -> sample, at a tiny size, then a rerun
-    args = [f"--data_dir={tmp_path}/data", f"--out_dir={tmp_path}/out", "--download=false", "--corpus_bytes=60000",
+    args = [f"--data_dir={tmp_path}/data", "--prepare_data=true", f"--out_dir={tmp_path}/out", "--download=false",
+            "--corpus_bytes=60000",
             "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2", "--context_length=32",
             "--batch_size=4", "--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--sample_tokens=8",
             "--time_budget=", "--num_threads=1"]
@@ -1414,6 +1427,9 @@ def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys):
     train.main(args + ["--fresh", "--max_iters=1"])                    # --fresh starts over
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iteration"] == 1
     assert "reusing" not in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)    # the preset the main job suggests next, beside its out/ckpt.pt: asks for its data
+    with pytest.raises(SystemExit, match="prepare them with:\n  python fineweb.py --prepare_tinystories"):
+        train.main(["--preset=tinystories-cpu"])
 
 
 def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):

@@ -50,9 +50,10 @@ from sample import generate
 
 CONFIG = [
     # I/O
-    ("out_dir", "out", "folder for ckpt.pt, log.jsonl and plots"),
+    ("out_dir", "out", "folder for ckpt.pt, log.jsonl and plots (a preset's default: out/PRESET)"),
     ("data_dir", "data/tinystories", "folder with train*.bin / val*.bin token files (each with a .bin.json sidecar)"),
-    ("prepare_data", True, "build data_dir with fineweb.prepare_tinystories first (downloads or generates stories; reused when done)"),
+    ("prepare_data", True, "build data_dir with fineweb.prepare_tinystories first (downloads or generates stories; reused "
+                           "when done); off when --data_dir is given, unless also given"),
     ("corpus_bytes", 4_000_000, "with --prepare_data: bytes of TinyStories (or generated stories) to prepare"),
     ("download", True, "with --prepare_data: try TinyStories from the Hugging Face hub before generating stories"),
     ("preset", "", "tinystories | tinystories-cpu | owt | gpt2-124m (sets the documented values; flags still override)"),
@@ -155,6 +156,8 @@ PREPARE_COMMANDS = {
     "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
 }
 PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["tinystories"]
+for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
+    _preset.setdefault("out_dir", f"out/{_name}")
 # settings that may change when a run is resumed (everything else must match the checkpoint)
 RESUMABLE_CHANGES = {"out_dir", "resume", "fresh", "plot", "wandb", "wandb_project", "max_iters", "time_budget",
                      "eval_interval", "eval_iters", "eval_tokens", "log_interval", "ckpt_interval", "num_samples",
@@ -542,6 +545,8 @@ def resolve_config(overrides):
     if unknown:
         raise ValueError(f"unknown settings {sorted(unknown)}")
     cfg.update(overrides)
+    if "data_dir" in overrides and "prepare_data" not in overrides:
+        cfg["prepare_data"] = False   # a folder named on the command line is the user's: never filled with stories
     return cfg
 
 
@@ -691,7 +696,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if not train_shards:
         cmd = PREPARE_COMMANDS.get(cfg["preset"])
         raise ValueError(f"{cfg['data_dir']}: no train*.bin token files" +
-                         (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py)"))
+                         (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py, or "
+                                                                   "pass --prepare_data=true for the main job's stories)"))
     if not val_shards:   # no separate validation split: hold out the last shard (or say so for a single file)
         if len(train_shards) < 2:
             raise ValueError(f"{cfg['data_dir']}: no val*.bin token file next to the train data")
