@@ -9,7 +9,7 @@ one loop that runs from a laptop CPU to torchrun on a GPU node.
     python train.py --preset=tinystories               # the same model, 327.68M tokens (one GPU)
     python train.py --preset=owt                       # OpenWebText, 32k tokenizer, same model
     torchrun --standalone --nproc_per_node=8 train.py --preset=gpt2-124m     # GPT-2 124M on FineWeb-Edu 10B
-    python train.py --model=gpt2 --init_from=gpt2 --data_dir=data/mydata     # fine-tune OpenAI's GPT-2
+    python train.py --model=gpt2 --init_from=gpt2 --data_dir=data/mydata --out_dir=out/ft   # fine-tune GPT-2
     python train.py --preset=owt --time_budget=45m     # a fixed wall-clock run: the schedule follows the clock
     python train.py --resume                           # continue out/ckpt.pt exactly where it stopped
     python train.py --plot=out/log.jsonl               # loss vs steps / vs wall clock PNGs next to the log
@@ -18,8 +18,8 @@ one loop that runs from a laptop CPU to torchrun on a GPU node.
 Two nodes (run on each node, node_rank 0 and 1; master = the first node's address):
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 train.py ...
 
-Every name in the CONFIG block is a flag (`--name=value`); a preset changes a few of them and any flag still
-overrides it. Only rank 0 prints, logs and writes checkpoints. Ctrl-C finishes the current step, writes a
+Every name in the CONFIG block is a flag (`--name=value`); a preset changes a few of them (and writes to
+out/PRESET) and any flag still overrides it. Only rank 0 prints, logs and writes checkpoints. Ctrl-C finishes the current step, writes a
 checkpoint and stops; `--resume` then continues bit for bit (on CPU) as if nothing happened.
 """
 import argparse
