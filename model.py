@@ -544,13 +544,18 @@ class GPT(nn.Module):
             files = {f: os.path.join(folder, f) for f in ("config.json", "model.safetensors", "pytorch_model.bin")
                      if os.path.isfile(os.path.join(folder, f))}
         elif name_or_path in _HUB_NAMES:
-            from huggingface_hub import hf_hub_download
             repo = f"openai-community/{name_or_path}"
-            files = {"config.json": hf_hub_download(repo, "config.json")}
             try:
-                files["model.safetensors"] = hf_hub_download(repo, "model.safetensors")
-            except Exception:  # older mirrors only have the pickle
-                files["pytorch_model.bin"] = hf_hub_download(repo, "pytorch_model.bin")
+                from huggingface_hub import hf_hub_download
+                files = {"config.json": hf_hub_download(repo, "config.json")}
+                try:
+                    files["model.safetensors"] = hf_hub_download(repo, "model.safetensors")
+                except Exception:  # older mirrors only have the pickle
+                    files["pytorch_model.bin"] = hf_hub_download(repo, "pytorch_model.bin")
+            except Exception as e:  # offline, no huggingface_hub, hub errors: one line, not a traceback
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+                raise ValueError(f"GPT.from_pretrained: cannot download {repo} from the Hugging Face hub ({why}); "
+                                 f"a local folder with config.json and model.safetensors works offline") from None
         else:
             raise ValueError(f"GPT.from_pretrained: {name_or_path!r} is neither a directory nor one of "
                              f"{sorted(_HUB_NAMES)}")

@@ -862,6 +862,18 @@ def test_model_from_pretrained_errors(tmp_path):
         M.GPT.from_pretrained(str(tmp_path))
 
 
+def test_model_from_pretrained_offline_is_one_line(monkeypatch):
+    hub = pytest.importorskip("huggingface_hub")
+
+    def offline(repo, filename, **kw):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
+    monkeypatch.setattr(hub, "hf_hub_download", offline)
+    with pytest.raises(ValueError) as e:
+        M.GPT.from_pretrained("gpt2")
+    assert str(e.value).startswith("GPT.from_pretrained: cannot download openai-community/gpt2 from the Hugging Face")
+    assert "couldn't connect" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_model_safetensors_reader_matches_library(tmp_path):
     from safetensors.torch import save_file
     tensors = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int64), "c": torch.randn(2).bfloat16(),
