@@ -359,6 +359,8 @@ def peak_rss_kb():
 def _input_file(input_path):
     """(Path, size in bytes) of an input text file; one clear error when it is missing or empty."""
     path = Path(input_path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, expected a text file")
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     size = path.stat().st_size
@@ -664,8 +666,10 @@ class Tokenizer:
 
     # --- files ---------------------------------------------------------------
     @classmethod
-    def from_files(cls, vocab_path, merges_path, special_tokens=None, name=None):
-        """Load GPT-2 format files: vocab.json {token: id}, merges.txt (optional '#version' first line)."""
+    def from_files(cls, vocab_path, merges_path, special_tokens=None, name=None, specials_file=None):
+        """Load GPT-2 format files: vocab.json {token: id}, merges.txt (optional '#version' first line).
+
+        Every special token must be in vocab.json (else an error naming `specials_file`, where they came from)."""
         try:
             with open(vocab_path, encoding="utf-8") as f:
                 raw = json.load(f)
@@ -678,6 +682,11 @@ class Tokenizer:
         for s, i in raw.items():
             b = s.encode("utf-8") if s in specials else _str_to_token(s, vocab_path)
             vocab[int(i)] = b
+        if specials:
+            present = set(vocab.values())
+            for t in special_tokens:
+                if t.encode("utf-8") not in present:
+                    raise ValueError(f"{specials_file or vocab_path}: special token {t!r} is not in {Path(vocab_path).name}")
         merges = []
         try:
             with open(merges_path, encoding="utf-8") as f:
@@ -721,16 +730,18 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, directory):
         d = Path(directory)
-        for n in ("vocab.json", "merges.txt"):
+        for n in ("vocab.json", "merges.txt", "special_tokens.json"):  # save_dir writes all three ("[]": no specials)
             if not (d / n).is_file():
                 raise ValueError(f"{d}: not a tokenizer directory (missing {n})")
-        specials = []
-        if (d / "special_tokens.json").is_file():
+        try:
             with open(d / "special_tokens.json", encoding="utf-8") as f:
                 specials = json.load(f)
-            if not isinstance(specials, list) or not all(isinstance(t, str) for t in specials):
-                raise ValueError(f"{d / 'special_tokens.json'}: expected a JSON list of strings")
-        return cls.from_files(d / "vocab.json", d / "merges.txt", specials, name=str(directory))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{d / 'special_tokens.json'}: not JSON: {e}") from None
+        if not isinstance(specials, list) or not all(isinstance(t, str) and t for t in specials):
+            raise ValueError(f"{d / 'special_tokens.json'}: expected a JSON list of non-empty strings")
+        return cls.from_files(d / "vocab.json", d / "merges.txt", specials, name=str(directory),
+                              specials_file=d / "special_tokens.json")
 
     # --- encoding ------------------------------------------------------------
     def _merge(self, pretoken):
@@ -1014,7 +1025,8 @@ def main():
             raise SystemExit(f"bpe.py: {e}")
         mb = os.path.getsize(args.encode) / 1e6
         own, kids = peak_rss_mb()
-        print(f"wrote {args.out}: {meta['num_tokens']:,} tokens ({meta['dtype']}), {meta['num_docs']} docs, "
+        docs = f"{meta['num_docs']:,} docs" if meta["num_docs"] is not None else f"no {EOT} token, so no document count"
+        print(f"wrote {args.out}: {meta['num_tokens']:,} tokens ({meta['dtype']}), {docs}, "
               f"{mb:.1f} MB in {meta['seconds']:.2f}s = {mb / meta['seconds']:.1f} MB/s, "
               f"{mb * 1e6 / max(meta['num_tokens'], 1):.2f} bytes/token, peak RSS main {own:.0f} MiB + largest worker {kids:.0f} MiB")
         return

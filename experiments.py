@@ -172,8 +172,8 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print):
         vocab, merges = bpe.train_bpe(str(p["train_text"]), p["vocab_size"], [bpe.EOT])
         bpe.Tokenizer(vocab, merges, [bpe.EOT]).save_dir(tok_dir)
         log(f"tokenizer: {p['vocab_size']} ids trained on {p['train_text'].name} in {time.perf_counter() - t0:.1f}s"
-            f" -> {tok_dir.relative_to(ROOT)}")
-    tok_ref = str(tok_dir.relative_to(ROOT))   # train.py / sample.py run from the repository root
+            f" -> {_rel(tok_dir)}")
+    tok_ref = str(_rel(tok_dir))   # train.py / sample.py run from the repository root
     meta = {}
     for split, text in (("train", p["train_text"]), ("val", p["val_text"])):
         out = data_dir / f"{split}.bin"
@@ -182,7 +182,7 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print):
             meta[split] = json.loads(side.read_text())
             continue
         meta[split] = bpe.encode_file(str(text), tok_ref, str(out))
-        log(f"encoded {text.name}: {meta[split]['num_tokens']:,} tokens -> {out.relative_to(ROOT)}")
+        log(f"encoded {text.name}: {meta[split]['num_tokens']:,} tokens -> {_rel(out)}")
     write_setup(preset_name, data_dir, tok_ref, meta, p)
     return data_dir
 
@@ -226,24 +226,24 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
     LOGS.mkdir(parents=True, exist_ok=True)
     dest = LOGS / f"{run['name']}.jsonl"
     out_dir = scratch / "runs" / run["name"]
-    args = train_args(run["flags"], data_dir.relative_to(ROOT) if data_dir.is_relative_to(ROOT) else data_dir,
-                      out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir)
+    args = train_args(run["flags"], _rel(data_dir), _rel(out_dir))
     if dest.is_file() and not rerun:
         rec = experiment_record(read_log(dest))
         if rec and rec.get("args") == args:
-            log(f"[{run['name']}] done before: {dest.relative_to(ROOT)} (--rerun to train again)")
+            log(f"[{run['name']}] done before: {_rel(dest)} (--rerun to train again)")
             return dest
-        log(f"[{run['name']}] {dest.relative_to(ROOT)} was made with other flags: training again")
+        log(f"[{run['name']}] {_rel(dest)} was made with other flags: training again")
     cmd = [sys.executable, "train.py", *args]
     log(f"[{run['name']}] {' '.join(cmd[1:])}")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    last = ""
+    last = final = ""
     with open(out_dir / "console.txt", "w") as console:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         for line in proc.stdout:
             console.write(line)
             line = line.rstrip()
+            final = line or final
             if line.startswith("step"):   # one tidy progress line per run
                 last = line
                 sys.stdout.write(f"\r[{run['name']}] {line[:110]:<110}")
@@ -252,8 +252,8 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
     wall = time.perf_counter() - t0
     sys.stdout.write("\n")
     if rc != 0:
-        raise SystemExit(f"experiments.py: run {run['name']} failed (train.py exit {rc}); "
-                         f"see {(out_dir / 'console.txt').relative_to(ROOT)}")
+        raise SystemExit(f"experiments.py: run {run['name']} failed (train.py exit {rc}: {final[:200]}); "
+                         f"see {_rel(out_dir / 'console.txt')}")
     rows = read_log(out_dir / "log.jsonl")
     rec = dict(type="experiment", name=run["name"], groups=run["groups"], change=run["change"], preset=preset_name,
                flags=run["flags"], args=args, wall=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -262,7 +262,7 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
         for r in [rec] + rows:
             f.write(json.dumps(r) + "\n")
     log(f"[{run['name']}] {last.split('|')[1].strip() if '|' in last else ''} | wall {wall:.0f}s -> "
-        f"{dest.relative_to(ROOT)}")
+        f"{_rel(dest)}")
     return dest
 
 
@@ -292,7 +292,7 @@ def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, l
         log("samples: no finished run with a checkpoint: skipped")
         return
     name, loss = best
-    ckpt = (scratch / "runs" / name / "ckpt.pt").relative_to(ROOT)
+    ckpt = _rel(scratch / "runs" / name / "ckpt.pt")
     cmd = [sys.executable, "sample.py", f"--ckpt={ckpt}", "--temperature=0.8", "--top_p=0.9",
            f"--num_samples={num_samples}", f"--max_new_tokens={max_new_tokens}", f"--seed={seed}",
            "--prompt=Once upon a time", "--device=cpu"]
@@ -355,8 +355,18 @@ def report(log=print):
     files = sorted(LOGS.glob("*.jsonl"))
     if not files:
         raise SystemExit(f"experiments.py: no logs in {_rel(LOGS)}; run `python experiments.py run` first")
-    runs = [summarize(read_log(f)) for f in files]
-    runs = [r for r in runs if r["name"]]
+    runs = []
+    for f in files:
+        try:
+            r = summarize(read_log(f))
+        except ValueError as e:   # json.JSONDecodeError: a truncated or hand-edited log
+            log(f"experiments.py: report: skipping {_rel(f)}: not a JSON-lines log ({e})")
+            continue
+        if r["name"] and (not r["train"] or r["val_loss"] is None):
+            log(f"experiments.py: report: skipping {_rel(f)}: incomplete run (no training step or no validation loss); "
+                f"rerun it with `python experiments.py run --only={r['name']} --rerun`")
+        elif r["name"]:
+            runs.append(r)
     by_name = {r["name"]: r for r in runs}
     base = by_name.get("baseline")
     setup = json.loads((RESULTS / "setup.json").read_text()) if (RESULTS / "setup.json").is_file() else {}
@@ -382,7 +392,7 @@ def report(log=print):
                   f"batch {c.get('batch_size')} = {tps:,} tokens/step, {c.get('max_iters')} steps "
                   f"= {tps * c.get('max_iters', 0):,} tokens, lr {c.get('learning_rate'):g} (warmup {c.get('warmup_iters')}, "
                   f"cosine to {c.get('min_lr_ratio'):g}x), AdamW wd {c.get('weight_decay'):g}, clip {c.get('grad_clip'):g}, "
-                  f"seed {c.get('seed')}; median {base['tok_s']:,.0f} tokens/s "
+                  f"seed {c.get('seed')}; median {_fmt(base['tok_s'], ',.0f')} tokens/s "
                   f"({c.get('num_threads') or 'default'} torch thread(s)). Validation loss is scored on the same first "
                   f"{c.get('eval_iters', 0) * tps:,} validation tokens in every run.", ""]
     for key, title, what, ref in GROUPS:
@@ -467,6 +477,8 @@ def main(argv=None):
                     "preset's data (no tokenizer training)")
     ap.add_argument("--no_samples", action="store_true", help="skip the samples from the best model")
     args = ap.parse_args(argv)
+    if args.steps < 0:
+        raise SystemExit(f"experiments.py: --steps {args.steps}: expected a positive number of steps (0: the preset's)")
 
     runs = plan(args.preset, args.steps or None)
     names = {r["name"] for r in runs}

@@ -23,6 +23,7 @@ its MFU column, so this file is the single source of truth for the accounting.
 import argparse
 import json
 import math
+import os
 import time
 
 # -----------------------------------------------------------------------------
@@ -353,6 +354,22 @@ def _contexts(values):
     return out
 
 
+def _load_config(path):
+    """The model_config of a train.py checkpoint; any problem -> SystemExit naming --ckpt."""
+    import torch
+    if os.path.isdir(path):
+        raise SystemExit(f"flops.py: --ckpt {path}: is a directory; expected a checkpoint file")
+    if not os.path.isfile(path):
+        raise SystemExit(f"flops.py: --ckpt {path}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # truncated zip, empty file, not a pickle: torch's messages run to many lines
+        raise SystemExit(f"flops.py: --ckpt {path}: not a loadable torch checkpoint (truncated or corrupt?)")
+    if not isinstance(ckpt, dict) or "model_config" not in ckpt:
+        raise SystemExit(f"flops.py: --ckpt {path}: no 'model_config' in the checkpoint")
+    return ckpt["model_config"]
+
+
 def main():
     parser = argparse.ArgumentParser(description="Parameter, FLOP, memory and training-time accounting.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -378,29 +395,32 @@ def main():
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
     args = parser.parse_args()
 
+    for flag in ("num_layers", "d_model", "num_heads", "context_length", "vocab_size", "d_ff",
+                 "pad_vocab_to_multiple_of"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise SystemExit(f"flops.py: --{flag} must be a positive integer, got {value}")
+    if not 0 < args.gpu_mem < math.inf:
+        raise SystemExit(f"flops.py: --gpu_mem must be a positive number of GB, got {args.gpu_mem:g}")
+    if args.train_tokens is not None and not 1 <= args.train_tokens < math.inf:
+        raise SystemExit(f"flops.py: --train_tokens must be a finite number >= 1, got {args.train_tokens:g}")
+    if not 0 < args.mfu <= 1:
+        raise SystemExit(f"flops.py: --mfu must be in (0, 1], got {args.mfu}")
     if args.ckpt:
-        import torch
-        try:
-            ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise SystemExit(f"flops.py: --ckpt {args.ckpt}: no such file")
-        if "model_config" not in ckpt:
-            raise SystemExit(f"flops.py: --ckpt {args.ckpt}: no 'model_config' in the checkpoint")
-        cfg = ckpt["model_config"]
+        cfg = _load_config(args.ckpt)
     else:
         if args.model not in PRESETS:
             raise SystemExit(f"flops.py: --model {args.model!r}: expected one of {', '.join(PRESETS)}")
         L, d, h, T, V = PRESETS[args.model]
-        cfg = make_config(args.arch, num_layers=args.num_layers or L, d_model=args.d_model or d,
-                          num_heads=args.num_heads or h, context_length=args.context_length or T,
-                          vocab_size=args.vocab_size or V, d_ff=args.d_ff, ffn_type=args.ffn_type,
+        pick = lambda value, preset: preset if value is None else value  # an override of 0 was rejected above
+        cfg = make_config(args.arch, num_layers=pick(args.num_layers, L), d_model=pick(args.d_model, d),
+                          num_heads=pick(args.num_heads, h), context_length=pick(args.context_length, T),
+                          vocab_size=pick(args.vocab_size, V), d_ff=args.d_ff, ffn_type=args.ffn_type,
                           pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     for g in gpus:
         if g not in GPU_PEAK:
             raise SystemExit(f"flops.py: --gpus: unknown GPU {g!r}; known: {', '.join(GPU_PEAK)}")
-    if not 0 < args.mfu <= 1:
-        raise SystemExit(f"flops.py: --mfu must be in (0, 1], got {args.mfu}")
     try:
         s = _shape(cfg)
         contexts = _contexts(args.context) if args.context else [s["T_max"]]

@@ -89,10 +89,13 @@ def load_examples(path=None, data_dir=DATA_DIR):
     if not path.is_file():
         raise ValueError(f"{path}: no such file (expected a HellaSwag jsonl file)")
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                examples.append(parse_example(line, f"{path}:{lineno}"))
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    examples.append(parse_example(line, f"{path}:{lineno}"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (expected a HellaSwag jsonl file)") from None
     if not examples:
         raise ValueError(f"{path}: no examples (expected one HellaSwag JSON object per line)")
     return examples
@@ -114,7 +117,13 @@ def render_example(example, tokenizer, max_len=None):
     attention is causal, so it never changes a scored logit. With max_len (the model's context length) the
     context loses tokens from its start, the same number for all 4 rows so they stay comparable.
     """
+    return _render(example, tokenizer, max_len)[:3]
+
+
+def _render(example, tokenizer, max_len):
+    """render_example's (tokens, mask, label) and whether the context was cut to fit max_len."""
     ctx_tokens = tokenizer.encode(example["ctx"])
+    num_ctx = len(ctx_tokens)
     end_tokens = [tokenizer.encode(" " + ending) for ending in example["endings"]]
     longest = max(len(t) for t in end_tokens)
     if max_len is not None:
@@ -130,7 +139,7 @@ def render_example(example, tokenizer, max_len=None):
         row = ctx_tokens + end
         tokens[i, :len(row)] = torch.tensor(row)
         mask[i, len(ctx_tokens):len(row)] = 1
-    return tokens, mask, example["label"]
+    return tokens, mask, example["label"], len(ctx_tokens) < num_ctx
 
 
 def forward_logits(model, idx):
@@ -166,7 +175,7 @@ def unwrap(model):
 def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, verbose=False,
              batch_examples=4, progress=False):
     """HellaSwag accuracy of model on examples -> dict(acc, acc_norm, num_correct, num_correct_norm, num_total,
-    num_skipped).
+    num_skipped), plus num_cut when some contexts lost tokens from their start to fit the model's context.
 
     Examples the model cannot score (an ending longer than its context: small-context models during training)
     are skipped and counted in num_skipped rather than stopping the run; accuracy is over the num_total scored.
@@ -181,17 +190,20 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     model.eval()
     max_len = getattr(model, "context_length", None)
     mine = range(ddp_rank, len(examples), ddp_world_size)
-    num_correct = num_correct_norm = num_done = num_skipped = 0
+    num_correct = num_correct_norm = num_done = num_skipped = num_cut = 0
     try:
         with torch.no_grad():
             for start in range(0, len(mine), batch_examples):
                 batch, rendered = [], []
                 for i in mine[start:start + batch_examples]:
                     try:
-                        rendered.append(render_example(examples[i], tokenizer, max_len))
-                        batch.append(examples[i])
+                        tokens, mask, label, cut = _render(examples[i], tokenizer, max_len)
                     except Unscorable:
                         num_skipped += 1
+                        continue
+                    rendered.append((tokens, mask, label))
+                    batch.append(examples[i])
+                    num_cut += cut
                 if not batch:
                     continue
                 T = max(tokens.size(1) for tokens, _, _ in rendered)
@@ -213,17 +225,21 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                 if progress:
                     print(f"\rhellaswag {num_done + num_skipped}/{len(mine)} acc_norm {num_correct_norm / num_done:.4f}",
                           end="", file=sys.stderr, flush=True)
-        if progress:
+        if progress and num_done:  # end the progress line
             print(file=sys.stderr)
     finally:
         model.train(was_training)
-    counts = torch.tensor([num_correct, num_correct_norm, num_done, num_skipped], dtype=torch.long, device=device)
+    counts = torch.tensor([num_correct, num_correct_norm, num_done, num_skipped, num_cut], dtype=torch.long,
+                          device=device)
     if ddp_world_size > 1:
         dist.all_reduce(counts)
-    num_correct, num_correct_norm, num_total, num_skipped = counts.tolist()
-    return dict(acc=num_correct / max(num_total, 1), acc_norm=num_correct_norm / max(num_total, 1),
-                num_correct=num_correct, num_correct_norm=num_correct_norm, num_total=num_total,
-                num_skipped=num_skipped)
+    num_correct, num_correct_norm, num_total, num_skipped, num_cut = counts.tolist()
+    result = dict(acc=num_correct / max(num_total, 1), acc_norm=num_correct_norm / max(num_total, 1),
+                  num_correct=num_correct, num_correct_norm=num_correct_norm, num_total=num_total,
+                  num_skipped=num_skipped)
+    if num_cut:
+        result["num_cut"] = num_cut
+    return result
 
 
 def result_line(r):
@@ -248,12 +264,15 @@ def load_model(args, device):
         ref = args.tokenizer or "gpt2"
         where = "--tokenizer" if args.tokenizer else "--init_from"
     else:
+        if os.path.isdir(args.ckpt):
+            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: is a directory; expected a checkpoint file")
         if not os.path.isfile(args.ckpt):
             raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: no such file")
         try:
             ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: not a loadable torch checkpoint ({e})")
+        except Exception:  # truncated zip, empty file, not a pickle: torch's messages run to many lines
+            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: not a loadable torch checkpoint "
+                             "(truncated or corrupt?)")
         if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
             raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: expected a train.py checkpoint "
                              "(a dict with model, model_config, tokenizer)")
@@ -302,6 +321,11 @@ def main():
     # torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; each rank takes every world_size-th example
     ddp = "RANK" in os.environ
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from model import resolve_device
+    try:
+        resolve_device(device)
+    except ValueError as e:
+        raise SystemExit(f"hellaswag.py: {e}")
     rank, world_size = 0, 1
     if ddp:
         if device.startswith("cuda"):
@@ -333,7 +357,14 @@ def main():
                               batch_examples=args.batch_examples, progress=rank == 0 and not args.verbose)
     except ValueError as e:
         raise SystemExit(f"hellaswag.py: {e}")
+    if result["num_total"] == 0:
+        raise SystemExit(f"hellaswag.py: no example fits the model's context ({model.context_length} tokens): all "
+                         f"{result['num_skipped']} skipped (an ending too long for it, or an empty context)")
     if rank == 0:
+        if result.get("num_cut"):
+            print(f"hellaswag.py: warning: {result['num_cut']} of {result['num_total']} contexts were too long for the "
+                  f"model's context ({model.context_length} tokens) with their endings: cut from the start",
+                  file=sys.stderr)
         print(f"{result['num_total']} examples scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
         print(result_line(result))
     if ddp:

@@ -7,7 +7,8 @@
 
 Both share one small surface so train.py, sample.py and hellaswag.py treat them alike:
     model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict),
-    model_from_checkpoint(ckpt), get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss().
+    model_from_checkpoint(ckpt), get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss(),
+    and resolve_device(name) for the scripts' --device flag.
 
     python -c "import model; m = model.GPT.from_pretrained('gpt2'); print(m.get_num_params())"
 """
@@ -640,6 +641,25 @@ def param_groups(model, weight_decay):
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def resolve_device(name):
+    """auto | cpu | cuda | cuda:N | mps -> torch.device; a ValueError naming --device for one this machine lacks."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device: expected auto, cpu, cuda, cuda:N or mps, got {name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: no such GPU ({torch.cuda.device_count()} visible)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name}: MPS is not available on this machine")
+    return device
 
 
 def model_from_checkpoint(ckpt, device="cpu"):

@@ -343,22 +343,33 @@ def load_model_and_tokenizer(ckpt_path, init_from, device):
             model = model_lib.GPT.from_pretrained(init_from)
         except Exception as e:  # network or file problems: one line naming the flag
             raise SystemExit(f"sample.py: --init_from {init_from}: could not load the weights ({e})")
-        return model.to(device), bpe.load_tokenizer("gpt2")
-    if not os.path.isfile(ckpt_path):
-        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: no such checkpoint (train one with `python train.py`, "
-                         f"or use --init_from=gpt2)")
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
-    if "model_config" not in ckpt or "model" not in ckpt:
-        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: not a train.py checkpoint (no model / model_config)")
-    try:
-        model = model_lib.model_from_checkpoint(ckpt, device=device)
-    except ValueError as e:
-        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: {e}")
-    ref = ckpt.get("tokenizer") or "gpt2"
+        model, ref, where = model.to(device), "gpt2", f"--init_from {init_from}"
+    else:
+        where = f"--ckpt {ckpt_path}"
+        if os.path.isdir(ckpt_path):
+            raise SystemExit(f"sample.py: {where}: is a directory; expected a checkpoint file such as "
+                             f"{os.path.join(ckpt_path, 'ckpt.pt')}")
+        if not os.path.isfile(ckpt_path):
+            raise SystemExit(f"sample.py: {where}: no such checkpoint (train one with `python train.py`, "
+                             f"or use --init_from=gpt2)")
+        try:
+            ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        except Exception:  # truncated zip, empty file, not a pickle: torch's messages run to many lines
+            raise SystemExit(f"sample.py: {where}: not a loadable torch checkpoint (truncated or corrupt?)")
+        if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
+            raise SystemExit(f"sample.py: {where}: not a train.py checkpoint (no model / model_config)")
+        try:
+            model = model_lib.model_from_checkpoint(ckpt, device=device)
+        except ValueError as e:
+            raise SystemExit(f"sample.py: {where}: {e}")
+        ref = ckpt.get("tokenizer") or "gpt2"
     try:
         tokenizer = bpe.load_tokenizer(ref)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"sample.py: --ckpt {ckpt_path}: cannot load its tokenizer {ref!r} ({e})")
+        raise SystemExit(f"sample.py: {where}: cannot load its tokenizer {ref!r} ({e})")
+    if tokenizer.vocab_size > model.vocab_size:  # else its ids would index past the embedding table
+        raise SystemExit(f"sample.py: {where}: its tokenizer {ref!r} has {tokenizer.vocab_size} tokens but the model "
+                         f"only {model.vocab_size}: not the tokenizer this model was trained with")
     return model, tokenizer
 
 
@@ -389,8 +400,10 @@ def main():
         raise SystemExit(f"sample.py: --top_p must be in (0, 1], got {args.top_p}")
     if args.top_k is not None and args.top_k < 1:
         raise SystemExit(f"sample.py: --top_k must be >= 1, got {args.top_k}")
-    if args.num_samples < 1 or args.max_new_tokens < 0:
-        raise SystemExit("sample.py: --num_samples must be >= 1 and --max_new_tokens >= 0")
+    if args.num_samples < 1:
+        raise SystemExit(f"sample.py: --num_samples must be >= 1, got {args.num_samples}")
+    if args.max_new_tokens < 0:
+        raise SystemExit(f"sample.py: --max_new_tokens must be >= 0, got {args.max_new_tokens}")
     prompt = args.prompt
     if prompt.startswith("FILE:"):
         path = prompt[len("FILE:"):]
@@ -399,7 +412,17 @@ def main():
                 prompt = f.read()
         except OSError as e:
             raise SystemExit(f"sample.py: --prompt FILE:{path}: cannot read it ({e.strerror})")
+        except UnicodeDecodeError:
+            raise SystemExit(f"sample.py: --prompt FILE:{path}: not UTF-8 text")
+        if not prompt:
+            raise SystemExit(f"sample.py: --prompt FILE:{path}: the file is empty (leave out --prompt to start "
+                             f"from <|endoftext|>)")
 
+    from model import resolve_device
+    try:
+        resolve_device(args.device)
+    except ValueError as e:
+        raise SystemExit(f"sample.py: {e}")
     torch.manual_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, args.device)
     model.to(dtype=getattr(torch, args.dtype)).eval()

@@ -415,13 +415,22 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same corpus")
     p.add_argument("--print", type=int, default=0, metavar="N", help="print N stories instead of writing a file")
     args = p.parse_args()
+    import os
+    if args.print < 0:
+        raise SystemExit(f"stories.py: --print {args.print}: expected a number of stories (0: write --out instead)")
+    if args.num_bytes <= 0:
+        raise SystemExit(f"stories.py: --num_bytes {args.num_bytes}: expected a positive number of bytes")
     if args.print:
         print(SEPARATOR.join(generate_stories(args.print, args.seed)))
         return
-    import os
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    if os.path.isdir(args.out):
+        raise SystemExit(f"stories.py: --out {args.out}: is a directory, expected a file name")
     t0 = time.time()
-    n, nbytes = write_corpus(args.out, args.num_bytes, args.seed)
+    try:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        n, nbytes = write_corpus(args.out, args.num_bytes, args.seed)
+    except OSError as e:
+        raise SystemExit(f"stories.py: --out {args.out}: cannot write {e.filename}: {e.strerror}")
     print(f"wrote {n:,} stories, {nbytes:,} bytes to {args.out} in {time.time() - t0:.2f}s")
 
 

@@ -2792,3 +2792,465 @@ def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
     # the best run skips the non-finite one
     runs = [dict(name=n) for n in ("baseline", "nope", "lr_1e-1")]
     assert experiments.best_run(runs)[0] == "baseline"
+
+
+# ============================================================================
+# bad input: one clear line naming the flag or file, before any work is done
+# ============================================================================
+
+# ---- train.py --------------------------------------------------------------------------------------------
+
+def _bad_cfg(data_dir, out_dir, **kw):
+    return _train_cfg(data_dir, out_dir, **{"max_iters": 2, "warmup_iters": 1, **kw})
+
+
+def _bad_train_two_steps(data, out):
+    train.train(_bad_cfg(data, out), log=_train_quiet)
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
+# ---- flags out of range
+
+TRAIN_BAD_FLAGS = [("batch_size", 0, ">= 1"), ("batch_size", -4, ">= 1"), ("context_length", 0, ">= 1"),
+             ("d_model", 0, ">= 1"), ("num_layers", 0, ">= 1"), ("num_heads", 0, ">= 1"), ("d_ff", -1, ">= 0"),
+             ("eval_interval", 0, ">= 1"), ("num_threads", -1, ">= 0"), ("max_iters", -5, ">= 0"),
+             ("weight_decay", -1.0, ">= 0"), ("warmup_iters", -10, ">= 0"), ("grad_clip", -1.0, ">= 0"),
+             ("eval_tokens", -100, ">= 0"), ("ckpt_interval", -1, ">= 0"), ("num_samples", -1, ">= 0"),
+             ("learning_rate", -1.0, ">= 0"), ("learning_rate", float("nan"), ">= 0"), ("beta1", 1.5, "in [0, 1)"),
+             ("min_lr_ratio", -2.0, "in [0, 1]"), ("top_p", 2.0, "in (0, 1]"), ("temperature", -1.0, ">= 0"),
+             ("sample_tokens", -3, ">= 0"), ("time_budget", "-5m", "> 0 ('' = none)")]
+
+
+@pytest.mark.parametrize("name,value,expected", TRAIN_BAD_FLAGS)
+def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_data, name, value, expected):
+    data = _train_data
+    out = tmp_path / "o"
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, out, **{name: value}), log=_train_quiet)
+    assert str(e.value).startswith(f"--{name} must be {expected}, got ")
+    assert not out.exists()                                           # nothing was written
+
+
+def test_train_bad_flag_on_the_command_line_is_one_line(tmp_path, _train_data):
+    data = _train_data
+    with pytest.raises(SystemExit) as e:
+        train.main([f"--data_dir={data}", f"--out_dir={tmp_path}/o", "--prepare_data=false", "--top_p=2"])
+    assert str(e.value) == "train.py: --top_p must be in (0, 1], got 2.0"
+
+
+def test_train_resume_with_a_bad_sample_flag_fails_before_training(tmp_path, _train_data):
+    data = _train_data
+    out = tmp_path / "o"
+    _bad_train_two_steps(data, out)
+    with pytest.raises(SystemExit) as e:
+        train.main([f"--data_dir={data}", f"--out_dir={out}", "--resume", "--max_iters=4", "--sample_tokens=-3"])
+    assert str(e.value) == "train.py: --sample_tokens must be >= 0, got -3"
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
+# ---- device
+
+def test_train_device_this_machine_does_not_have(tmp_path, _train_data, monkeypatch):
+    data = _train_data
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for device, msg in [("cuda", "--device cuda: CUDA is not available on this machine"),
+                        ("cuda:1", "--device cuda:1: CUDA is not available on this machine"),
+                        ("mps", "--device mps: MPS is not available on this machine"),
+                        ("gpu", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'")]:
+        with pytest.raises(ValueError) as e:
+            train.train(_bad_cfg(data, tmp_path / "o", device=device), log=_train_quiet)
+        assert str(e.value) == msg
+    assert not (tmp_path / "o").exists()
+
+
+# ---- checkpoints and data
+
+def test_train_resume_checkpoint_whose_weights_do_not_fit_its_model_config(tmp_path, _train_data):
+    data = _train_data
+    out = tmp_path / "o"
+    _bad_train_two_steps(data, out)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    mc = ckpt["model_config"]
+    gpt2 = dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    for model_config, problem in [(dict(mc, d_model=64), r"state dict token_embeddings.weight: shape \(64, 32\), "
+                                                          r"model expects \(64, 64\)"),
+                                  (gpt2, r"state dict holds a llama model, but the model is gpt2")]:
+        torch.save(dict(ckpt, model_config=model_config), out / "ckpt.pt")
+        with pytest.raises(ValueError, match=f"^{out / 'ckpt.pt'}: {problem}$"):
+            train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet)
+
+
+def test_train_sidecar_without_vocab_size_or_with_a_different_one(tmp_path, _train_data):
+    data = _train_data
+    side = data / "val.bin.json"
+    meta = json.loads(side.read_text())
+    side.write_text(json.dumps({k: v for k, v in meta.items() if k != "vocab_size"}))
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    assert str(e.value) == f'{data / "val.bin"}.json: missing "vocab_size"'
+    side.write_text(json.dumps(dict(meta, vocab_size=128)))
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    assert str(e.value) == (f"{data}: token files disagree on vocab_size ({data / 'train.bin'}.json: 64, "
+                            f"{data / 'val.bin'}.json: 128)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_data):
+    data = _train_data
+    _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)                # one batch needs 4*16+1 = 65 tokens
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    assert str(e.value) == (f"validation data too short: {data / 'val.bin'} has 50 tokens, one batch needs "
+                            f"batch_size*context_length*world_size+1 = 65")
+    _train_write_tokens(data / "val.bin", _train_docs(3000, 1), 64)
+    _train_write_tokens(data / "train.bin", _train_docs(60, 0), 64)
+    with pytest.raises(ValueError, match=f"^training data too short: {data / 'train.bin'} has 60 tokens"):
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+
+
+def test_train_short_validation_file_is_refused_before_a_resumed_run_trains(tmp_path, _train_data):
+    data = _train_data
+    out = tmp_path / "o"
+    _bad_train_two_steps(data, out)
+    _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)
+    steps = []
+    with pytest.raises(ValueError, match="^validation data too short"):
+        train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet, on_step=steps.append)
+    assert steps == []                                                 # not one step was trained (and lost)
+
+
+# ---- --plot
+
+@pytest.mark.parametrize("content,msg", [
+    (None, "no such file"),
+    ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2\n', "line 2: not JSON"),
+    ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n[1, 2]\n', "line 2: not a JSON object"),
+    (b"\x80\x81\xfe binary", "not a text file (expected a log.jsonl)"),
+])
+def test_train_plot_of_a_bad_log_is_one_line(tmp_path, content, msg):
+    log = tmp_path / "log.jsonl"
+    if isinstance(content, str):
+        log.write_text(content)
+    elif content is not None:
+        log.write_bytes(content)
+    sep = " " if msg.startswith("line") else ": "
+    with pytest.raises(SystemExit) as e:
+        train.main([f"--plot={log}"])
+    assert str(e.value) == f"train.py: --plot {log}{sep}{msg}"
+    assert not list(tmp_path.glob("*.png"))
+
+
+# ---- sample.py, flops.py, hellaswag.py -------------------------------------------------------------------
+
+def _bad_exit(monkeypatch, script, *argv):
+    """The message main() exits with for this command line; it must be one line."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    with pytest.raises(SystemExit) as exc:
+        script.main()
+    message = str(exc.value)
+    assert "\n" not in message, message
+    return message
+
+
+def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
+    """A tiny train.py-format Llama checkpoint with a byte-level bpe.py tokenizer (257 tokens with <|endoftext|>)."""
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
+    tok.save_dir(str(tmp_path / "tok"))
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=16,
+                           num_layers=1, num_heads=2, d_ff=32))
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": str(tmp_path / "tok"),
+                "iteration": 0}, path)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# checkpoints and devices, the same in the three scripts
+
+
+@pytest.mark.parametrize("script", [sample, flops, hellaswag])
+@pytest.mark.parametrize("kind, expect", [("truncated", "not a loadable torch checkpoint"),
+                                          ("empty", "not a loadable torch checkpoint"),
+                                          ("garbage", "not a loadable torch checkpoint"),
+                                          ("directory", "is a directory")])
+def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, expect):
+    good = _tiny_llama_ckpt(tmp_path).read_bytes()
+    bad = tmp_path / "bad.pt"
+    if kind == "directory":
+        bad.mkdir()
+    else:
+        bad.write_bytes({"truncated": good[:len(good) // 2], "empty": b"", "garbage": b"\x0e\xff not a pickle"}[kind])
+    message = _bad_exit(monkeypatch, script, f"--ckpt={bad}")
+    assert message.startswith(f"{script.__name__}.py: --ckpt {bad}: {expect}")
+
+
+@pytest.mark.parametrize("script", [sample, hellaswag])
+def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    name = f"{script.__name__}.py"
+    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=tpu") == (
+        f"{name}: --device: expected auto, cpu, cuda, cuda:N or mps, got 'tpu'")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda") == (
+        f"{name}: --device cuda: CUDA is not available on this machine")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3") == (
+        f"{name}: --device cuda:3: no such GPU (1 visible)")
+
+
+# -----------------------------------------------------------------------------
+# sample.py
+
+
+def test_sample_rejects_a_tokenizer_larger_than_the_model(tmp_path, monkeypatch, capsys):
+    # 257 byte-level tokens for a 200-token model: ids 200+ would index past the embedding table
+    ckpt = _tiny_llama_ckpt(tmp_path, vocab_size=200)
+    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--prompt=Hello", "--device=cpu")
+    assert message == (f"sample.py: --ckpt {ckpt}: its tokenizer {str(tmp_path / 'tok')!r} has 257 tokens but the "
+                       f"model only 200: not the tokenizer this model was trained with")
+    assert capsys.readouterr().out == ""  # caught at load time, before the prompt is printed
+
+
+def test_sample_prompt_file_must_be_non_empty_utf8(tmp_path, monkeypatch):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\u00e9".encode("latin-1"))
+    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{bad}") == (
+        f"sample.py: --prompt FILE:{bad}: not UTF-8 text")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{empty}").startswith(
+        f"sample.py: --prompt FILE:{empty}: the file is empty")
+
+
+@pytest.mark.parametrize("flag, expect", [("--max_new_tokens=-5", "--max_new_tokens must be >= 0, got -5"),
+                                          ("--num_samples=0", "--num_samples must be >= 1, got 0")])
+def test_sample_count_errors_name_the_wrong_flag_and_value(monkeypatch, flag, expect):
+    assert _bad_exit(monkeypatch, sample, flag) == f"sample.py: {expect}"
+
+
+# -----------------------------------------------------------------------------
+# flops.py
+
+
+@pytest.mark.parametrize("flag", ["--num_layers=0", "--vocab_size=0", "--d_model=-768", "--num_heads=0",
+                                  "--context_length=0", "--d_ff=0", "--pad_vocab_to_multiple_of=0",
+                                  "--train_tokens=-1", "--gpu_mem=-1", "--gpu_mem=nan"])
+def test_flops_rejects_out_of_range_numbers(monkeypatch, flag):
+    name, value = flag.split("=")
+    message = _bad_exit(monkeypatch, flops, "--model=gpt2", "--arch=gpt2", flag)
+    assert message.startswith(f"flops.py: {name} must be ") and message.endswith(f"got {value}")
+
+
+# -----------------------------------------------------------------------------
+# hellaswag.py
+
+
+def _bad_hs_data(path, rows):
+    """rows: (ctx, endings) with label 0."""
+    path.write_text("".join(json.dumps({"ind": i, "ctx": ctx, "endings": endings, "label": 0}) + "\n"
+                            for i, (ctx, endings) in enumerate(rows)), encoding="utf-8")
+    return path
+
+
+def test_hs_fails_when_no_example_fits_the_context(tmp_path, monkeypatch):
+    # byte-level tokens: every ending is longer than the 16-token context, so every example is skipped
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
+    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits.", ["then he stands up and walks away"] * 4)] * 2)
+    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        "hellaswag.py: no example fits the model's context (16 tokens): all 2 skipped "
+        "(an ending too long for it, or an empty context)")
+
+
+def test_hs_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=32)
+    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits down on a bench in the park.", ["a", "b", "c", "d"]),
+                                             ("He", ["e", "f", "g", "h"])])
+    monkeypatch.setattr(sys, "argv", ["hellaswag.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
+    hellaswag.main()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["hellaswag.py: warning: 1 of 2 contexts were too long for the model's context (32 tokens) "
+                        "with their endings: cut from the start"]
+
+
+def test_hs_names_a_data_file_that_is_not_utf8(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    data = tmp_path / "val.jsonl"
+    data.write_bytes(b'{"ctx": "caf\xe9"}\n')
+    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        f"hellaswag.py: --data {data}: not UTF-8 text (expected a HellaSwag jsonl file)")
+
+
+# ---- bpe.py, stories.py, fineweb.py, experiments.py ------------------------------------------------------
+
+BAD_EOT = "<|endoftext|>"
+
+
+def _bad_corpus(path, n=60, seed=0):
+    path.write_text("".join(d + stories.SEPARATOR for d in stories.generate_stories(n, seed)), encoding="utf-8")
+    return path
+
+
+def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
+    """A small bpe.py tokenizer directory (vocab 300) trained on generated stories."""
+    vocab, merges = bpe.train_bpe(_bad_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
+    bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
+    return tmp_path / "tok"
+
+
+# ---- bpe.py ------------------------------------------------------------------------------------------------------
+
+def test_bpe_special_token_not_in_vocab_is_refused_at_load(tmp_path, monkeypatch):
+    d = _bad_tok_dir(tmp_path)
+    (d / "special_tokens.json").write_text(json.dumps([BAD_EOT, "<|pad|>"]))
+    want = f"{d / 'special_tokens.json'}: special token '<|pad|>' is not in vocab.json"
+    for load in (bpe.load_tokenizer, bpe.Tokenizer.from_dir, fineweb.load_tokenizer):
+        with pytest.raises(ValueError) as e:
+            load(str(d))
+        assert str(e.value) == want
+    out = tmp_path / "out" / "x.bin"
+    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
+    assert msg == f"bpe.py: {want}" and not out.parent.exists()
+
+
+def test_bpe_tokenizer_dir_without_special_tokens_json_is_refused(tmp_path, monkeypatch):
+    d = _bad_tok_dir(tmp_path)
+    (d / "special_tokens.json").unlink()
+    with pytest.raises(ValueError, match="not a tokenizer directory \\(missing special_tokens.json\\)"):
+        bpe.load_tokenizer(str(d))
+    out = tmp_path / "out" / "x.bin"
+    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
+    assert msg == f"bpe.py: {d}: not a tokenizer directory (missing special_tokens.json)" and not out.parent.exists()
+
+
+def test_bpe_tokenizer_without_special_tokens_still_loads_and_says_no_doc_count(tmp_path, monkeypatch, capsys):
+    d = _bad_tok_dir(tmp_path, specials=())
+    assert json.loads((d / "special_tokens.json").read_text()) == [] and bpe.load_tokenizer(str(d)).eot_id is None
+    out = tmp_path / "x.bin"
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(tmp_path / "corpus.txt"), "--tokenizer", str(d),
+                                      "--out", str(out), "--workers", "1"])
+    bpe.main()
+    said = capsys.readouterr().out
+    assert "None" not in said and "no <|endoftext|> token" in said
+    assert json.loads(Path(f"{out}.json").read_text())["eot_id"] is None
+
+
+def test_bpe_input_directory_says_it_is_a_directory(tmp_path, monkeypatch):
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(ValueError, match="dir: is a directory, expected a text file"):
+        bpe.train_bpe(str(tmp_path / "dir"), 300, [BAD_EOT], num_workers=1)
+    msg = _bad_exit(monkeypatch, bpe, "--input", tmp_path / "dir", "--vocab", "300", "--out", tmp_path / "t")
+    assert msg == f"bpe.py: {tmp_path / 'dir'}: is a directory, expected a text file" and not (tmp_path / "t").exists()
+    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "dir", "--out", tmp_path / "x.bin")
+    assert "is a directory" in msg and not (tmp_path / "x.bin").exists()
+
+
+# ---- stories.py --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR")])
+def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
+    value = str(tmp_path) if value == "DIR" else value
+    msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
+    assert msg.startswith(f"stories.py: {flag} {value}: ") and "expected" in msg
+    assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
+
+
+# ---- fineweb.py --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
+                                   ["--prepare_tinystories", "--corpus_bytes=-5"]])
+def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
+    out = tmp_path / "out"
+    msg = _bad_exit(monkeypatch, fineweb, f"--input={_bad_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
+                    f"--out_dir={out}", *flags)
+    flag, value = flags[-1].split("=")
+    assert msg.startswith(f"fineweb.py: {flag} {value}: expected") and not out.exists()
+
+
+def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
+    with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
+        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
+    assert not (tmp_path / "d").exists()
+
+
+# ---- experiments.py ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def _bad_results(tmp_path, monkeypatch):
+    """results/ and results/logs/ redirected into tmp_path."""
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
+    return tmp_path / "results"
+
+
+def test_experiments_negative_steps_refused_before_anything_runs(tmp_path, _bad_results):
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", "--steps=-5", "--only=baseline", f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
+    assert str(e.value.code).startswith("experiments.py: --steps -5: expected")
+    assert not (tmp_path / "scratch").exists() and not _bad_results.exists()
+
+
+def _bad_fake_log(path, name, steps=(5, 10), evals=((0, 7.6), (10, 4.0))):
+    rows = [dict(type="experiment", name=name, groups=["ablation"], change=name, flags={}, args=[], wall=3.0),
+            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=3e-3, warmup_iters=1,
+                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
+                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
+    rows += [dict(type="train", step=s, loss=5.0 - s / 10, lr=3e-3, tokens_per_sec=100.0, elapsed=s * 1.0, tokens=s * 32)
+             for s in steps]
+    rows += [dict(type="eval", step=s, val_loss=v, val_bpb=v / math.log(2) / 3.6, elapsed=s * 1.0) for s, v in evals]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_results):
+    _bad_results.joinpath("logs").mkdir(parents=True)
+    _bad_fake_log(_bad_results / "logs" / "baseline.jsonl", "baseline", steps=(), evals=((0, 7.69),))   # what --steps=-5 left
+    _bad_fake_log(_bad_results / "logs" / "post_norm.jsonl", "post_norm", evals=())                    # never evaluated
+    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope")
+    (_bad_results / "logs" / "silu_ffn.jsonl").write_text('{"type": "train", "step": 1\nnot json\n')
+    said = []
+    experiments.report(log=said.append)
+    notes = [s for s in said if "skipping" in s]
+    assert len(notes) == 3 and all("\n" not in s for s in said)
+    assert any("baseline.jsonl: incomplete run" in s for s in notes)
+    assert any("post_norm.jsonl: incomplete run" in s for s in notes)
+    assert any("silu_ffn.jsonl: not a JSON-lines log" in s for s in notes)
+    md = (_bad_results / "results.md").read_text()
+    assert "| nope |" in md and "| baseline |" not in md
+
+
+@pytest.fixture
+def _bad_tiny_preset(tmp_path, monkeypatch):
+    """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
+    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
+             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
+             extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
+             base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
+                       learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
+                       grad_clip=1.0, sampler="random", eval_interval=100, num_threads=1))
+    monkeypatch.setitem(experiments.PRESETS, "tiny", p)
+    return "tiny"
+
+
+def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _bad_results, _bad_tiny_preset, capsys):
+    scratch = tmp_path / "scratch"
+    experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={scratch}", "--no_samples"])
+    rec = experiments.experiment_record(experiments.read_log(_bad_results / "logs" / "baseline.jsonl"))
+    assert f"--out_dir={scratch / 'tiny' / 'runs' / 'baseline'}" in rec["args"]
+    assert (scratch / "tiny" / "runs" / "baseline" / "ckpt.pt").is_file() and (_bad_results / "results.md").is_file()
+    assert json.loads((_bad_results / "setup.json").read_text())["tokenizer"] == str(scratch / "tiny" / "tokenizer-300")
+
+
+def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _bad_results, _bad_tiny_preset):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.bin").write_bytes(b"\0" * 64)   # no sidecar: train.py refuses it
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={tmp_path / 's'}",
+                          f"--data_dir={data}", "--no_samples"])
+    msg = str(e.value.code)
+    assert msg.startswith("experiments.py: run baseline failed (train.py exit 1: ") and "sidecar" in msg
+    assert msg.endswith(f"see {tmp_path / 's' / 'tiny' / 'runs' / 'baseline' / 'console.txt'}") and "\n" not in msg

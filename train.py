@@ -324,6 +324,15 @@ class RandomSampler:
         self.rng.bit_generator.state = state["rng"]
 
 
+def check_batch_fits(shards, need, what="training data"):
+    """One batch of need tokens must fit in some shard ((path, array, ...) tuples): else name the longest one."""
+    path, arr = max(shards, key=lambda s: len(s[1]))[:2]
+    if len(arr) < need:
+        raise ValueError(f"{what} too short: {path} has {len(arr):,} tokens"
+                         f"{f' (the longest of {len(shards)} files)' if len(shards) > 1 else ''}, one batch needs "
+                         f"batch_size*context_length*world_size+1 = {need:,}")
+
+
 class SequentialSampler:
     """build-nanogpt-style reading: windows of B*T+1 tokens taken in order through the shards, rank r of W taking
     every W-th window. Unlike the reference, each epoch shuffles the shard order and, when the end-of-text id is
@@ -335,10 +344,7 @@ class SequentialSampler:
         self.B, self.T, self.rank, self.world = batch_size, context_length, rank, world_size
         self.seed, self.eot_id, self.shuffle = seed, eot_id, shuffle
         self.span = batch_size * context_length   # tokens one rank consumes per batch
-        if not any(len(a) >= self.span * world_size + 1 for _, a in self.shards):
-            longest = max(len(a) for _, a in self.shards)
-            raise ValueError(f"every token file is shorter than batch_size*context_length*world_size+1 = "
-                             f"{self.span * world_size + 1} tokens (longest: {longest})")
+        check_batch_fits(self.shards, self.span * world_size + 1)
         self.epoch, self.shard, self.pos = 0, 0, 0
         self._start_epoch()
 
@@ -550,6 +556,27 @@ def resolve_config(overrides):
     return cfg
 
 
+def check_config(cfg):
+    """Refuse out-of-range settings before any work is done, naming the flag (train() calls it first)."""
+    rules = [   # (flags, test, what is expected)
+        (("batch_size", "context_length", "d_model", "num_layers", "num_heads", "eval_interval", "eval_iters",
+          "log_interval"), lambda v: v >= 1, ">= 1"),
+        (("d_ff", "max_iters", "warmup_iters", "lr_decay_iters", "total_batch_tokens", "eval_tokens", "ckpt_interval",
+          "num_samples", "sample_tokens", "num_threads", "learning_rate", "weight_decay", "eps", "grad_clip",
+          "temperature"), lambda v: v >= 0, ">= 0"),
+        (("rope_theta",), lambda v: v > 0, "> 0"),
+        (("min_lr_ratio",), lambda v: 0 <= v <= 1, "in [0, 1]"),
+        (("beta1", "beta2"), lambda v: 0 <= v < 1, "in [0, 1)"),
+        (("top_p",), lambda v: 0 < v <= 1, "in (0, 1]"),
+    ]
+    for names, ok, what in rules:
+        for name in names:
+            if not ok(cfg[name]):   # written so that NaN fails too
+                raise ValueError(f"--{name} must be {what}, got {cfg[name]}")
+    if cfg["time_budget"] and not parse_duration(cfg["time_budget"]) > 0:
+        raise ValueError(f"--time_budget must be > 0 ('' = none), got {cfg['time_budget']!r}")
+
+
 def model_config_from(cfg, vocab_size):
     """The model.py build_model() dict for this run."""
     if cfg["model"] == "llama":
@@ -652,11 +679,12 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     clock: the time source for --time_budget (tests inject a fake one). on_step(step): called after each
     optimizer step (tests use it to simulate a crash)."""
     cfg = dict(cfg)
+    check_config(cfg)
     # ---- processes, device, precision -------------------------------------------------------------------------
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = model_lib.resolve_device(cfg["device"])
     if cfg["num_threads"]:
         torch.set_num_threads(cfg["num_threads"])
-    device = torch.device(cfg["device"] if cfg["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     if ddp:
         import torch.distributed as dist
         rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
@@ -708,7 +736,16 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if any(m.get("tokenizer") != tok_ref for m in metas):
         raise ValueError(f"{cfg['data_dir']}: token files were written by different tokenizers "
                          f"{sorted({str(m.get('tokenizer')) for m in metas})}")
-    data_vocab = max(m["vocab_size"] for m in metas)
+    first = None   # (sidecar, vocab_size) of the first token file: every other one must agree
+    for path, _, m in train_shards + val_shards:
+        if "vocab_size" not in m:
+            raise ValueError(f'{path}.json: missing "vocab_size"')
+        if first is None:
+            first = (f"{path}.json", m["vocab_size"])
+        elif m["vocab_size"] != first[1]:
+            raise ValueError(f"{cfg['data_dir']}: token files disagree on vocab_size ({first[0]}: {first[1]}, "
+                             f"{path}.json: {m['vocab_size']})")
+    data_vocab = first[1]
     eot_id = metas[0].get("eot_id")
     if (cfg["prepare_data"] or cfg["preset"]) and cfg["vocab_size"] < data_vocab:
         say(f"train.py: the data's vocabulary is {data_vocab} (--vocab_size={cfg['vocab_size']}): using {data_vocab}")
@@ -737,7 +774,10 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if resume_ckpt is None and _parse_bool(cfg["resume"]) is True and not cfg["fresh"]:
         resume_ckpt = read_checkpoint(ckpt_path, map_location=device)
     if resume_ckpt is not None:
-        raw = model_lib.build_model(resume_ckpt["model_config"])
+        try:   # one clear line when the weights do not fit the model_config (another architecture or shape)
+            raw = model_lib.model_from_checkpoint(resume_ckpt)
+        except ValueError as e:
+            raise ValueError(f"{ckpt_path}: {e}") from None
     elif cfg["init_from"] != "scratch":
         if cfg["model"] != "gpt2":
             raise ValueError(f"--init_from={cfg['init_from']} needs --model=gpt2")
@@ -792,6 +832,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
     val_len = sum(len(a) for _, a, _ in val_shards)
+    check_batch_fits(val_shards, B * T * world + 1, "validation data")
     eval_iters = cfg["eval_tokens"] // (B * T * world) if cfg["eval_tokens"] else cfg["eval_iters"]
     eval_iters = max(1, min(eval_iters, (len(val_shards[0][1]) - 1) // (B * T * world)))
     bpt = metas[-1].get("bytes_per_token")
@@ -956,16 +997,29 @@ def _is_main_thread():
 def plot_log(log_path):
     """loss vs steps and loss vs wall clock PNGs beside log_path; returns their paths."""
     try:
+        lines = Path(log_path).read_text().splitlines()
+    except FileNotFoundError:
+        raise SystemExit(f"train.py: --plot {log_path}: no such file") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise SystemExit(f"train.py: --plot {log_path}: not a text file (expected a log.jsonl)") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line) if line.strip() else {})
+        except json.JSONDecodeError:
+            raise SystemExit(f"train.py: --plot {log_path} line {n}: not JSON") from None
+        if not isinstance(rows[-1], dict):
+            raise SystemExit(f"train.py: --plot {log_path} line {n}: not a JSON object")
+    tr = [r for r in rows if r.get("type") == "train"]
+    ev = [r for r in rows if r.get("type") == "eval"]
+    if not tr:
+        raise SystemExit(f"train.py: {log_path}: no training records to plot")
+    try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("train.py: --plot needs matplotlib (pip install matplotlib)") from None
-    rows = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
-    tr = [r for r in rows if r["type"] == "train"]
-    ev = [r for r in rows if r["type"] == "eval"]
-    if not tr:
-        raise SystemExit(f"train.py: {log_path}: no training records to plot")
     out = []
     for xkey, xlabel, name in (("step", "step", "loss_vs_steps.png"), ("elapsed", "training time (s)", "loss_vs_time.png")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
