@@ -364,7 +364,7 @@ def _load_config(path):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # truncated zip, empty file, not a pickle: torch's messages run to many lines
-        raise SystemExit(f"flops.py: --ckpt {path}: not a loadable torch checkpoint (truncated or corrupt?)")
+        raise SystemExit(f"flops.py: --ckpt {path}: not a readable checkpoint (truncated or corrupt?)")
     if not isinstance(ckpt, dict) or "model_config" not in ckpt:
         raise SystemExit(f"flops.py: --ckpt {path}: no 'model_config' in the checkpoint")
     return ckpt["model_config"]

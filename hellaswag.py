@@ -255,7 +255,7 @@ def result_line(r):
 def load_model(args, device):
     """(model, tokenizer) from --ckpt or --init_from; any problem -> SystemExit naming the flag."""
     from bpe import load_tokenizer  # imported here so evaluate() works with any module and tokenizer
-    from model import GPT, model_from_checkpoint
+    from model import GPT, model_from_checkpoint, read_checkpoint
     if args.init_from:
         try:
             model = GPT.from_pretrained(args.init_from)
@@ -264,16 +264,13 @@ def load_model(args, device):
         ref = args.tokenizer or "gpt2"
         where = "--tokenizer" if args.tokenizer else "--init_from"
     else:
-        if os.path.isdir(args.ckpt):
-            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: is a directory; expected a checkpoint file")
-        if not os.path.isfile(args.ckpt):
+        if not os.path.exists(args.ckpt):
             raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: no such file")
         try:
-            ckpt = torch.load(args.ckpt, map_location="cpu", weights_only=True)
-        except Exception:  # truncated zip, empty file, not a pickle: torch's messages run to many lines
-            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: not a loadable torch checkpoint "
-                             "(truncated or corrupt?)")
-        if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+            ckpt = read_checkpoint(args.ckpt)
+        except ValueError as e:
+            raise SystemExit(f"hellaswag.py: --ckpt {e}")
+        if "model" not in ckpt or "model_config" not in ckpt:
             raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: expected a train.py checkpoint "
                              "(a dict with model, model_config, tokenizer)")
         try:

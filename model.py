@@ -662,6 +662,25 @@ def resolve_device(name):
     return device
 
 
+def read_checkpoint(src, map_location="cpu"):
+    """torch.load with weights_only=True (nothing in the file is executed) -> the checkpoint dict, with one clear
+    line (ValueError) for a directory or a truncated, corrupt or foreign file; FileNotFoundError when missing."""
+    name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
+    if isinstance(src, (str, os.PathLike)) and os.path.isdir(src):
+        raise ValueError(f"{name}: is a directory; expected a checkpoint file")
+    try:
+        ckpt = torch.load(src, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # torch's own messages run to many lines: keep the first sentence
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
+        raise ValueError(f"{name}: not a readable checkpoint (truncated or corrupt?): {type(e).__name__}"
+                         f"{': ' + first if first else ''}") from None
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{name}: not a checkpoint (expected a dict, found {type(ckpt).__name__})")
+    return ckpt
+
+
 def model_from_checkpoint(ckpt, device="cpu"):
     """Build the model described by ckpt["model_config"] and load ckpt["model"] into it."""
     if "model_config" not in ckpt or "model" not in ckpt:

@@ -346,17 +346,14 @@ def load_model_and_tokenizer(ckpt_path, init_from, device):
         model, ref, where = model.to(device), "gpt2", f"--init_from {init_from}"
     else:
         where = f"--ckpt {ckpt_path}"
-        if os.path.isdir(ckpt_path):
-            raise SystemExit(f"sample.py: {where}: is a directory; expected a checkpoint file such as "
-                             f"{os.path.join(ckpt_path, 'ckpt.pt')}")
-        if not os.path.isfile(ckpt_path):
+        if not os.path.exists(ckpt_path):
             raise SystemExit(f"sample.py: {where}: no such checkpoint (train one with `python train.py`, "
                              f"or use --init_from=gpt2)")
         try:
-            ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
-        except Exception:  # truncated zip, empty file, not a pickle: torch's messages run to many lines
-            raise SystemExit(f"sample.py: {where}: not a loadable torch checkpoint (truncated or corrupt?)")
-        if not isinstance(ckpt, dict) or "model_config" not in ckpt or "model" not in ckpt:
+            ckpt = model_lib.read_checkpoint(ckpt_path, map_location=device)
+        except ValueError as e:
+            raise SystemExit(f"sample.py: --ckpt {e}")
+        if "model_config" not in ckpt or "model" not in ckpt:
             raise SystemExit(f"sample.py: {where}: not a train.py checkpoint (no model / model_config)")
         try:
             model = model_lib.model_from_checkpoint(ckpt, device=device)

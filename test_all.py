@@ -2972,9 +2972,9 @@ def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
 
 
 @pytest.mark.parametrize("script", [sample, flops, hellaswag])
-@pytest.mark.parametrize("kind, expect", [("truncated", "not a loadable torch checkpoint"),
-                                          ("empty", "not a loadable torch checkpoint"),
-                                          ("garbage", "not a loadable torch checkpoint"),
+@pytest.mark.parametrize("kind, expect", [("truncated", "not a readable checkpoint"),
+                                          ("empty", "not a readable checkpoint"),
+                                          ("garbage", "not a readable checkpoint"),
                                           ("directory", "is a directory")])
 def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, expect):
     good = _tiny_llama_ckpt(tmp_path).read_bytes()

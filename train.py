@@ -445,16 +445,10 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
 
 
 def read_checkpoint(src, map_location="cpu"):
-    """torch.load with weights_only=True (nothing in the file is executed), with a clear error when it is broken."""
-    name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
-    try:
-        ckpt = torch.load(src, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as e:
-        raise ValueError(f"{name}: not a readable checkpoint (truncated or corrupt?): {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "iteration" not in ckpt:
+    """model.read_checkpoint (one clear line when the file is broken), and it must be one of ours."""
+    ckpt = model_lib.read_checkpoint(src, map_location)
+    if "model" not in ckpt or "iteration" not in ckpt:
+        name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
         raise ValueError(f"{name}: not a train.py checkpoint (expected a dict with 'model' and 'iteration')")
     return ckpt
 
