@@ -669,7 +669,9 @@ class Tokenizer:
     def from_files(cls, vocab_path, merges_path, special_tokens=None, name=None, specials_file=None):
         """Load GPT-2 format files: vocab.json {token: id}, merges.txt (optional '#version' first line).
 
-        Every special token must be in vocab.json (else an error naming `specials_file`, where they came from)."""
+        Special tokens missing from vocab.json are appended with new ids (as the constructor does), except when
+        they come from a tokenizer folder's `specials_file`: save_dir wrote them into vocab.json, so there a
+        missing one means the folder is broken, and it is refused."""
         try:
             with open(vocab_path, encoding="utf-8") as f:
                 raw = json.load(f)
@@ -682,7 +684,7 @@ class Tokenizer:
         for s, i in raw.items():
             b = s.encode("utf-8") if s in specials else _str_to_token(s, vocab_path)
             vocab[int(i)] = b
-        if specials:
+        if specials and specials_file is not None:
             present = set(vocab.values())
             for t in special_tokens:
                 if t.encode("utf-8") not in present:

@@ -347,6 +347,9 @@ def test_bpe_special_tokens_missing_from_vocab_are_appended(tmp_path):
     t2 = bpe.Tokenizer(tok.vocab, tok.merges, ["<|user|>", "<|bot|>"])
     assert t2.vocab_size == n + 2 and t2.encode("<|user|>hi<|bot|>") == [n] + tok.encode("hi") + [n + 1]
     assert t2.eot_id is None
+    tok.save(tmp_path / "v.json", tmp_path / "m.txt")                   # from_files too (CS336's overlapping test)
+    t3 = bpe.Tokenizer.from_files(tmp_path / "v.json", tmp_path / "m.txt", ["<|user|>", "<|bot|>"])
+    assert t3.vocab_size == n + 2 and t3.encode("<|bot|>") == [n + 1]
 
 
 def test_bpe_decode_invalid_utf8_and_bad_ids(tmp_path):
