@@ -829,9 +829,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     check_batch_fits(val_shards, B * T * world + 1, "validation data")
     eval_iters = cfg["eval_tokens"] // (B * T * world) if cfg["eval_tokens"] else cfg["eval_iters"]
     eval_iters = max(1, min(eval_iters, (len(val_shards[0][1]) - 1) // (B * T * world)))
-    bpt = metas[-1].get("bytes_per_token")
-    if bpt is None and tokenizer is not None:
-        bpt = bytes_per_token(tokenizer, val_shards[0][1][1:eval_iters * B * T * world + 1], eot_id)
+    bpt = None if tokenizer is None else bytes_per_token(tokenizer, val_shards[0][1][1:eval_iters * B * T * world + 1],
+                                                         eot_id)
 
     # ---- logging ---------------------------------------------------------------------------------------------------------
     log_path = out_dir / "log.jsonl"
