@@ -648,18 +648,17 @@ def main():
                    "(0: all of TinyStories, with its official validation split)")
     p.add_argument("--fresh", action="store_true", help="with --prepare_tinystories: redo every step")
     args = p.parse_args()
-    a = args
     for flag, ok, expected in (  # every numeric flag, before anything is downloaded, trained or written
-            ("num_workers", a.num_workers is None or a.num_workers >= 1, "a positive number of processes"),
-            ("shard_size", a.shard_size >= 1, "a positive number of tokens"),
-            ("max_docs", a.max_docs is None or a.max_docs >= 1, "a positive number of documents"),
-            ("shuffle_buffer", a.shuffle_buffer >= 1, "a positive number of documents"),
-            ("vocab_size", a.vocab_size is None or a.vocab_size >= 257, f"at least 257 ids (256 bytes + {EOT})"),
-            ("bpe_train_bytes", a.bpe_train_bytes >= 0, "a number of bytes (0: all of the corpus)"),
-            ("corpus_bytes", a.corpus_bytes == 0 or a.corpus_bytes >= 2,
+            ("num_workers", args.num_workers is None or args.num_workers >= 1, "a positive number of processes"),
+            ("shard_size", args.shard_size >= 1, "a positive number of tokens"),
+            ("max_docs", args.max_docs is None or args.max_docs >= 1, "a positive number of documents"),
+            ("shuffle_buffer", args.shuffle_buffer >= 1, "a positive number of documents"),
+            ("vocab_size", args.vocab_size is None or args.vocab_size >= 257, f"at least 257 ids (256 bytes + {EOT})"),
+            ("bpe_train_bytes", args.bpe_train_bytes >= 0, "a number of bytes (0: all of the corpus)"),
+            ("corpus_bytes", args.corpus_bytes == 0 or args.corpus_bytes >= 2,
              "at least 2 bytes (train + validation), or 0 for all of TinyStories")):
         if not ok:
-            raise SystemExit(f"fineweb.py: --{flag} {getattr(a, flag)}: expected {expected}")
+            raise SystemExit(f"fineweb.py: --{flag} {getattr(args, flag)}: expected {expected}")
     try:
         if args.prepare_tinystories:
             prepare_tinystories(args.out_dir or "data/tinystories", args.vocab_size or 2048, fresh=args.fresh,
