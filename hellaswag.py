@@ -252,43 +252,67 @@ def result_line(r):
 # command line
 
 
-def load_model(args, device):
-    """(model, tokenizer) from --ckpt or --init_from; any problem -> SystemExit naming the flag."""
+def load_model(args, device, prog="hellaswag.py"):
+    """(model, tokenizer) from --ckpt or --init_from; any problem -> SystemExit naming prog and the flag.
+    lambada.py loads its model through this too."""
     from bpe import load_tokenizer  # imported here so evaluate() works with any module and tokenizer
     from model import GPT, model_from_checkpoint, read_checkpoint
     if args.init_from:
         try:
             model = GPT.from_pretrained(args.init_from)
         except Exception as e:  # unknown name, offline hub, broken directory: all end the same way
-            raise SystemExit(f"hellaswag.py: --init_from {args.init_from}: cannot load GPT-2 weights ({e})")
+            raise SystemExit(f"{prog}: --init_from {args.init_from}: cannot load GPT-2 weights ({e})")
         ref = args.tokenizer or "gpt2"
         where = "--tokenizer" if args.tokenizer else "--init_from"
     else:
         if not os.path.exists(args.ckpt):
-            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: no such file")
+            raise SystemExit(f"{prog}: --ckpt {args.ckpt}: no such file")
         try:
             ckpt = read_checkpoint(args.ckpt)
         except ValueError as e:
-            raise SystemExit(f"hellaswag.py: --ckpt {e}")
+            raise SystemExit(f"{prog}: --ckpt {e}")
         if "model" not in ckpt or "model_config" not in ckpt:
-            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: expected a train.py checkpoint "
+            raise SystemExit(f"{prog}: --ckpt {args.ckpt}: expected a train.py checkpoint "
                              "(a dict with model, model_config, tokenizer)")
         try:
             model = model_from_checkpoint(ckpt, device="cpu")
         except ValueError as e:
-            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt}: {e}")
+            raise SystemExit(f"{prog}: --ckpt {args.ckpt}: {e}")
         ref = args.tokenizer or ckpt.get("tokenizer")
         where = "--tokenizer" if args.tokenizer else f"the tokenizer stored in {args.ckpt}"
         if not ref:
-            raise SystemExit(f"hellaswag.py: --ckpt {args.ckpt} names no tokenizer; pass --tokenizer gpt2|DIR")
+            raise SystemExit(f"{prog}: --ckpt {args.ckpt} names no tokenizer; pass --tokenizer gpt2|DIR")
     try:
         tokenizer = load_tokenizer(ref)
     except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"hellaswag.py: {where} ({ref!r}) cannot be loaded ({e}); pass --tokenizer gpt2|DIR")
+        raise SystemExit(f"{prog}: {where} ({ref!r}) cannot be loaded ({e}); pass --tokenizer gpt2|DIR")
     if tokenizer.vocab_size > model.vocab_size:
-        raise SystemExit(f"hellaswag.py: {where} ({ref!r}) has {tokenizer.vocab_size} tokens but the model only "
+        raise SystemExit(f"{prog}: {where} ({ref!r}) has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.vocab_size}: not the tokenizer this model was trained with")
     return model.to(device), tokenizer
+
+
+def setup_device(device, prog):
+    """(device, rank, world_size, ddp) for an evaluation script: --device checked (default cuda if available, else
+    cpu); under torchrun (RANK / LOCAL_RANK / WORLD_SIZE set) one process group, each rank on its own GPU; TF32
+    on CUDA, as the reference figures were measured. lambada.py uses this too."""
+    ddp = "RANK" in os.environ
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from model import resolve_device
+    try:
+        resolve_device(device)
+    except ValueError as e:
+        raise SystemExit(f"{prog}: {e}")
+    rank, world_size = 0, 1
+    if ddp:
+        if device.startswith("cuda"):
+            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    if torch.device(device).type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    return device, rank, world_size, ddp
 
 
 def main():
@@ -315,25 +339,8 @@ def main():
     if args.batch_examples < 1:
         raise SystemExit(f"hellaswag.py: --batch_examples must be a positive integer, got {args.batch_examples}")
 
-    # torchrun sets RANK / LOCAL_RANK / WORLD_SIZE; each rank takes every world_size-th example
-    ddp = "RANK" in os.environ
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    from model import resolve_device
-    try:
-        resolve_device(device)
-    except ValueError as e:
-        raise SystemExit(f"hellaswag.py: {e}")
-    rank, world_size = 0, 1
-    if ddp:
-        if device.startswith("cuda"):
-            device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-        rank, world_size = dist.get_rank(), dist.get_world_size()
+    device, rank, world_size, ddp = setup_device(args.device, "hellaswag.py")
     device_type = torch.device(device).type
-    if device_type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 where available, as the reference figure was measured
-
     model, tokenizer = load_model(args, device)
     try:
         if ddp and rank != 0:

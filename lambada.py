@@ -1,0 +1,253 @@
+"""LAMBADA evaluation: can the model predict the last word of a passage when that needs the whole passage?
+
+LAMBADA (Paperno et al., 2016) holds passages from novels whose last word people guess easily with the
+whole passage and hardly at all from the last sentence alone, so it tests long-range context where
+HellaSwag tests everyday common sense. This is the version OpenAI used for GPT-2: 5,153 test passages, one
+JSON object {"text": ...} per line. Each passage is split at its last space into a context and a target
+(" " + the last word). Scored, over the target's tokens given the context:
+  acc  the fraction of passages whose target tokens are ALL the model's greedy (argmax) choices;
+  ppl  exp of the mean, over passages, of the target's summed negative log-likelihood (per-word perplexity).
+This is the method of the EleutherAI harness's `lambada_openai` task (context and target tokenised apart),
+where the released GPT-2 124M is reported at about 0.33 accuracy and perplexity about 40. The GPT-2 paper's
+own 45.99% / 35.13 used other preprocessing and is not what this computes.
+
+Commands:
+  python lambada.py --init_from=gpt2                   # released GPT-2 124M (downloads weights + test set)
+  python lambada.py --ckpt out/ckpt.pt --data lambada_test.jsonl --limit 200 --verbose
+  torchrun --standalone --nproc_per_node=8 lambada.py --init_from=gpt2      # passages sharded over ranks
+
+From Python (train.py does this during training with --lambada=true):
+  from lambada import load_examples, evaluate, result_line
+  result = evaluate(raw_model, tokenizer, load_examples(), device, ddp_rank, ddp_world_size)
+  print(result_line(result))                     # lambada acc 0.3256 (1678/5153) ppl 40.06
+"""
+import argparse
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from hellaswag import Unscorable, download, forward_logits, load_model, setup_device, unwrap
+
+# OpenAI's copy (the one the harness's lambada_openai task was built from)
+TEST_URL = "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
+DATA_DIR = Path(__file__).resolve().parent / "data" / "lambada"
+
+# -----------------------------------------------------------------------------
+# data
+
+
+def split_passage(text):
+    """A passage -> (context, target): everything before the last space, and " " + the last word."""
+    context, word = text.rsplit(" ", 1)
+    return context, " " + word
+
+
+def parse_example(line, where):
+    """One LAMBADA jsonl row -> {"text": ...}, checked. `where` is 'file:line'."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not a JSON object ({e.msg})") from None
+    text = row.get("text") if isinstance(row, dict) else None
+    if not isinstance(text, str):
+        raise ValueError(f'{where}: expected a JSON object with a "text" string')
+    if " " not in text.strip() or not all(part.strip() for part in text.rsplit(" ", 1)):
+        raise ValueError(f"{where}: 'text' must be a passage of several words ending in the word to predict")
+    return row
+
+
+def load_examples(path=None, data_dir=DATA_DIR):
+    """LAMBADA passages from a local jsonl file, or (path=None) OpenAI's test set, downloaded and cached."""
+    if path is None:
+        path = download(TEST_URL, Path(data_dir) / "lambada_test.jsonl")
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (expected a LAMBADA jsonl file)")
+    examples = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    examples.append(parse_example(line, f"{path}:{lineno}"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (expected a LAMBADA jsonl file)") from None
+    if not examples:
+        raise ValueError(f'{path}: no examples (expected one {{"text": ...}} JSON object per line)')
+    return examples
+
+# -----------------------------------------------------------------------------
+# rendering and scoring
+
+
+def render_example(example, tokenizer, max_len=None):
+    """(tokens, num_target, cut): context tokens + target tokens as one list, how many at the end are the
+    target, and whether the context lost tokens from its start so that the model's input (all tokens but the
+    last) fits max_len, the model's context length."""
+    context, target = split_passage(example["text"])
+    ctx_tokens, tgt_tokens = tokenizer.encode(context), tokenizer.encode(target)
+    num_ctx = len(ctx_tokens)
+    if max_len is not None:
+        if len(tgt_tokens) > max_len:
+            raise Unscorable(f"lambada: the target {target!r} has {len(tgt_tokens)} tokens, too long for context "
+                             f"length {max_len}")
+        ctx_tokens = ctx_tokens[max(0, len(ctx_tokens) + len(tgt_tokens) - 1 - max_len):]
+    if not ctx_tokens:
+        raise Unscorable("lambada: the context encodes to no tokens")
+    return ctx_tokens + tgt_tokens, len(tgt_tokens), len(ctx_tokens) < num_ctx
+
+
+def score_targets(model, tokens, mask):
+    """Per row of a right-padded batch: the summed negative log-likelihood of the tokens where mask is 1, and
+    whether every one of them is the model's argmax -> (nll (N,), greedy (N,) bool)."""
+    logits = forward_logits(model, tokens[:, :-1])  # position t predicts token t+1; the last token is no input
+    targets, scored = tokens[:, 1:], mask[:, 1:].bool()
+    picked = logits[scored].float()  # only the target positions: a 50k vocabulary makes full logits costly
+    nll = torch.zeros(targets.shape, device=logits.device)
+    nll[scored] = F.cross_entropy(picked, targets[scored], reduction="none")
+    hit = torch.ones(targets.shape, dtype=torch.bool, device=logits.device)
+    hit[scored] = picked.argmax(-1) == targets[scored]  # ties go to the lowest id, as in argmax
+    return nll.sum(dim=1), hit.all(dim=1)
+
+
+def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, verbose=False, batch_size=8,
+             progress=False):
+    """LAMBADA accuracy and perplexity of model on examples -> dict(acc, ppl, num_correct, num_total, num_skipped,
+    nll), plus num_cut when some contexts lost tokens from their start to fit the model's context.
+
+    Passages the model cannot score (a target longer than its context) are skipped and counted, not fatal.
+    Rank r scores passages r, r + world_size, ...; the sums are all-reduced, so all ranks must call this
+    together and all get the totals. batch_size passages go through one padded forward. Runs under no_grad
+    in eval mode and restores the previous mode, so it can be called mid-training (wrappers are stripped).
+    """
+    model = unwrap(model)
+    was_training = model.training
+    model.eval()
+    max_len = getattr(model, "context_length", None)
+    mine = range(ddp_rank, len(examples), ddp_world_size)
+    num_correct = num_done = num_skipped = num_cut = 0
+    nll_total = 0.0
+    try:
+        with torch.no_grad():
+            for start in range(0, len(mine), batch_size):
+                rendered = []
+                for i in mine[start:start + batch_size]:
+                    try:
+                        tokens, num_target, cut = render_example(examples[i], tokenizer, max_len)
+                    except Unscorable:
+                        num_skipped += 1
+                        continue
+                    rendered.append((examples[i], tokens, num_target))
+                    num_cut += cut
+                if not rendered:
+                    continue
+                T = max(len(tokens) for _, tokens, _ in rendered)
+                tokens = torch.zeros(len(rendered), T, dtype=torch.long)
+                mask = torch.zeros_like(tokens)
+                for row, (_, toks, num_target) in enumerate(rendered):
+                    tokens[row, :len(toks)] = torch.tensor(toks)
+                    mask[row, len(toks) - num_target:len(toks)] = 1
+                nll, greedy = score_targets(model, tokens.to(device), mask.to(device))
+                nll, greedy = nll.cpu().tolist(), greedy.cpu().tolist()
+                for (ex, _, _), loss, hit in zip(rendered, nll, greedy):
+                    num_correct += hit
+                    num_done += 1
+                    nll_total += loss
+                    if verbose:
+                        context, target = split_passage(ex["text"])
+                        print(f"--- {'right' if hit else 'wrong'} target {target.strip()!r} nll {loss:.3f} "
+                              f"(rank {ddp_rank}: acc {num_correct}/{num_done})\n  {'...' * (len(context) > 120)}{context[-120:]}")
+                if progress:
+                    print(f"\rlambada {num_done + num_skipped}/{len(mine)} acc {num_correct / max(num_done, 1):.4f}",
+                          end="", file=sys.stderr, flush=True)
+        if progress and num_done:  # end the progress line
+            print(file=sys.stderr)
+    finally:
+        model.train(was_training)
+    # float64 sums: the counts stay exact (below 2**53) and the log-likelihoods keep their precision
+    sums = torch.tensor([num_correct, num_done, num_skipped, num_cut, nll_total], dtype=torch.float64, device=device)
+    if ddp_world_size > 1:
+        dist.all_reduce(sums)
+    num_correct, num_total, num_skipped, num_cut = (int(x) for x in sums[:4].tolist())
+    nll_total = sums[4].item()
+    result = dict(acc=num_correct / max(num_total, 1),
+                  ppl=math.exp(min(nll_total / num_total, 700.0)) if num_total else float("nan"),
+                  num_correct=num_correct, num_total=num_total, num_skipped=num_skipped, nll=nll_total)
+    if num_cut:
+        result["num_cut"] = num_cut
+    return result
+
+
+def result_line(r):
+    skipped = r.get("num_skipped", 0)
+    return (f"lambada acc {r['acc']:.4f} ({r['num_correct']}/{r['num_total']}) ppl {r['ppl']:.2f}"
+            + (f", {skipped} skipped (a target too long for the context, or an empty context)" if skipped else ""))
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+def main():
+    parser = argparse.ArgumentParser(description="LAMBADA last-word accuracy and perplexity of a checkpoint or of "
+                                     "released GPT-2 weights.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--ckpt", default=None, help="train.py checkpoint to evaluate (either model.py architecture)")
+    parser.add_argument("--init_from", default=None,
+                        help="released weights instead: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF directory")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer ref overriding the checkpoint's (gpt2 or a bpe.py tokenizer directory)")
+    parser.add_argument("--data", default=None, help="local LAMBADA jsonl; default: OpenAI's test set, downloaded")
+    parser.add_argument("--data_dir", default=str(DATA_DIR), help="where the downloaded test set is cached")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N passages")
+    parser.add_argument("--batch_size", type=int, default=8, help="passages per forward")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps; default cuda if available else cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="autocast dtype of the forward on cuda")
+    parser.add_argument("--verbose", action="store_true", help="print every passage's target, loss and verdict")
+    args = parser.parse_args()
+    if (args.ckpt is None) == (args.init_from is None):
+        raise SystemExit("lambada.py: give exactly one of --ckpt PATH or --init_from NAME")
+    if args.limit is not None and args.limit < 1:
+        raise SystemExit(f"lambada.py: --limit must be a positive integer, got {args.limit}")
+    if args.batch_size < 1:
+        raise SystemExit(f"lambada.py: --batch_size must be a positive integer, got {args.batch_size}")
+
+    device, rank, world_size, ddp = setup_device(args.device, "lambada.py")
+    device_type = torch.device(device).type
+    model, tokenizer = load_model(args, device, prog="lambada.py")
+    try:
+        if ddp and rank != 0:
+            dist.barrier()  # rank 0 downloads first, the others then read the cached file
+        examples = load_examples(args.data, args.data_dir)
+        if ddp and rank == 0:
+            dist.barrier()
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"lambada.py: {'--data ' if args.data else ''}{e}")
+    examples = examples[:args.limit]
+
+    autocast = (torch.autocast(device_type, dtype=torch.bfloat16)
+                if args.dtype == "bfloat16" and device_type == "cuda" else nullcontext())
+    t0 = time.time()
+    with autocast:
+        result = evaluate(model, tokenizer, examples, device, rank, world_size, verbose=args.verbose,
+                          batch_size=args.batch_size, progress=rank == 0 and not args.verbose)
+    if result["num_total"] == 0:
+        raise SystemExit(f"lambada.py: no passage fits the model's context ({model.context_length} tokens): all "
+                         f"{result['num_skipped']} skipped")
+    if rank == 0:
+        if result.get("num_cut"):
+            print(f"lambada.py: warning: {result['num_cut']} of {result['num_total']} contexts were too long for the "
+                  f"model's context ({model.context_length} tokens): cut from the start", file=sys.stderr)
+        print(f"{result['num_total']} passages scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
+        print(result_line(result))
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
