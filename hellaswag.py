@@ -56,7 +56,7 @@ def download(url, dest):
             shutil.copyfileobj(response, f)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"cannot download {url} ({e}); offline? pass --data FILE with a local copy") from e
+        raise RuntimeError(f"cannot download {url} ({e}); offline? give the path of a local copy") from e
     os.replace(tmp, dest)
     return dest
 
@@ -349,7 +349,7 @@ def main():
         if ddp and rank == 0:
             dist.barrier()
     except (ValueError, RuntimeError) as e:
-        raise SystemExit(f"hellaswag.py: {'--data ' if args.data else ''}{e}")
+        raise SystemExit(f"hellaswag.py: {'--data ' if args.data else '(no --data) '}{e}")
     examples = examples[:args.limit]
 
     autocast = (torch.autocast(device_type, dtype=torch.bfloat16)

@@ -19,7 +19,7 @@ Commands:
 From Python (train.py does this during training with --lambada=true):
   from lambada import load_examples, evaluate, result_line
   result = evaluate(raw_model, tokenizer, load_examples(), device, ddp_rank, ddp_world_size)
-  print(result_line(result))                     # lambada acc 0.3256 (1678/5153) ppl 40.06
+  print(result_line(result))                     # lambada acc 0.xxxx (N/5153) ppl P
 """
 import argparse
 import json
@@ -227,7 +227,7 @@ def main():
         if ddp and rank == 0:
             dist.barrier()
     except (ValueError, RuntimeError) as e:
-        raise SystemExit(f"lambada.py: {'--data ' if args.data else ''}{e}")
+        raise SystemExit(f"lambada.py: {'--data ' if args.data else '(no --data) '}{e}")
     examples = examples[:args.limit]
 
     autocast = (torch.autocast(device_type, dtype=torch.bfloat16)

@@ -20,6 +20,7 @@ import experiments
 import fineweb
 import flops
 import hellaswag
+import lambada
 import model as M
 import numpy as np
 import pytest
@@ -2726,6 +2727,70 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
     n = len(examples)
     assert out.strip().splitlines()[-1] == (f"hellaswag acc_norm {ref_correct_norm / n:.4f} ({ref_correct_norm}/{n}) "
                                             f"acc {ref_correct / n:.4f} ({ref_correct}/{n})")
+
+
+# ---- HellaSwag and LAMBADA inside train.py's evaluations ----
+
+_TRAIN_LAMBADA_TEXTS = [
+    "The old man took his fishing rod down to the river every morning and sat there until he caught a fish",
+    "Mary baked a chocolate cake for her brother and put seven candles on the cake",
+    "The children ran out into the yard and played until the teacher called them back into the classroom",
+]
+
+
+def _train_data_with_gpt2_tokenizer(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 50257, tokenizer="gpt2")
+    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 50257, tokenizer="gpt2")
+    return d
+
+
+@needs_gpt2_files
+@pytest.mark.parametrize("compiled", [False, True])
+def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compiled):
+    # train.py's evaluations (compiled training or not) log both tasks, and the final figures equal the tasks'
+    # own evaluate() on the saved weights
+    hs = _hs_write_rows(tmp_path / "hs.jsonl")
+    lam = tmp_path / "lambada.jsonl"
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in _TRAIN_LAMBADA_TEXTS))
+    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
+                     context_length=64, max_iters=3, eval_interval=2, hellaswag=True, hellaswag_path=str(hs),
+                     lambada=True, lambada_path=str(lam), compile=compiled, compile_backend="aot_eager")
+    said = []
+    train.train(cfg, log=said.append)
+    evals = [r for r in map(json.loads, (tmp_path / "o" / "log.jsonl").read_text().splitlines()) if r["type"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2, 3]
+    model = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
+    tok = bpe.load_tokenizer("gpt2")
+    hs_result = hellaswag.evaluate(model, tok, hellaswag.load_examples(hs), "cpu")
+    lam_result = lambada.evaluate(model, tok, lambada.load_examples(lam), "cpu")
+    assert lam_result["num_total"] == 3 and hs_result["num_total"] == len(_HS_ROWS)
+    assert evals[-1]["hellaswag_acc_norm"] == hs_result["acc_norm"]
+    assert evals[-1]["lambada_acc"] == lam_result["acc"]
+    assert evals[-1]["lambada_ppl"] == pytest.approx(lam_result["ppl"], rel=1e-4)
+    assert 1 < evals[0]["lambada_ppl"] and evals[0]["lambada_ppl"] != evals[-1]["lambada_ppl"]
+    assert sum(" | hellaswag " in line and " | lambada " in line for line in said) == 3
+
+
+def test_train_downstream_tasks_need_a_tokenizer_and_their_files(tmp_path, _train_data):
+    # data without a tokenizer: said once, no task fields; a missing task file: one line naming the flag
+    said = []
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1, hellaswag=True, lambada=True), log=said.append)
+    assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
+    evals = [r for r in map(json.loads, (tmp_path / "o" / "log.jsonl").read_text().splitlines()) if r["type"] == "eval"]
+    assert evals and all(set(r) == {"type", "step", "val_loss", "val_bpb", "elapsed"} for r in evals)
+
+
+@needs_gpt2_files
+def test_train_missing_lambada_file_is_one_line_before_training(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
+                     context_length=32, lambada=True, lambada_path=str(missing))
+    steps = []
+    with pytest.raises(ValueError) as e:
+        train.train(cfg, on_step=steps.append, log=_train_quiet)
+    assert str(e.value) == f"--lambada_path: {missing}: no such file (expected a LAMBADA jsonl file)" and not steps
 
 
 # ============================================================================

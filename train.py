@@ -41,6 +41,7 @@ import bpe
 import fineweb
 import flops
 import hellaswag
+import lambada
 import model as model_lib
 from sample import generate
 
@@ -109,6 +110,8 @@ CONFIG = [
     ("sample_prompt", "Once upon a time", "prompt for the samples"),
     ("hellaswag", False, "HellaSwag accuracy at each evaluation (needs hellaswag.py)"),
     ("hellaswag_path", "", "local HellaSwag jsonl (default: the official val set, downloaded once)"),
+    ("lambada", False, "LAMBADA last-word accuracy and perplexity at each evaluation (needs lambada.py)"),
+    ("lambada_path", "", "local LAMBADA jsonl (default: OpenAI's test set, downloaded once)"),
     # system
     ("device", "auto", "auto | cpu | cuda | cuda:N"),
     ("dtype", "auto", "autocast dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16"),
@@ -142,7 +145,7 @@ PRESETS = {
     "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12, num_heads=12,
                       data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
                       learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, max_iters=19073, weight_decay=0.1,
-                      beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True,
+                      beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True, lambada=True,
                       sampler="sequential", sample_prompt="Hello, I'm a language model,", sample_tokens=32,
                       num_samples=4),
 }
@@ -161,9 +164,9 @@ for _name, _preset in PRESETS.items():   # each preset runs in its own folder, n
 # settings that may change when a run is resumed (everything else must match the checkpoint)
 RESUMABLE_CHANGES = {"out_dir", "resume", "fresh", "plot", "wandb", "wandb_project", "max_iters", "time_budget",
                      "eval_interval", "eval_iters", "eval_tokens", "log_interval", "ckpt_interval", "num_samples",
-                     "sample_tokens", "temperature", "top_p", "sample_prompt", "hellaswag", "hellaswag_path", "device",
-                     "compile", "compile_backend", "num_threads", "prepare_data", "download", "preset", "lr_decay_iters",
-                     "fused"}
+                     "sample_tokens", "temperature", "top_p", "sample_prompt", "hellaswag", "hellaswag_path", "lambada",
+                     "lambada_path", "device", "compile", "compile_backend", "num_threads", "prepare_data", "download",
+                     "preset", "lr_decay_iters", "fused"}
 
 
 # -----------------------------------------------------------------------------
@@ -882,9 +885,18 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         return get_lr_cosine_schedule(it, cfg["learning_rate"], cfg["learning_rate"] * cfg["min_lr_ratio"],
                                       cfg["warmup_iters"], decay_iters)
 
-    hellaswag_examples = None
-    if cfg["hellaswag"]:
-        hellaswag_examples = hellaswag.load_examples(cfg["hellaswag_path"] or None)
+    def task_examples(name, lib):
+        """The examples of a downstream task asked for with --NAME (scored with the data's tokenizer), or None."""
+        if not cfg[name] or tokenizer is None:
+            return None
+        try:
+            return lib.load_examples(cfg[f"{name}_path"] or None)
+        except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
+            raise ValueError(f"--{name}_path: {e}" if cfg[f"{name}_path"] else f"--{name}: {e}") from None
+
+    if tokenizer is None and (cfg["hellaswag"] or cfg["lambada"]):
+        say("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
+    hellaswag_examples, lambada_examples = task_examples("hellaswag", hellaswag), task_examples("lambada", lambada)
 
     # ---- the loop ----------------------------------------------------------------------------------------------------------
     ckpt_every = cfg["ckpt_interval"] or cfg["eval_interval"]
@@ -897,17 +909,23 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         while True:
             last = step >= max_iters or (budget is not None and elapsed >= budget)
             last = last or _Stop.requested
-            # periodic duties (not counted in the time budget): eval, samples, HellaSwag, checkpoint
+            # periodic duties (not counted in the time budget): eval, HellaSwag, LAMBADA, samples, checkpoint
             if step % cfg["eval_interval"] == 0 or last:
                 val_loss = estimate_val_loss(raw, val_shards, cfg, arch, device, autocast, rank, world, eval_iters)
                 bpb = val_loss / math.log(2) / bpt if bpt else None
                 fields = dict(step=step, val_loss=val_loss, val_bpb=bpb, elapsed=elapsed)
-                if hellaswag_examples is not None and tokenizer is not None:
+                if hellaswag_examples is not None:
                     with autocast:
                         res = hellaswag.evaluate(raw, tokenizer, hellaswag_examples, device, rank, world)
                     fields["hellaswag_acc_norm"] = res["acc_norm"]
+                if lambada_examples is not None:
+                    with autocast:
+                        res = lambada.evaluate(raw, tokenizer, lambada_examples, device, rank, world)
+                    fields.update(lambada_acc=res["acc"], lambada_ppl=res["ppl"])
                 say(f"step {step:>6} | val loss {val_loss:.4f}" + (f" | val bpb {bpb:.4f}" if bpb else "") +
-                    (f" | hellaswag {fields['hellaswag_acc_norm']:.4f}" if "hellaswag_acc_norm" in fields else ""))
+                    (f" | hellaswag {fields['hellaswag_acc_norm']:.4f}" if "hellaswag_acc_norm" in fields else "") +
+                    (f" | lambada {fields['lambada_acc']:.4f} ppl {fields['lambada_ppl']:.1f}"
+                     if "lambada_acc" in fields else ""))
                 if master and tokenizer is not None and cfg["num_samples"] > 0:
                     samples = generate_samples(raw, tokenizer, cfg, device, autocast, cfg["seed"] + step)
                     for s in samples:
