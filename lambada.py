@@ -93,6 +93,8 @@ def render_example(example, tokenizer, max_len=None):
     context, target = split_passage(example["text"])
     ctx_tokens, tgt_tokens = tokenizer.encode(context), tokenizer.encode(target)
     num_ctx = len(ctx_tokens)
+    if not tgt_tokens:
+        raise Unscorable(f"lambada: the target {target!r} encodes to no tokens")
     if max_len is not None:
         if len(tgt_tokens) > max_len:
             raise Unscorable(f"lambada: the target {target!r} has {len(tgt_tokens)} tokens, too long for context "
@@ -171,13 +173,14 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     finally:
         model.train(was_training)
     # float64 sums: the counts stay exact (below 2**53) and the log-likelihoods keep their precision
-    sums = torch.tensor([num_correct, num_done, num_skipped, num_cut, nll_total], dtype=torch.float64, device=device)
+    sums = torch.tensor([num_correct, num_done, num_skipped, num_cut, nll_total], dtype=torch.float64)
     if ddp_world_size > 1:
+        sums = sums.to(device)  # NCCL reduces GPU tensors (and MPS, which has no float64, never runs DDP)
         dist.all_reduce(sums)
     num_correct, num_total, num_skipped, num_cut = (int(x) for x in sums[:4].tolist())
     nll_total = sums[4].item()
     result = dict(acc=num_correct / max(num_total, 1),
-                  ppl=math.exp(min(nll_total / num_total, 700.0)) if num_total else float("nan"),
+                  ppl=math.exp(min(nll_total / num_total, 700.0)) if num_total else float("nan"),  # no overflow
                   num_correct=num_correct, num_total=num_total, num_skipped=num_skipped, nll=nll_total)
     if num_cut:
         result["num_cut"] = num_cut

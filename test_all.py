@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -2729,6 +2730,568 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
                                             f"acc {ref_correct / n:.4f} ({ref_correct}/{n})")
 
 
+# ============================================================================
+# lambada.py
+# ============================================================================
+
+
+# Hand-written passages in the LAMBADA format: the last word is easy to guess from the whole passage. The last
+# context word differs from passage to passage (his, some, the, old, her, their, hungry), so a bigram model can
+# be told separately for each passage what to predict; two targets are two pieces long (" ice-" "cream",
+# " pen-" "pal") with the stand-in tokenizer below.
+_LB_PASSAGES = [
+    "Tom lost his red kite in the tall oak tree. He climbed from branch to branch for an hour, and at last "
+    "he reached the top and freed his kite",
+    "The baker took a tray of warm bread out of the oven. A little girl pressed her nose against the window "
+    "and begged her mother for some bread",
+    "Anna trained every morning for months before the big race. On the day she ran faster than ever and "
+    "crossed the line first, so she won the race",
+    "Grandpa keeps an old violin in a wooden case under his bed. Every Sunday he takes it out, tunes the "
+    "strings and plays a slow waltz on his old violin",
+    "Lena bought a cone of ice-cream at the corner shop. The sun was so hot that it started to drip before "
+    "she could finish her ice-cream",
+    "The twins wrote a long letter to their pen-pal in Spain. Two weeks later a parcel full of photos "
+    "arrived from their pen-pal",
+    "Sam found a hungry puppy shivering by the river. He carried it home, wrapped it in a towel and gave a "
+    "bowl of warm milk to the hungry puppy",
+]
+_LB_TARGETS = [" kite", " bread", " race", " violin", " ice-cream", " pen-pal", " puppy"]
+
+
+def _lb_write(path, texts=_LB_PASSAGES, blank_lines=False):
+    lines = [json.dumps({"text": t}) + "\n" for t in texts]
+    if blank_lines:
+        lines = ["\n", *lines[:2], "   \n", *lines[2:], "\n"]
+    Path(path).write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def _lb_examples():
+    return [{"text": t} for t in _LB_PASSAGES]
+
+
+class _LbPieceTokenizer:
+    """Stand-in GPT-2-like tokenizer: a piece is an optional leading space, then characters up to the next space
+    or after a hyphen (" ice-cream" -> " ice-", "cream"); one id per piece seen in `texts`, id 0 reserved so that
+    padding is visible. The space belongs to the next word, so "kite" and " kite" are different pieces (and
+    "kite" alone is no piece at all). Records what it was asked to encode."""
+
+    PIECE = re.compile(r" ?[^ \-]+-?")
+
+    def __init__(self, texts):
+        pieces = sorted({p for t in texts for p in self.PIECE.findall(t)})
+        self.ids = {p: i + 1 for i, p in enumerate(pieces)}
+        self.vocab_size = len(pieces) + 1
+        self.calls = []
+
+    def encode(self, text):
+        self.calls.append(text)
+        pieces = self.PIECE.findall(text)
+        assert "".join(pieces) == text, f"stand-in tokenizer cannot encode {text!r}"
+        return [self.ids[p] for p in pieces]
+
+
+def _lb_tokenizer():
+    return _LbPieceTokenizer(_LB_PASSAGES)
+
+
+def _lb_reference(table, ctx_ids, tgt_ids):
+    """Independent scoring in plain Python for a bigram table: (summed nll, every target token the argmax?),
+    with the log-sum-exp written out and ties going to the lowest id."""
+    nll, greedy, prev = 0.0, True, ctx_ids[-1]
+    for t in tgt_ids:
+        row = [float(v) for v in table[prev]]
+        top = max(row)
+        nll += top + math.log(sum(math.exp(v - top) for v in row)) - row[t]
+        greedy = greedy and row.index(top) == t
+        prev = t
+    return nll, greedy
+
+
+def _lb_designed_table(tok):
+    """A bigram table whose verdict on each passage is known by construction:
+    kite right; bread right; race wrong (prefers " violin"); violin right by a tie it wins (" waltz" has a higher
+    id); ice-cream first piece right, second wrong (prefers " kite" over "cream"); pen-pal both pieces right;
+    puppy wrong by a tie it loses (" bread" has a lower id)."""
+    ids = tok.ids
+    assert ids[" waltz"] > ids[" violin"] and ids[" bread"] < ids[" puppy"]  # the two ties mean what they say
+    table = torch.zeros(tok.vocab_size, tok.vocab_size)
+    for a, b in [(" his", " kite"), (" some", " bread"), (" the", " violin"), (" old", " violin"), (" old", " waltz"),
+                 (" her", " ice-"), (" ice-", " kite"), (" their", " pen-"), (" pen-", "pal"),
+                 (" hungry", " puppy"), (" hungry", " bread")]:
+        table[ids[a], ids[b]] = 4.0
+    return table
+
+
+_LB_DESIGNED_VERDICTS = [True, True, False, True, False, True, False]
+
+
+# ---- data -------------------------------------------------------------------------------------------------
+
+def test_lambada_load_examples_reads_jsonl_with_blank_lines(tmp_path):
+    path = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
+    with open(path, "a", encoding="utf-8", newline="") as f:  # a CRLF line and an extra key are fine too
+        f.write(json.dumps({"text": "Snow fell all night, so in the morning the children built a snowman out of snow",
+                            "id": 7}) + "\r\n")
+    examples = lambada.load_examples(path)
+    assert [e["text"] for e in examples] == _LB_PASSAGES + [
+        "Snow fell all night, so in the morning the children built a snowman out of snow"]
+    assert examples[-1]["id"] == 7
+    assert lambada.load_examples(str(path)) == examples  # a str path too
+    assert lambada.parse_example('{"text": "a b"}', "x:1") == {"text": "a b"}
+
+
+@pytest.mark.parametrize("bad, expect", [
+    ("not json", "not a JSON object"),
+    ('{"text": "unterminated', "not a JSON object"),
+    (json.dumps({"txt": "He opened the door"}), 'expected a JSON object with a "text" string'),
+    (json.dumps({"text": 42}), 'expected a JSON object with a "text" string'),
+    (json.dumps({"text": None}), 'expected a JSON object with a "text" string'),
+    (json.dumps(["He opened the door"]), 'expected a JSON object with a "text" string'),
+    (json.dumps("He opened the door"), 'expected a JSON object with a "text" string'),
+    (json.dumps({"text": "Goodbye"}), "several words ending in the word to predict"),
+    (json.dumps({"text": "  Goodbye  "}), "several words ending in the word to predict"),
+    (json.dumps({"text": "He opened the door "}), "several words ending in the word to predict"),
+    (json.dumps({"text": " "}), "several words ending in the word to predict"),
+])
+def test_lambada_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, expect):
+    path = tmp_path / "lambada.jsonl"
+    # line 2 is blank: the line number counts it
+    path.write_text(json.dumps({"text": _LB_PASSAGES[0]}) + "\n\n" + bad + "\n" + json.dumps({"text": "a b"}) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:3: .*{re.escape(expect)}") as exc:
+        lambada.load_examples(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_lambada_load_examples_rejects_missing_empty_and_non_utf8_files(tmp_path):
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'missing.jsonl'))}: no such file"):
+        lambada.load_examples(tmp_path / "missing.jsonl")
+    with pytest.raises(ValueError, match="no such file"):
+        lambada.load_examples(tmp_path)  # a directory is no file
+    for content in (b"", b"\n  \n\n"):
+        (tmp_path / "empty.jsonl").write_bytes(content)
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'empty.jsonl'))}: no examples"):
+            lambada.load_examples(tmp_path / "empty.jsonl")
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "a caf\xe9 au lait"}\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'latin1.jsonl'))}: not UTF-8 text"):
+        lambada.load_examples(tmp_path / "latin1.jsonl")
+
+
+def test_lambada_load_examples_uses_cached_download(tmp_path):
+    # path=None reads data_dir/lambada_test.jsonl when it is already there (no network in tests)
+    _lb_write(tmp_path / "lambada_test.jsonl")
+    assert [e["text"] for e in lambada.load_examples(None, data_dir=tmp_path)] == _LB_PASSAGES
+    assert [e["text"] for e in lambada.load_examples(data_dir=str(tmp_path))] == _LB_PASSAGES
+    assert lambada.TEST_URL == "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
+    assert lambada.DATA_DIR == Path(lambada.__file__).resolve().parent / "data" / "lambada"
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------
+
+def test_lambada_split_passage_at_the_last_space():
+    assert lambada.split_passage("the cat sat on the mat") == ("the cat sat on the", " mat")
+    assert lambada.split_passage("He said,\n\"Come in.\" She smiled") == ("He said,\n\"Come in.\" She", " smiled")
+    assert lambada.split_passage("two  spaces") == ("two ", " spaces")  # only the last space goes to the target
+    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
+        context, got = lambada.split_passage(text)
+        assert got == target and context + target == text
+
+
+def test_lambada_render_token_by_token_with_a_word_level_stand_in():
+    tok = _lb_tokenizer()
+    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
+        context = text[:-len(target)]
+        tok.calls.clear()
+        tokens, num_target, cut = lambada.render_example({"text": text}, tok)
+        assert tok.calls == [context, target]  # context and " word" encoded apart, the space with the word
+        ctx_ids, tgt_ids = tok.encode(context), tok.encode(target)
+        assert tokens == ctx_ids + tgt_ids and num_target == len(tgt_ids) and cut is False
+    tokens, num_target, _ = lambada.render_example({"text": _LB_PASSAGES[4]}, tok)
+    ids = tok.ids
+    assert num_target == 2 and tokens[-3:] == [ids[" her"], ids[" ice-"], ids["cream"]]
+
+
+def test_lambada_render_cuts_the_context_from_the_start_to_fit_max_len():
+    tok = _lb_tokenizer()
+    example = {"text": _LB_PASSAGES[0]}  # one target piece
+    full, _, _ = lambada.render_example(example, tok)
+    n = len(full)
+    # the model's input is all tokens but the last: n - 1 tokens fit max_len = n - 1 exactly, uncut
+    assert lambada.render_example(example, tok, max_len=n - 1) == (full, 1, False)
+    assert lambada.render_example(example, tok, max_len=n + 5) == (full, 1, False)
+    for max_len in (n - 2, 10, 2, 1):
+        tokens, num_target, cut = lambada.render_example(example, tok, max_len=max_len)
+        assert len(tokens) - 1 == max_len and tokens == full[-(max_len + 1):]  # the start went, the end stayed
+        assert num_target == 1 and cut is True
+    example = {"text": _LB_PASSAGES[4]}  # " ice-" "cream": two target pieces
+    full, _, _ = lambada.render_example(example, tok)
+    # exactly max_len target tokens keep one context token; one more than that cannot be scored
+    assert lambada.render_example(example, tok, max_len=2) == (full[-3:], 2, True)
+    with pytest.raises(hellaswag.Unscorable, match=r"target ' ice-cream' has 2 tokens, too long for context length 1"):
+        lambada.render_example(example, tok, max_len=1)
+    assert issubclass(hellaswag.Unscorable, ValueError)
+
+
+def test_lambada_render_refuses_a_context_that_encodes_to_nothing():
+    class DropsContext(_LbPieceTokenizer):  # a tokenizer that has nothing for the context
+        def encode(self, text):
+            return [] if not text.startswith(" ") else super().encode(text)
+    with pytest.raises(hellaswag.Unscorable, match="context encodes to no tokens"):
+        lambada.render_example({"text": _LB_PASSAGES[0]}, DropsContext(_LB_PASSAGES))
+
+
+@needs_gpt2_files
+def test_lambada_render_with_tiktoken_context_and_target_apart():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
+        context = text[:-len(target)]
+        tokens, num_target, cut = lambada.render_example({"text": text}, enc)
+        ctx_ids, tgt_ids = enc.encode(context), enc.encode(target)
+        assert tokens == ctx_ids + tgt_ids and num_target == len(tgt_ids) and not cut
+        assert enc.decode(tokens[-num_target:]) == target and enc.decode(tokens[-num_target:][:1]).startswith(" ")
+    tokens, num_target, _ = lambada.render_example({"text": _LB_PASSAGES[4]}, enc)
+    assert num_target == len(enc.encode(" ice-cream")) > 1  # a multi-token target with the real tokenizer
+    tokens, num_target, cut = lambada.render_example({"text": _LB_PASSAGES[4]}, enc, max_len=num_target)
+    assert cut and len(tokens) == num_target + 1 and enc.decode(tokens[1:]) == " ice-cream"
+    with pytest.raises(hellaswag.Unscorable):
+        lambada.render_example({"text": _LB_PASSAGES[4]}, enc, max_len=num_target - 1)
+
+
+# ---- scoring with a controlled model --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gpt_style", [False, True])
+def test_lambada_score_targets_matches_hand_computed_nll(gpt_style):
+    # a random bigram model makes each target token's loss depend on the token before it, so any off-by-one in
+    # the shift or the mask changes the numbers; all 7 passages in one right-padded batch and one at a time
+    tok = _lb_tokenizer()
+    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(0)) * 2
+    model = _HsTableLM(table, gpt_style=gpt_style)
+    rendered = [lambada.render_example(e, tok) for e in _lb_examples()]
+    refs = [_lb_reference(table, toks[:-n], toks[-n:]) for toks, n, _ in rendered]
+    T = max(len(toks) for toks, _, _ in rendered)
+    tokens = torch.tensor([toks + [0] * (T - len(toks)) for toks, _, _ in rendered])
+    mask = torch.tensor([[0] * (len(toks) - n) + [1] * n + [0] * (T - len(toks)) for toks, n, _ in rendered])
+    nll, greedy = lambada.score_targets(model, tokens, mask)
+    assert nll.tolist() == pytest.approx([r[0] for r in refs], rel=1e-5)
+    assert greedy.tolist() == [r[1] for r in refs]
+    assert model.seen[-1][2] == (7, T - 1)  # the last token is never an input
+    for (toks, n, _), (ref_nll, ref_greedy) in zip(rendered, refs):
+        one_nll, one_greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
+        assert one_nll.item() == pytest.approx(ref_nll, rel=1e-5) and one_greedy.item() == ref_greedy
+
+
+def test_lambada_evaluate_controlled_model_gives_known_acc_and_ppl():
+    tok = _lb_tokenizer()
+    table = _lb_designed_table(tok)
+    refs = []
+    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
+        refs.append(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target)))
+    assert [g for _, g in refs] == _LB_DESIGNED_VERDICTS  # the design, checked by the plain-Python reference
+    # ice-cream: its first piece is the argmax, its second is not -> not greedy, and its nll is the sum of both
+    assert refs[4][0] > refs[0][0] > 0
+    nll = sum(n for n, _ in refs)
+    for batch_size in (1, 2, 3, 8):  # batching and padding never change the result
+        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu", batch_size=batch_size)
+        assert set(r) == {"acc", "ppl", "num_correct", "num_total", "num_skipped", "nll"}  # no num_cut: nothing cut
+        assert (r["num_correct"], r["num_total"], r["num_skipped"]) == (4, 7, 0)
+        assert r["acc"] == pytest.approx(4 / 7)
+        assert r["nll"] == pytest.approx(nll, rel=1e-6)
+        assert r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-6)
+    assert lambada.result_line(r) == f"lambada acc 0.5714 (4/7) ppl {math.exp(nll / 7):.2f}"
+    # a model sure of every target: acc 1, ppl close to 1
+    sure = torch.full((tok.vocab_size, tok.vocab_size), -30.0)
+    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
+        ids = tok.encode(text[:-len(target)])[-1:] + tok.encode(target)
+        for a, b in zip(ids, ids[1:]):
+            sure[a, b] = 30.0
+    r = lambada.evaluate(_HsTableLM(sure, gpt_style=True), tok, _lb_examples(), "cpu")
+    assert (r["num_correct"], r["acc"]) == (7, 1.0) and r["ppl"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_lambada_evaluate_runs_in_eval_no_grad_restores_mode_and_prints_verbose(capsys):
+    tok = _lb_tokenizer()
+    model = _HsTableLM(_lb_designed_table(tok))
+    model.train()
+    r = lambada.evaluate(model, tok, _lb_examples(), "cpu", verbose=True, batch_size=3)
+    assert model.training and torch.is_grad_enabled()
+    assert [s[:2] for s in model.seen] == [(False, False)] * 3  # 7 passages in batches of 3 -> 3 forwards
+    assert [s[2][0] for s in model.seen] == [3, 3, 1]
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("--- ")]
+    assert len(lines) == 7 and r["num_correct"] == 4
+    assert [line.startswith("--- right") for line in lines] == _LB_DESIGNED_VERDICTS
+    assert "target 'ice-cream'" in lines[4] and lines[-1].endswith("(rank 0: acc 4/7)")
+    model.eval()
+    lambada.evaluate(model, tok, _lb_examples(), "cpu", progress=True)
+    assert not model.training
+    assert "lambada 7/7 acc 0.5714" in capsys.readouterr().err
+
+
+def test_lambada_evaluate_unwraps_compiled_module():
+    tok = _lb_tokenizer()
+    model = _HsTableLM(_lb_designed_table(tok))
+    compiled = torch.compile(model)
+    r = lambada.evaluate(compiled, tok, _lb_examples(), "cpu", batch_size=4)
+    assert r["num_correct"] == 4 and len(model.seen) == 2  # ran eagerly on the plain module
+
+
+def test_lambada_evaluate_skips_targets_longer_than_the_context():
+    # context_length 1: the two 2-piece targets cannot be scored and are skipped and counted; the others keep
+    # one context token, their last one, which is all a bigram model looks at: their verdicts stay as designed
+    tok = _lb_tokenizer()
+    table = _lb_designed_table(tok)
+    refs = [_lb_reference(table, tok.encode(t[:-len(g)]), tok.encode(g)) for t, g in zip(_LB_PASSAGES, _LB_TARGETS)]
+    kept = [i for i, g in enumerate(_LB_TARGETS) if len(tok.encode(g)) == 1]
+    assert kept == [0, 1, 2, 3, 6]
+    for batch_size in (1, 2, 8):
+        model = _HsTableLM(table)
+        model.context_length = 1
+        r = lambada.evaluate(model, tok, _lb_examples(), "cpu", batch_size=batch_size)
+        assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (2, 5, 3, 5)
+        assert r["acc"] == pytest.approx(3 / 5)
+        assert r["nll"] == pytest.approx(sum(refs[i][0] for i in kept), rel=1e-6)
+        assert r["ppl"] == pytest.approx(math.exp(r["nll"] / 5), rel=1e-9)
+        assert max(shape[1] for _, _, shape in model.seen) == 1
+    assert lambada.result_line(r) == (f"lambada acc 0.6000 (3/5) ppl {r['ppl']:.2f}, 2 skipped "
+                                      "(a target too long for the context, or an empty context)")
+    # context_length 2: every target fits, the 2-piece ones with one context token: nothing skipped, all cut
+    model = _HsTableLM(table)
+    model.context_length = 2
+    r = lambada.evaluate(model, tok, _lb_examples(), "cpu")
+    assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (0, 7, 4, 7)
+    assert r["nll"] == pytest.approx(sum(n for n, _ in refs), rel=1e-6)
+    assert "skipped" not in lambada.result_line(r)
+    # nothing fits at all: no passage scored, nan perplexity, every one skipped
+    model = _HsTableLM(table)
+    model.context_length = 1
+    r = lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu")
+    assert (r["num_total"], r["num_skipped"], r["acc"]) == (0, 2, 0.0) and math.isnan(r["ppl"])
+
+
+# ---- model.py models: batched, padded scoring equals one passage at a time ---------------------------------------
+
+def _lb_model_reference(model, tokens, num_target):
+    """One unpadded passage straight through the model: float64 log-softmax, summed nll and greedy of the target."""
+    with torch.no_grad():
+        out = model(torch.tensor([tokens[:-1]]))
+    logp = torch.log_softmax((out[0] if isinstance(out, tuple) else out)[0].double(), dim=-1)
+    positions = range(len(tokens) - num_target - 1, len(tokens) - 1)
+    nll = -sum(logp[p, tokens[p + 1]].item() for p in positions)
+    return nll, all(logp[p].argmax().item() == tokens[p + 1] for p in positions)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_lambada_batched_padded_scoring_equals_one_passage_at_a_time(arch):
+    # a tiny model trained a few steps on the first 4 passages gets some targets right and some wrong
+    tok = _lb_tokenizer()
+    model = _hs_tiny_model(arch, tok.vocab_size, context_length=64)
+    rows = [tok.encode(t) for t in _LB_PASSAGES[:4]]
+    T = max(map(len, rows))
+    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
+    for _ in range(25):
+        logits = hellaswag.forward_logits(model, data[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    refs = [_lb_model_reference(model, *lambada.render_example(e, tok)[:2]) for e in _lb_examples()]
+    greedy = [g for _, g in refs]
+    assert any(greedy) and not all(greedy), greedy  # both verdicts occur, so accuracy is tested
+    for mode in ("train", "eval"):
+        model.train(mode == "train")
+        for batch_size in (1, 2, 3, 8):
+            r = lambada.evaluate(model, tok, _lb_examples(), "cpu", batch_size=batch_size)
+            assert (r["num_correct"], r["num_total"]) == (sum(greedy), 7)
+            assert r["nll"] == pytest.approx(sum(n for n, _ in refs), rel=1e-5)
+            assert r["ppl"] == pytest.approx(math.exp(sum(n for n, _ in refs) / 7), rel=1e-5)
+            assert model.training == (mode == "train")  # left as it was found
+
+
+# ---- against transformers + tiktoken -------------------------------------------------------------------------
+
+@needs_gpt2_files
+def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path, monkeypatch, capsys):
+    # the --init_from path (GPT.from_pretrained + tiktoken) on a small random GPT-2 saved by transformers, against
+    # per-passage scores computed with transformers' GPT2LMHeadModel one unpadded passage at a time. Passages 8-9
+    # end in the reference model's own greedy choice after a context, so some targets are right; the last one is
+    # longer than the 64-token context and keeps its last 64 + 1 - len(target) context tokens.
+    import tiktoken
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from model import GPT
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.3)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    enc = tiktoken.get_encoding("gpt2")
+
+    def reference(text):
+        context, word = text.rsplit(" ", 1)
+        ctx_ids, tgt_ids = enc.encode(context), enc.encode(" " + word)
+        ctx_ids = ctx_ids[-(64 + 1 - len(tgt_ids)):]
+        ids = ctx_ids + tgt_ids
+        with torch.no_grad():
+            logp = torch.log_softmax(hf(torch.tensor([ids[:-1]])).logits[0].double(), dim=-1)
+        pos = [len(ctx_ids) - 1 + k for k in range(len(tgt_ids))]
+        return (-sum(logp[p, t].item() for p, t in zip(pos, tgt_ids)),
+                all(logp[p].argmax().item() == t for p, t in zip(pos, tgt_ids)))
+
+    texts = list(_LB_PASSAGES)
+    for text in _LB_PASSAGES:
+        context = text.rsplit(" ", 1)[0]
+        with torch.no_grad():
+            guess = enc.decode([hf(torch.tensor([enc.encode(context)])).logits[0, -1].argmax().item()])
+        if re.fullmatch(r" [A-Za-z]+", guess) and len(texts) < 9:
+            texts.append(context + guess)
+    texts.append(" ".join(_LB_PASSAGES[:3]))
+    assert len(texts) == 10, "fewer than 2 word-like greedy guesses: pick other passages"
+    refs = [reference(t) for t in texts]
+    assert [g for _, g in refs[7:9]] == [True, True] and not any(g for _, g in refs[:7])
+    assert len(enc.encode(texts[-1])) > 64 and max(len(enc.encode(t)) for t in texts[:-1]) <= 64
+    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    examples = [{"text": t} for t in texts]
+    for ex, (ref_nll, ref_greedy) in zip(examples, refs):
+        tokens, k, _ = lambada.render_example(ex, enc, 64)
+        nll, greedy = lambada.score_targets(ours.eval(), torch.tensor([tokens]),
+                                            torch.tensor([[0] * (len(tokens) - k) + [1] * k]))
+        assert nll.item() == pytest.approx(ref_nll, rel=1e-4) and greedy.item() == ref_greedy
+    n, correct, nll = len(texts), sum(g for _, g in refs), sum(x for x, _ in refs)
+    r = lambada.evaluate(ours, enc, examples, "cpu")
+    assert (r["num_total"], r["num_correct"], r["num_cut"], r["num_skipped"]) == (n, correct, 1, 0)
+    assert r["nll"] == pytest.approx(nll, rel=1e-4) and r["ppl"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+    data = _lb_write(tmp_path / "lambada.jsonl", texts)
+    monkeypatch.setattr(sys, "argv", ["lambada.py", f"--init_from={tmp_path / 'hf'}", "--data", str(data),
+                                      "--device", "cpu"])
+    lambada.main()
+    out, err = capsys.readouterr()
+    last = out.strip().splitlines()[-1]
+    assert last == lambada.result_line(r) and last.startswith(f"lambada acc {correct / n:.4f} ({correct}/{n}) ppl ")
+    assert float(last.split(" ppl ")[1]) == pytest.approx(math.exp(nll / n), rel=1e-4)
+    assert ("lambada.py: warning: 1 of 10 contexts were too long for the model's context (64 tokens): cut from the "
+            "start") in err.splitlines()
+
+
+# ---- DDP ---------------------------------------------------------------------------------------------------------
+
+def _lb_ddp_worker(rank, world_size, port, table, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        model = _HsTableLM(table)
+        model.context_length = 1  # the 2-piece targets are skipped: the skip and cut counts are summed too
+        r = lambada.evaluate(model, _lb_tokenizer(), _lb_examples(), "cpu", rank, world_size, batch_size=2)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
+    tok = _lb_tokenizer()
+    table = _lb_designed_table(tok)
+    model = _HsTableLM(table)
+    model.context_length = 1
+    single = lambada.evaluate(model, tok, _lb_examples(), "cpu")
+    assert (single["num_correct"], single["num_total"], single["num_skipped"], single["num_cut"]) == (3, 5, 2, 5)
+    mp.spawn(_lb_ddp_worker, args=(2, _hs_free_port(), table, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):  # passages 0,2,4,6 and 1,3,5: every rank gets the all-reduced totals
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert {k: v for k, v in r.items() if k not in ("nll", "ppl")} == {
+            k: v for k, v in single.items() if k not in ("nll", "ppl")}
+        assert r["nll"] == pytest.approx(single["nll"], rel=1e-9) and r["ppl"] == pytest.approx(single["ppl"], rel=1e-9)
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+
+def _lb_run_main(monkeypatch, capsys, *argv):
+    monkeypatch.setattr(sys, "argv", ["lambada.py", *map(str, argv)])
+    lambada.main()
+    return capsys.readouterr().out
+
+
+@needs_gpt2_files
+def test_lambada_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
+    # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main()
+    import bpe
+    tok = bpe.load_tokenizer("gpt2")
+    model = _hs_tiny_model("llama", tok.vocab_size, context_length=128)
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
+                "iteration": 0, "config": {}}, ckpt)
+    data = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
+    expected = lambada.result_line(lambada.evaluate(model, tok, _lb_examples(), "cpu"))
+    assert re.fullmatch(r"lambada acc \d\.\d{4} \(\d/7\) ppl \d+\.\d\d", expected), expected
+    out = _lb_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--device", "cpu", "--batch_size", 3)
+    assert out.strip().splitlines()[-1] == expected
+    assert out.strip().splitlines()[-2].startswith("7 passages scored in ")
+    expected3 = lambada.result_line(lambada.evaluate(model, tok, _lb_examples()[:3], "cpu"))
+    out = _lb_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose", "--device", "cpu")
+    assert sum(line.startswith("--- ") for line in out.splitlines()) == 3
+    assert out.strip().splitlines()[-1] == expected3 and "/3) ppl " in expected3
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--ckpt=x.pt", "--init_from=gpt2"], "lambada.py: give exactly one of --ckpt PATH or --init_from NAME"),
+    ([], "lambada.py: give exactly one of --ckpt PATH or --init_from NAME"),
+    (["--init_from=gpt2", "--limit=0"], "lambada.py: --limit must be a positive integer, got 0"),
+    (["--init_from=gpt2", "--limit=-3"], "lambada.py: --limit must be a positive integer, got -3"),
+    (["--init_from=gpt2", "--batch_size=0"], "lambada.py: --batch_size must be a positive integer, got 0"),
+])
+def test_lambada_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
+    assert _bad_exit(monkeypatch, lambada, *argv) == expect
+
+
+def test_lambada_bad_files_are_one_line(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=64)
+    missing = tmp_path / "nope.pt"
+    assert _bad_exit(monkeypatch, lambada, f"--ckpt={missing}", "--device=cpu") == f"lambada.py: --ckpt {missing}: no such file"
+    data = tmp_path / "missing.jsonl"
+    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        f"lambada.py: --data {data}: no such file (expected a LAMBADA jsonl file)")
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(b'{"text": "un caf\xe9 noir"}\n')
+    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        f"lambada.py: --data {data}: not UTF-8 text (expected a LAMBADA jsonl file)")
+    data = _lb_write(tmp_path / "lambada.jsonl", ["He opened the door", "Goodbye"])
+    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        f"lambada.py: --data {data}:2: 'text' must be a passage of several words ending in the word to predict")
+
+
+def test_lambada_fails_when_no_passage_fits_the_context(tmp_path, monkeypatch):
+    # byte-level tokens: " extraordinarily" is 16 tokens, longer than the 8-token context: every passage skipped
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=8)
+    data = _lb_write(tmp_path / "lambada.jsonl", ["The view was extraordinarily", "She sang extraordinarily"])
+    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        "lambada.py: no passage fits the model's context (8 tokens): all 2 skipped")
+
+
+def test_lambada_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
+    # byte-level tokens, 16-token context: the first passage (30 context + 7 target bytes) is cut, "Hi you" is not;
+    # a passage whose target is too long is skipped, and the result line says so
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
+    data = _lb_write(tmp_path / "lambada.jsonl", ["A man sat down on the bench. He smiled", "Hi you",
+                                                  "It was all quite incomprehensible"])
+    monkeypatch.setattr(sys, "argv", ["lambada.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
+    lambada.main()
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert warnings == ["lambada.py: warning: 1 of 2 contexts were too long for the model's context (16 tokens): "
+                        "cut from the start"]
+    assert re.fullmatch(r"lambada acc \d\.\d{4} \(\d/2\) ppl \d+\.\d\d, 1 skipped \(a target too long for the "
+                        r"context, or an empty context\)", out.strip().splitlines()[-1])
+
+
+def test_lambada_render_refuses_a_target_that_encodes_to_nothing():
+    class Dropping(_LbPieceTokenizer):  # a (non byte-level) tokenizer that drops words it does not know
+        def encode(self, text):
+            return [] if text == " kite" else super().encode(text)
+    tok = Dropping(_LB_PASSAGES)
+    with pytest.raises(hellaswag.Unscorable, match="the target ' kite' encodes to no tokens"):
+        lambada.render_example(_lb_examples()[0], tok)
+
+
 # ---- HellaSwag and LAMBADA inside train.py's evaluations ----
 
 _TRAIN_LAMBADA_TEXTS = [
@@ -3039,7 +3602,7 @@ def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
 # checkpoints and devices, the same in the three scripts
 
 
-@pytest.mark.parametrize("script", [sample, flops, hellaswag])
+@pytest.mark.parametrize("script", [sample, flops, hellaswag, lambada])
 @pytest.mark.parametrize("kind, expect", [("truncated", "not a readable checkpoint"),
                                           ("empty", "not a readable checkpoint"),
                                           ("garbage", "not a readable checkpoint"),
@@ -3055,7 +3618,7 @@ def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, 
     assert message.startswith(f"{script.__name__}.py: --ckpt {bad}: {expect}")
 
 
-@pytest.mark.parametrize("script", [sample, hellaswag])
+@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
 def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
     ckpt = _tiny_llama_ckpt(tmp_path)
     name = f"{script.__name__}.py"
