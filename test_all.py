@@ -2641,21 +2641,27 @@ def test_hs_tiny_model_trained_on_the_right_endings_scores_them(arch):
     assert model.training  # left as it was found
 
 
-def _hs_run_main(monkeypatch, capsys, *argv):
-    monkeypatch.setattr(sys, "argv", ["hellaswag.py", *map(str, argv)])
-    hellaswag.main()
+def _hs_run_main(monkeypatch, capsys, *argv, script=hellaswag):
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    script.main()
     return capsys.readouterr().out
 
 
-@needs_gpt2_files
-def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
-    # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main()
+def _hs_gpt2_tokenizer_checkpoint(tmp_path):
+    """(model, tokenizer, path): a train.py-format checkpoint of a tiny Llama-style model with the GPT-2 tokenizer."""
     import bpe
     tok = bpe.load_tokenizer("gpt2")
     model = _hs_tiny_model("llama", tok.vocab_size, context_length=128)
     ckpt = tmp_path / "ckpt.pt"
     torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
                 "iteration": 0, "config": {}}, ckpt)
+    return model, tok, ckpt
+
+
+@needs_gpt2_files
+def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
+    # a train.py-format checkpoint through main()
+    model, tok, ckpt = _hs_gpt2_tokenizer_checkpoint(tmp_path)
     data = _hs_write_rows(tmp_path / "val.jsonl")
     expected = hellaswag.result_line(hellaswag.evaluate(model, tok, hellaswag.load_examples(data), "cpu"))
     out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--device", "cpu")
@@ -3206,20 +3212,13 @@ def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
 # ---- the command line ---------------------------------------------------------------------------------------------
 
 def _lb_run_main(monkeypatch, capsys, *argv):
-    monkeypatch.setattr(sys, "argv", ["lambada.py", *map(str, argv)])
-    lambada.main()
-    return capsys.readouterr().out
+    return _hs_run_main(monkeypatch, capsys, *argv, script=lambada)
 
 
 @needs_gpt2_files
 def test_lambada_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
     # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main()
-    import bpe
-    tok = bpe.load_tokenizer("gpt2")
-    model = _hs_tiny_model("llama", tok.vocab_size, context_length=128)
-    ckpt = tmp_path / "ckpt.pt"
-    torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
-                "iteration": 0, "config": {}}, ckpt)
+    model, tok, ckpt = _hs_gpt2_tokenizer_checkpoint(tmp_path)
     data = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
     expected = lambada.result_line(lambada.evaluate(model, tok, _lb_examples(), "cpu"))
     assert re.fullmatch(r"lambada acc \d\.\d{4} \(\d/7\) ppl \d+\.\d\d", expected), expected
