@@ -5,12 +5,14 @@ repeats, medians), and prints the ratio. Never run it while tests or another ben
     python bench.py model            # train step (fp32, bf16) and generation vs transformers
     python bench.py train            # whole loop vs model-only step; the data loader alone
     python bench.py sample           # sample.generate vs transformers generate
+    python bench.py gpu              # on a GPU: every CUDA path checked, then tokens/s and MFU
     python bench.py SECTION --help   # that section's flags
 """
 from contextlib import nullcontext
 from pathlib import Path
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -543,6 +545,152 @@ def bench_sample(args):
 
 
 # -----------------------------------------------------------------------------
+# gpu: every CUDA path checked, then timed, in one run (for the few minutes a GPU is lent)
+#
+#     python bench.py gpu                                   # CUDA: GPT-2 124M shape, ~5 min on one H100 / H200
+#     python bench.py gpu --device cpu --tiny               # the same code on tiny shapes (the test suite runs it)
+#
+# Checks (each one line, OK or FAIL): the model on the device against float32 on the CPU; bf16 autocast against
+# float32; flash attention (SDPA forced to its flash kernel on CUDA) against the from-scratch attention; PyTorch's
+# fused AdamW against train.AdamW; a torch.compile'd forward against eager; KV-cached against uncached greedy
+# decoding; HellaSwag and LAMBADA scores on the device against the CPU. Then train.train() itself on random tokens,
+# compiled and eager: tokens/s, MFU (flops.py's peak for this GPU) and peak memory. DDP over NCCL needs 2+ GPUs
+# and is not run here (gloo DDP is in the test suite).
+
+def bench_gpu(args):
+    import bpe
+    import hellaswag
+    import lambada
+    import sample
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    shape = (dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4) if args.tiny else
+             dict(vocab_size=50257, context_length=1024, d_model=768, num_layers=12, num_heads=12))
+    name = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    print(f"gpu checks: torch {torch.__version__}, {name}"
+          + (f", capability {torch.cuda.get_device_capability(dev)}, bf16 {torch.cuda.is_bf16_supported()}" if cuda else "")
+          + f", GPT-2 shape {shape}")
+    failed = []
+
+    def check(what, ok, detail):
+        print(f"{'OK' if ok else 'FAIL':<5} {what:<48} {detail}")
+        if not ok:
+            failed.append(what)
+
+    def gpt(seed=0):
+        torch.manual_seed(seed)
+        return M.GPT(M.GPTConfig(block_size=shape["context_length"], vocab_size=shape["vocab_size"],
+                                 n_layer=shape["num_layers"], n_head=shape["num_heads"], n_embd=shape["d_model"]))
+
+    bf16 = torch.autocast(dev.type, dtype=torch.bfloat16)
+    B, T = 2, shape["context_length"]
+    x = torch.randint(0, shape["vocab_size"], (B, T), generator=torch.Generator().manual_seed(0))
+    torch.set_float32_matmul_precision("highest")  # exact float32 for the checks (train.py turns TF32 on)
+    ref = gpt().eval()
+    with torch.no_grad():
+        ref_logits, ref_loss = ref(x, x)
+        model = gpt().to(dev).eval()
+        logits, loss = model(x.to(dev), x.to(dev))
+        diff = (logits.float().cpu() - ref_logits).abs().max().item()
+        check("float32 forward on the device vs CPU", diff < 1e-3, f"max |logit diff| {diff:.2e}")
+        with bf16:
+            _, loss16 = model(x.to(dev), x.to(dev))
+        rel = abs(loss16.item() - loss.item()) / loss.item()
+        check("bf16 autocast loss vs float32", rel < 1e-2, f"{loss16.item():.4f} vs {loss.item():.4f} (rel {rel:.1e})")
+
+        H, D = shape["num_heads"], shape["d_model"] // shape["num_heads"]
+        q, k, v = torch.randn(3, B, H, T, D, generator=torch.Generator().manual_seed(1)).to(dev).unbind(0)
+        scratch = M.scaled_dot_product_attention(q, k, v, torch.ones(T, T, dtype=torch.bool, device=dev).tril())
+        if cuda:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):  # raises if flash cannot run these inputs
+                fused = torch.nn.functional.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(),
+                                                                         is_causal=True)
+        else:
+            fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        diff = (fused.float() - scratch).abs().max().item()
+        check("flash attention (bf16 on CUDA) vs from scratch", diff < 3e-2, f"max |diff| {diff:.2e}")
+
+    # fused AdamW (what --fused=auto picks on CUDA) against this project's AdamW, fed the very same gradients
+    # (computed once: CUDA backward kernels are not bit-reproducible, and Adam magnifies tiny gradient differences)
+    ours, theirs = gpt(1).to(dev), gpt(1).to(dev)
+    opt_ours = train.AdamW(M.param_groups(ours, 0.1), lr=1e-3, betas=(0.9, 0.95))
+    opt_theirs = torch.optim.AdamW(M.param_groups(theirs, 0.1), lr=1e-3, betas=(0.9, 0.95), fused=True)
+    for step in range(5):
+        xs = torch.randint(0, shape["vocab_size"], (B, T), generator=torch.Generator().manual_seed(10 + step)).to(dev)
+        M.lm_loss(ours, xs, xs).backward()
+        for a, b in zip(ours.parameters(), theirs.parameters()):
+            b.grad = a.grad.clone()
+        for opt in (opt_ours, opt_theirs):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    diff = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters()))
+    check("fused AdamW vs train.AdamW, 5 steps", diff < 1e-5, f"max |param diff| {diff:.2e}")
+
+    t0 = time.perf_counter()
+    compiled = torch.compile(model, backend=args.compile_backend)
+    with torch.no_grad(), bf16:
+        _, loss_c = compiled(x.to(dev), x.to(dev))
+        _, loss_e = model(x.to(dev), x.to(dev))
+    rel = abs(loss_c.item() - loss_e.item()) / loss_e.item()
+    check("torch.compile forward vs eager (bf16)", rel < 1e-2,
+          f"{loss_c.item():.4f} vs {loss_e.item():.4f}, compiled in {time.perf_counter() - t0:.1f}s")
+
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    cached = sample.generate(model, prompts, 16, temperature=0.0)
+    uncached = sample.generate(model, prompts, 16, temperature=0.0, use_cache=False)
+    check("KV-cached greedy decoding vs uncached", cached == uncached, f"{sum(map(len, cached))} tokens")
+
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [])  # bytes only: no download, fits any vocabulary
+    rows = [dict(ind=i, ctx=c, label=0, endings=e) for i, (c, e) in enumerate([
+        ("She poured the milk into the", ["glass and drank it.", "sky above the moon.", "shoe of the horse.",
+                                          "song on the radio."]),
+        ("He tied his shoes and", ["went out for a run.", "ate the table.", "flew to the sun.", "swam in soup."])])]
+    passages = [{"text": "The cat sat on the mat and looked at the other cat"},
+                {"text": "She opened the door with her key and put the key"}]
+    cpu_model = gpt().eval()
+    hs_dev, hs_cpu = (hellaswag.evaluate(m, tok, rows, d) for m, d in ((model, device), (cpu_model, "cpu")))
+    lb_dev, lb_cpu = (lambada.evaluate(m, tok, passages, d) for m, d in ((model, device), (cpu_model, "cpu")))
+    same = hs_dev == hs_cpu and lb_dev["num_correct"] == lb_cpu["num_correct"]
+    check("HellaSwag and LAMBADA on the device vs CPU", same and abs(lb_dev["nll"] - lb_cpu["nll"]) < 1e-2 * lb_cpu["nll"],
+          f"acc_norm {hs_dev['acc_norm']:.2f}, lambada nll {lb_dev['nll']:.3f} vs {lb_cpu['nll']:.3f}")
+    del ref, model, cpu_model, compiled, ours, theirs, opt_ours, opt_theirs
+
+    # the real training loop on random tokens: tokens/s, MFU and memory, compiled and eager
+    tmp = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
+    (tmp / "data").mkdir()
+    _write_tokens(tmp / "data" / "train.bin", 4_000_000 if not args.tiny else 50_000, shape["vocab_size"], 0)
+    _write_tokens(tmp / "data" / "val.bin", 200_000 if not args.tiny else 10_000, shape["vocab_size"], 1)
+    print(f"{'train.train (GPT-2, random tokens)':<30} {'batch':>7} {'tok/s':>12} {'MFU':>7} {'peak mem':>10}")
+    for label, compile_flag in (("compiled", "true"), ("eager", "false")):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+        out = tmp / label
+        cfg = dict(train.DEFAULTS, model="gpt2", **shape, batch_size=args.batch_size, data_dir=str(tmp / "data"),
+                   out_dir=str(out), prepare_data=False, resume=False, max_iters=args.steps, warmup_iters=2,
+                   eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0, device=device,
+                   compile=compile_flag, compile_backend=args.compile_backend, time_budget="", sampler="random")
+        try:
+            train.train(cfg, log=lambda *a, **k: None)
+        except Exception as e:  # report and go on: the other mode's figures are still worth having
+            check(f"train.train {label}", False, f"{type(e).__name__}: {str(e)[:200]}")
+            continue
+        rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        steps = [r for r in rows if r["type"] == "train"][args.steps // 2:]  # past compilation and warm-up
+        tps = statistics.median(r["tokens_per_sec"] for r in steps)
+        mfu = [r["mfu"] for r in steps if r.get("mfu") is not None]
+        mem = f"{torch.cuda.max_memory_allocated(dev) / 2 ** 30:.1f} GiB" if cuda else "-"
+        print(f"{label:<30} {args.batch_size:>4}x{T:<4} {tps:>10,.0f} {100 * statistics.median(mfu) if mfu else 0:>6.1f}% "
+              f"{mem:>10}")
+        check(f"train.train {label}: loss is finite", all(math.isfinite(r["loss"]) for r in steps),
+              f"{len(steps)} steps timed")
+    print(f"{'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
+    if failed:
+        raise SystemExit(1)
+
+
+# -----------------------------------------------------------------------------
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -574,6 +722,15 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--dtypes", default="float32", help="comma list: float32,bfloat16 (CPU autocast)")
+
+    p = sections.add_parser("gpu", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="every CUDA path checked against a reference, then train.py's tokens/s and MFU")
+    p.set_defaults(run=bench_gpu)
+    p.add_argument("--device", default=None, help="default cuda if available, else cpu")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes instead of GPT-2 124M (for CPU runs and tests)")
+    p.add_argument("--batch_size", type=int, default=32, help="sequences per step in the timed training runs")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps per timed run (the second half is timed)")
+    p.add_argument("--compile_backend", default="inductor", help="torch.compile backend")
 
     p = sections.add_parser("sample", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="sample.generate vs transformers generate(use_cache=True)")

@@ -5,6 +5,7 @@ Tests that need ../shared/data (real text) skip with a reason when it is absent.
 """
 from collections import Counter
 from pathlib import Path
+import argparse
 import functools
 import io
 import json
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 
+import bench
 import bpe
 import experiments
 import fineweb
@@ -3353,6 +3355,31 @@ def test_train_missing_lambada_file_is_one_line_before_training(tmp_path):
     with pytest.raises(ValueError) as e:
         train.train(cfg, on_step=steps.append, log=_train_quiet)
     assert str(e.value) == f"--lambada_path: {missing}: no such file (expected a LAMBADA jsonl file)" and not steps
+
+
+# ============================================================================
+# bench.py gpu: the prepared CUDA check, run on CPU at tiny shapes so it works the day a GPU is lent
+# ============================================================================
+
+
+def _bench_gpu_args(**kw):
+    return argparse.Namespace(**{**dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager"), **kw})
+
+
+def test_bench_gpu_runs_every_check_on_cpu(capsys):
+    bench.bench_gpu(_bench_gpu_args())
+    out = capsys.readouterr().out
+    assert out.count("\nOK ") == 9 and "FAIL" not in out and out.rstrip().endswith("all checks passed")
+    assert "\ncompiled " in out and "\neager " in out  # both timed training runs printed their figures
+
+
+def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch):
+    monkeypatch.setattr(M, "scaled_dot_product_attention", lambda q, k, v, mask=None: torch.zeros_like(q))
+    with pytest.raises(SystemExit) as e:
+        bench.bench_gpu(_bench_gpu_args(steps=2))
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "FAIL  flash attention (bf16 on CUDA) vs from scratch" in out
+    assert out.rstrip().endswith("FAILED: flash attention (bf16 on CUDA) vs from scratch")
 
 
 # ============================================================================
