@@ -81,24 +81,30 @@ def parse_example(line, where):
     return dict(row, label=label)
 
 
-def load_examples(path=None, data_dir=DATA_DIR):
-    """HellaSwag examples from a local jsonl file, or (path=None) the official val set, downloaded and cached."""
-    if path is None:
-        path = download(VAL_URL, Path(data_dir) / "hellaswag_val.jsonl")
+def read_jsonl(path, parse, kind):
+    """The rows of a jsonl file, each through parse(line, 'file:line'), blank lines skipped; every problem is one
+    ValueError naming the file (kind: what the file should hold, e.g. HellaSwag). lambada.py reads through this too."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such file (expected a HellaSwag jsonl file)")
-    examples = []
+        raise ValueError(f"{path}: no such file (expected a {kind} jsonl file)")
+    rows = []
     try:
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
-                    examples.append(parse_example(line, f"{path}:{lineno}"))
+                    rows.append(parse(line, f"{path}:{lineno}"))
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text (expected a HellaSwag jsonl file)") from None
-    if not examples:
-        raise ValueError(f"{path}: no examples (expected one HellaSwag JSON object per line)")
-    return examples
+        raise ValueError(f"{path}: not UTF-8 text (expected a {kind} jsonl file)") from None
+    if not rows:
+        raise ValueError(f"{path}: no examples (expected one {kind} JSON object per line)")
+    return rows
+
+
+def load_examples(path=None, data_dir=DATA_DIR):
+    """HellaSwag examples from a local jsonl file, or (path=None) the official val set, downloaded and cached."""
+    if path is None:
+        path = download(VAL_URL, Path(data_dir) / "hellaswag_val.jsonl")
+    return read_jsonl(path, parse_example, "HellaSwag")
 
 # -----------------------------------------------------------------------------
 # rendering and scoring

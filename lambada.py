@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hellaswag import Unscorable, download, forward_logits, load_model, setup_device, unwrap
+from hellaswag import Unscorable, download, forward_logits, load_model, read_jsonl, setup_device, unwrap
 
 # OpenAI's copy (the one the harness's lambada_openai task was built from)
 TEST_URL = "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
@@ -67,20 +67,7 @@ def load_examples(path=None, data_dir=DATA_DIR):
     """LAMBADA passages from a local jsonl file, or (path=None) OpenAI's test set, downloaded and cached."""
     if path is None:
         path = download(TEST_URL, Path(data_dir) / "lambada_test.jsonl")
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file (expected a LAMBADA jsonl file)")
-    examples = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    examples.append(parse_example(line, f"{path}:{lineno}"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text (expected a LAMBADA jsonl file)") from None
-    if not examples:
-        raise ValueError(f'{path}: no examples (expected one {{"text": ...}} JSON object per line)')
-    return examples
+    return read_jsonl(path, parse_example, "LAMBADA")
 
 # -----------------------------------------------------------------------------
 # rendering and scoring
