@@ -128,20 +128,20 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                 rendered = []
                 for i in mine[start:start + batch_size]:
                     try:
-                        tokens, num_target, cut = render_example(examples[i], tokenizer, max_len)
+                        ids, num_target, cut = render_example(examples[i], tokenizer, max_len)
                     except Unscorable:
                         num_skipped += 1
                         continue
-                    rendered.append((examples[i], tokens, num_target))
+                    rendered.append((examples[i], ids, num_target))
                     num_cut += cut
                 if not rendered:
                     continue
-                T = max(len(tokens) for _, tokens, _ in rendered)
+                T = max(len(ids) for _, ids, _ in rendered)
                 tokens = torch.zeros(len(rendered), T, dtype=torch.long)
                 mask = torch.zeros_like(tokens)
-                for row, (_, toks, num_target) in enumerate(rendered):
-                    tokens[row, :len(toks)] = torch.tensor(toks)
-                    mask[row, len(toks) - num_target:len(toks)] = 1
+                for row, (_, ids, num_target) in enumerate(rendered):
+                    tokens[row, :len(ids)] = torch.tensor(ids)
+                    mask[row, len(ids) - num_target:len(ids)] = 1
                 nll, greedy = score_targets(model, tokens.to(device), mask.to(device))
                 nll, greedy = nll.cpu().tolist(), greedy.cpu().tolist()
                 for (ex, _, _), loss, hit in zip(rendered, nll, greedy):
@@ -150,8 +150,9 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                     nll_total += loss
                     if verbose:
                         context, target = split_passage(ex["text"])
+                        tail = context if len(context) <= 120 else "..." + context[-120:]
                         print(f"--- {'right' if hit else 'wrong'} target {target.strip()!r} nll {loss:.3f} "
-                              f"(rank {ddp_rank}: acc {num_correct}/{num_done})\n  {'...' * (len(context) > 120)}{context[-120:]}")
+                              f"(rank {ddp_rank}: acc {num_correct}/{num_done})\n  {tail}")
                 if progress:
                     print(f"\rlambada {num_done + num_skipped}/{len(mine)} acc {num_correct / max(num_done, 1):.4f}",
                           end="", file=sys.stderr, flush=True)
