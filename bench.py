@@ -589,7 +589,7 @@ def bench_gpu(args):
     torch.set_float32_matmul_precision("highest")  # exact float32 for the checks (train.py turns TF32 on)
     ref = gpt().eval()
     with torch.no_grad():
-        ref_logits, ref_loss = ref(x, x)
+        ref_logits, _ = ref(x, x)
         model = gpt().to(dev).eval()
         logits, loss = model(x.to(dev), x.to(dev))
         diff = (logits.float().cpu() - ref_logits).abs().max().item()
