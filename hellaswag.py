@@ -378,6 +378,7 @@ def main():
         print(f"{result['num_total']} examples scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
         print(result_line(result))
     if ddp:
+        dist.barrier()  # ranks leave together (see train.py)
         dist.destroy_process_group()
 
 

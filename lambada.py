@@ -237,6 +237,7 @@ def main():
         print(f"{result['num_total']} passages scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
         print(result_line(result))
     if ddp:
+        dist.barrier()  # ranks leave together (see train.py)
         dist.destroy_process_group()
 
 

@@ -2593,6 +2593,7 @@ def _hs_ddp_worker(rank, world_size, port, table, out_dir):
         examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
         r = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", rank, world_size, batch_examples=2)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
+        dist.barrier()  # ranks leave together, as train.py does
     finally:
         dist.destroy_process_group()
 
@@ -3192,6 +3193,7 @@ def _lb_ddp_worker(rank, world_size, port, table, out_dir):
         model.context_length = 1  # the 2-piece targets are skipped: the skip and cut counts are summed too
         r = lambada.evaluate(model, _lb_tokenizer(), _lb_examples(), "cpu", rank, world_size, batch_size=2)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
+        dist.barrier()  # ranks leave together, as train.py does
     finally:
         dist.destroy_process_group()
 

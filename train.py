@@ -989,6 +989,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     bpb = val_loss / math.log(2) / bpt if (bpt and val_loss is not None) else None
     final_lr = lr_at(step)
     if ddp and cfg.get("_destroy_pg", True):
+        torch.distributed.barrier()   # ranks tear gloo down together: one leaving early aborted its peer ~1 run in 20
         torch.distributed.destroy_process_group()
     stopped_by = ("ctrl-c" if _Stop.requested else "max_iters" if step >= max_iters else
                   f"time_budget={cfg['time_budget']} (pass --time_budget= to train by steps only)")
