@@ -21,6 +21,7 @@ From Python (train.py does this during training, compiled or not):
   print(result_line(result))                     # hellaswag acc_norm 0.2955 (2967/10042) acc ...
 """
 import argparse
+import http.client
 import json
 import os
 import shutil
@@ -54,10 +55,11 @@ def download(url, dest):
     try:
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
             shutil.copyfileobj(response, f)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
+        os.replace(tmp, dest)
+    except (OSError, http.client.HTTPException) as e:  # HTTPException: e.g. the connection dropped mid-file
         raise RuntimeError(f"cannot download {url} ({e}); offline? give the path of a local copy") from e
-    os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed or interrupted (Ctrl-C) download leaves no partial file
     return dest
 
 

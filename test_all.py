@@ -881,6 +881,34 @@ def test_model_from_pretrained_offline_is_one_line(monkeypatch):
     assert "couldn't connect" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatch):
+    # the hub path with huggingface_hub's download faked by a local folder: the repo and file names asked for,
+    # the fallback to pytorch_model.bin when a repo has no safetensors, and the same logits as the local load
+    hub = pytest.importorskip("huggingface_hub")
+    hf = _model_hf_gpt2()
+    hf.save_pretrained(tmp_path / "safe")
+    hf.config.save_pretrained(tmp_path / "pickle")
+    torch.save(hf.state_dict(), tmp_path / "pickle" / "pytorch_model.bin")
+    ids = _model_ids(97)
+    with torch.no_grad():
+        ref = hf(ids).logits
+    for name, folder in [("gpt2-medium", "safe"), ("gpt2-xl", "pickle")]:
+        calls = []
+
+        def fake_download(repo, filename, **kw):
+            calls.append((repo, filename))
+            path = tmp_path / folder / filename
+            if not path.is_file():
+                raise FileNotFoundError(f"404 {repo}/{filename}")
+            return str(path)
+        monkeypatch.setattr(hub, "hf_hub_download", fake_download)
+        ours = M.GPT.from_pretrained(name).eval()
+        want = [(f"openai-community/{name}", "config.json"), (f"openai-community/{name}", "model.safetensors")]
+        assert calls == want + ([] if folder == "safe" else [(f"openai-community/{name}", "pytorch_model.bin")])
+        with torch.no_grad():
+            torch.testing.assert_close(ours(ids)[0], ref, rtol=1e-5, atol=1e-4)
+
+
 def test_model_safetensors_reader_matches_library(tmp_path):
     from safetensors.torch import save_file
     tensors = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int64), "c": torch.randn(2).bfloat16(),
@@ -2444,6 +2472,54 @@ def test_hs_load_examples_uses_cached_download(tmp_path):
     assert hellaswag.VAL_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
 
 
+def test_hs_download_fetches_once_atomically_and_fails_cleanly(tmp_path, monkeypatch):
+    # the real urllib path, on file:// URLs (no network): fetched once, then read from the cache
+    src = tmp_path / "remote.jsonl"
+    src.write_bytes(b"x" * 100_000)
+    dest = tmp_path / "cache" / "val.jsonl"
+    assert hellaswag.download(src.as_uri(), dest) == dest and dest.read_bytes() == src.read_bytes()
+    src.write_bytes(b"changed")
+    assert hellaswag.download(src.as_uri(), dest) == dest and len(dest.read_bytes()) == 100_000  # cached: not refetched
+    # a missing file, an HTTP error and a connection dropped mid-file: one error naming the URL, no file left behind
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    class Dropped:  # the response object of a connection that closes after 5 bytes
+        def __init__(self):
+            self.sent = False
+
+        def read(self, n=-1):
+            if self.sent:
+                raise http.client.IncompleteRead(b"", 95)
+            self.sent = True
+            return b"12345"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def http_404(url, timeout):
+        raise urllib.error.HTTPError(url, 404, "Not Found", {}, None)
+    gone = (tmp_path / "nope.jsonl").as_uri()
+    for url, patch, why in [(gone, None, "No such file"), ("https://example.invalid/x", http_404, "404"),
+                            ("https://example.invalid/y", lambda url, timeout: Dropped(), "IncompleteRead")]:
+        if patch:
+            monkeypatch.setattr(urllib.request, "urlopen", patch)
+        with pytest.raises(RuntimeError, match=rf"^cannot download {re.escape(url)} \(.*{why}.*\); offline\?"):
+            hellaswag.download(url, tmp_path / "fail" / "val.jsonl")
+        assert list((tmp_path / "fail").iterdir()) == []
+
+
+def test_hs_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
+    _hs_write_rows(tmp_path / "remote.jsonl")
+    monkeypatch.setattr(hellaswag, "VAL_URL", (tmp_path / "remote.jsonl").as_uri())
+    examples = hellaswag.load_examples(None, data_dir=tmp_path / "cache")
+    assert len(examples) == len(_HS_ROWS) and (tmp_path / "cache" / "hellaswag_val.jsonl").is_file()
+
+
 def test_hs_render_rows_and_mask_token_by_token():
     tok = _hs_word_tokenizer()
     ctx, label, endings = _HS_ROWS[1]
@@ -2894,6 +2970,16 @@ def test_lambada_load_examples_uses_cached_download(tmp_path):
     assert [e["text"] for e in lambada.load_examples(data_dir=str(tmp_path))] == _LB_PASSAGES
     assert lambada.TEST_URL == "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
     assert lambada.DATA_DIR == Path(lambada.__file__).resolve().parent / "data" / "lambada"
+
+
+def test_lambada_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
+    _lb_write(tmp_path / "remote.jsonl")
+    monkeypatch.setattr(lambada, "TEST_URL", (tmp_path / "remote.jsonl").as_uri())
+    assert [e["text"] for e in lambada.load_examples(None, data_dir=tmp_path / "cache")] == _LB_PASSAGES
+    assert (tmp_path / "cache" / "lambada_test.jsonl").read_bytes() == (tmp_path / "remote.jsonl").read_bytes()
+    monkeypatch.setattr(lambada, "TEST_URL", (tmp_path / "gone.jsonl").as_uri())
+    with pytest.raises(RuntimeError, match="cannot download .*gone.jsonl"):
+        lambada.load_examples(None, data_dir=tmp_path / "other")
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------
