@@ -212,28 +212,28 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                     rendered.append((tokens, mask, label))
                     batch.append(examples[i])
                     num_cut += cut
-                if not batch:
-                    continue
-                T = max(tokens.size(1) for tokens, _, _ in rendered)
-                tokens = torch.cat([F.pad(t, (0, T - t.size(1))) for t, _, _ in rendered]).to(device)
-                mask = torch.cat([F.pad(m, (0, T - m.size(1))) for _, m, _ in rendered]).to(device)
-                sum_loss, avg_loss = score_endings(model, tokens, mask)
-                sum_loss, avg_loss = sum_loss.view(-1, NUM_ENDINGS).cpu(), avg_loss.view(-1, NUM_ENDINGS).cpu()
-                for ex, (_, _, label), sums, avgs in zip(batch, rendered, sum_loss, avg_loss):
-                    pred, pred_norm = sums.argmin().item(), avgs.argmin().item()
-                    num_correct += pred == label
-                    num_correct_norm += pred_norm == label
-                    num_done += 1
-                    if verbose:
-                        print(f"--- example ind={ex.get('ind')} label={label} acc pick={pred} acc_norm pick={pred_norm} "
-                              f"(rank {ddp_rank}: acc_norm {num_correct_norm}/{num_done})\n  ctx: {ex['ctx']}")
-                        for i, ending in enumerate(ex["endings"]):
-                            flag = ("label " if i == label else "      ") + ("norm " if i == pred_norm else "     ")
-                            print(f"  {i} {flag}avg {avgs[i].item():7.4f} sum {sums[i].item():8.3f}  {ending}")
+                if batch:  # else every example in this batch was skipped
+                    T = max(tokens.size(1) for tokens, _, _ in rendered)
+                    tokens = torch.cat([F.pad(t, (0, T - t.size(1))) for t, _, _ in rendered]).to(device)
+                    mask = torch.cat([F.pad(m, (0, T - m.size(1))) for _, m, _ in rendered]).to(device)
+                    sum_loss, avg_loss = score_endings(model, tokens, mask)
+                    sum_loss, avg_loss = sum_loss.view(-1, NUM_ENDINGS).cpu(), avg_loss.view(-1, NUM_ENDINGS).cpu()
+                    for ex, (_, _, label), sums, avgs in zip(batch, rendered, sum_loss, avg_loss):
+                        pred, pred_norm = sums.argmin().item(), avgs.argmin().item()
+                        num_correct += pred == label
+                        num_correct_norm += pred_norm == label
+                        num_done += 1
+                        if verbose:
+                            print(f"--- example ind={ex.get('ind')} label={label} acc pick={pred} "
+                                  f"acc_norm pick={pred_norm} (rank {ddp_rank}: acc_norm {num_correct_norm}/{num_done})"
+                                  f"\n  ctx: {ex['ctx']}")
+                            for i, ending in enumerate(ex["endings"]):
+                                flag = ("label " if i == label else "      ") + ("norm " if i == pred_norm else "     ")
+                                print(f"  {i} {flag}avg {avgs[i].item():7.4f} sum {sums[i].item():8.3f}  {ending}")
                 if progress:
-                    print(f"\rhellaswag {num_done + num_skipped}/{len(mine)} acc_norm {num_correct_norm / num_done:.4f}",
-                          end="", file=sys.stderr, flush=True)
-        if progress and num_done:  # end the progress line
+                    print(f"\rhellaswag {num_done + num_skipped}/{len(mine)} "
+                          f"acc_norm {num_correct_norm / max(num_done, 1):.4f}", end="", file=sys.stderr, flush=True)
+        if progress and mine:  # end the progress line
             print(file=sys.stderr)
     finally:
         model.train(was_training)

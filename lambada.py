@@ -134,29 +134,28 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                         continue
                     rendered.append((examples[i], ids, num_target))
                     num_cut += cut
-                if not rendered:
-                    continue
-                T = max(len(ids) for _, ids, _ in rendered)
-                tokens = torch.zeros(len(rendered), T, dtype=torch.long)
-                mask = torch.zeros_like(tokens)
-                for row, (_, ids, num_target) in enumerate(rendered):
-                    tokens[row, :len(ids)] = torch.tensor(ids)
-                    mask[row, len(ids) - num_target:len(ids)] = 1
-                nll, greedy = score_targets(model, tokens.to(device), mask.to(device))
-                nll, greedy = nll.cpu().tolist(), greedy.cpu().tolist()
-                for (ex, _, _), loss, hit in zip(rendered, nll, greedy):
-                    num_correct += hit
-                    num_done += 1
-                    nll_total += loss
-                    if verbose:
-                        context, target = split_passage(ex["text"])
-                        tail = context if len(context) <= 120 else "..." + context[-120:]
-                        print(f"--- {'right' if hit else 'wrong'} target {target.strip()!r} nll {loss:.3f} "
-                              f"(rank {ddp_rank}: acc {num_correct}/{num_done})\n  {tail}")
+                if rendered:  # else every example in this batch was skipped
+                    T = max(len(ids) for _, ids, _ in rendered)
+                    tokens = torch.zeros(len(rendered), T, dtype=torch.long)
+                    mask = torch.zeros_like(tokens)
+                    for row, (_, ids, num_target) in enumerate(rendered):
+                        tokens[row, :len(ids)] = torch.tensor(ids)
+                        mask[row, len(ids) - num_target:len(ids)] = 1
+                    nll, greedy = score_targets(model, tokens.to(device), mask.to(device))
+                    nll, greedy = nll.cpu().tolist(), greedy.cpu().tolist()
+                    for (ex, _, _), loss, hit in zip(rendered, nll, greedy):
+                        num_correct += hit
+                        num_done += 1
+                        nll_total += loss
+                        if verbose:
+                            context, target = split_passage(ex["text"])
+                            tail = context if len(context) <= 120 else "..." + context[-120:]
+                            print(f"--- {'right' if hit else 'wrong'} target {target.strip()!r} nll {loss:.3f} "
+                                  f"(rank {ddp_rank}: acc {num_correct}/{num_done})\n  {tail}")
                 if progress:
                     print(f"\rlambada {num_done + num_skipped}/{len(mine)} acc {num_correct / max(num_done, 1):.4f}",
                           end="", file=sys.stderr, flush=True)
-        if progress and num_done:  # end the progress line
+        if progress and mine:  # end the progress line
             print(file=sys.stderr)
     finally:
         model.train(was_training)

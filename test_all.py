@@ -2592,7 +2592,7 @@ def test_hs_evaluate_controlled_model_gives_known_accuracy():
         assert r["acc_norm"] == pytest.approx(4 / 7)
 
 
-def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context():
+def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
     # a small-context model (as during training) skips and counts those examples instead of stopping the run
     tok = _hs_word_tokenizer()
     examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
@@ -2607,6 +2607,12 @@ def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context():
         assert (r["num_skipped"], r["num_total"], r["num_correct_norm"]) == (too_long, 7 - too_long, 7 - too_long)
         assert max(shape[1] for _, _, shape in model.seen) <= model.context_length
     assert hellaswag.result_line(r).endswith(f", {too_long} skipped (an ending too long for the context, or an empty context)")
+    # the progress line counts skipped examples too, also when a whole batch is skipped (the last one here)
+    fits = [e for e, n in zip(examples, longest) if n + 1 <= model.context_length]
+    last_skipped = fits + [examples[longest.index(max(longest))]]
+    capsys.readouterr()
+    hellaswag.evaluate(model, tok, last_skipped, "cpu", batch_examples=1, progress=True)
+    assert capsys.readouterr().err.split("\r")[-1] == f"hellaswag {len(last_skipped)}/{len(last_skipped)} acc_norm 1.0000\n"
 
 
 def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():
@@ -3132,7 +3138,7 @@ def test_lambada_evaluate_unwraps_compiled_module():
     assert r["num_correct"] == 4 and len(model.seen) == 2  # ran eagerly on the plain module
 
 
-def test_lambada_evaluate_skips_targets_longer_than_the_context():
+def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
     # context_length 1: the two 2-piece targets cannot be scored and are skipped and counted; the others keep
     # one context token, their last one, which is all a bigram model looks at: their verdicts stay as designed
     tok = _lb_tokenizer()
@@ -3163,6 +3169,12 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context():
     model.context_length = 1
     r = lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu")
     assert (r["num_total"], r["num_skipped"], r["acc"]) == (0, 2, 0.0) and math.isnan(r["ppl"])
+    # the progress line counts skipped passages too, also when a whole batch is skipped (here: every batch)
+    capsys.readouterr()
+    lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu", batch_size=1, progress=True)
+    assert capsys.readouterr().err.split("\r")[-1] == "lambada 2/2 acc 0.0000\n"
+    lambada.evaluate(model, tok, _lb_examples()[3:6], "cpu", batch_size=2, progress=True)  # the last batch: skipped
+    assert capsys.readouterr().err.split("\r")[-1] == "lambada 3/3 acc 1.0000\n"
 
 
 # ---- model.py models: batched, padded scoring equals one passage at a time ---------------------------------------
