@@ -86,7 +86,7 @@ def _tok_median(xs):
 
 def _tok_bench_train(args, cases):
     print(f"\n## training (fresh process per run, {args.repeats} interleaved repeats, medians)")
-    print(f"| input | vocab | ours s | HF s | ours/HF time | ours MiB | HF MiB | ours/HF memory | ours split (pre-tok + merge) |")
+    print("| input | vocab | ours s | HF s | ours/HF time | ours MiB | HF MiB | ours/HF memory | ours split (pre-tok + merge) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path, vocab in cases:
         ours, hf = [], []

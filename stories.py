@@ -187,9 +187,9 @@ def _share(r, h, f, g, place, feats):
         _say(r, h, r.choice(["It's mine! I saw it first!", "I want it!", "Give it to me!"])) + " " + _say(r, f, r.choice(["No, it's mine!", "But I want it too!", "I had it first!"])),
         f"They pulled and pulled. {r.choice(['Then they both fell down.', 'Nobody was having fun.', f'{f.name} started to cry.'])} {h.name} felt {r.choice(SAD)}.",
         f"{g.name} came over. " + _say(r, g, r.choice(["Why don't you take turns?", "What if you play with it together?", "Sharing makes a game twice as fun."])),
-        f"So {h.name} and {f.name} took turns with the {obj}. " + r.choice([f"Then they made up a new game that needed two players.",
-                                                                              f"Soon they were laughing together.",
-                                                                              f"It was much more fun than fighting."]),
+        f"So {h.name} and {f.name} took turns with the {obj}. " + r.choice(["Then they made up a new game that needed two players.",
+                                                                             "Soon they were laughing together.",
+                                                                             "It was much more fun than fighting."]),
         r.choice(["They learned that sharing is better than pulling.", f"{h.name} said sorry, and {f.name} said sorry too.",
                   "In the end, the best part of the day was playing together."]),
     ]
@@ -246,9 +246,9 @@ def _build(r, h, f, g, place, feats):
         f"But then {trouble}. " + _say(r, h, r.choice(["Oh no! All my work!", "I will never get it right.", "This is too hard!"])),
         f"{h.name} felt {r.choice(SAD)}. {h.He} sat down by {r.choice(feats)}. {f.name} sat down next to {h.him}.",
         _say(r, f, r.choice(["Let's try again, together.", "Every maker has to start over sometimes.", "I think we can make it even better this time."])),
-        r.choice([f"This time they worked slowly and carefully.", f"This time {f.name} held it steady while {h.name} worked.",
-                  f"They tried a new way, step by step."]) + f" At last, {thing} stood finished in front of them.",
-        r.choice([f"It was the best one {h.name} had ever made.", f"\"We did it!\" they shouted together.",
+        r.choice(["This time they worked slowly and carefully.", f"This time {f.name} held it steady while {h.name} worked.",
+                  "They tried a new way, step by step."]) + f" At last, {thing} stood finished in front of them.",
+        r.choice([f"It was the best one {h.name} had ever made.", "\"We did it!\" they shouted together.",
                   f"{h.name} learned that trying again is how things get made."]),
     ]
 
@@ -274,7 +274,7 @@ def _honest(r, h, f, g, place, feats):
         f"Later {g.name} came in. " + _say(r, g, f"Has anyone seen my {obj}?"),
         f"{h.name} did not say anything. But {h.he} felt bad inside, like a heavy stone in {h.his} tummy.",
         f"At last {h.name} said, \"I'm sorry. I broke it. I was playing ball.\" " + _say(r, g, r.choice(["Thank you for telling me the truth.", "I am glad you told me. Things can be fixed.", "Telling the truth is brave."])),
-        r.choice([f"Together they glued the {obj} back together.", f"{g.name} gave {h.name} a big hug.", f"The heavy feeling went away."])
+        r.choice([f"Together they glued the {obj} back together.", f"{g.name} gave {h.name} a big hug.", "The heavy feeling went away."])
         + " " + r.choice(["Being honest made everything better.", f"{h.name} learned to always tell the truth.", ""]).strip(),
     ]
 
@@ -287,7 +287,7 @@ def _explore(r, h, f, g, place, feats):
         _say(r, h, r.choice(["Let's find out!", "Let's be explorers!", "Let's follow it, but not too far."])),
         f"They walked and walked. They heard {PLACES[place][1]}. They saw {r.choice(['a bright butterfly', 'a busy squirrel', 'a line of ants', 'a rabbit hopping away', 'big white clouds'])}.",
         f"At the end of the path, they found {found}! " + _say(r, h, r.choice(["Wow!", "It's so beautiful!", "Look at that!"])),
-        f"They stayed for a while and looked at everything. When the sun got low, they walked back home.",
+        "They stayed for a while and looked at everything. When the sun got low, they walked back home.",
         f"{h.name} told {g.name} all about {_the(found.split(' with')[0])}. " + r.choice(["It was the best adventure ever.",
                                                                                           "They promised to go back another day.",
                                                                                           f"That night {h.name} dreamed of new paths."]),
@@ -364,7 +364,7 @@ def _mess(r, h, f, g, place, feats):
         f"Then {h.he} had an idea. {h.He} made it a game. " + r.choice([f"{h.He} raced the clock to put the {things[0]} away.",
                                                                         f"{h.He} sang a song and put one thing away for every word.",
                                                                         f"{h.He} pretended the toy box was a hungry monster that ate {things[1]}."]),
-        f"Soon the room was clean. " + _say(r, g, r.choice(["Wow, that was fast!", "Look at that! Well done.", "Now we can go and play."])),
+        "Soon the room was clean. " + _say(r, g, r.choice(["Wow, that was fast!", "Look at that! Well done.", "Now we can go and play."])),
         r.choice([f"They went to {place} and had a lovely time.", "Cleaning up is not so bad when you make it fun.",
                   f"{h.name} found {h.his} favorite {things[2][:-1] if things[2].endswith('s') else things[2]} under the bed!"]),
     ]
