@@ -2283,6 +2283,22 @@ def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
     assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
 
 
+def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
+    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error, nothing written,
+    # and no "using the generated corpus" line first
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    logs = []
+    for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
+        with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
+            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
+    assert logs == [] and not (tmp_path / "all").exists()
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
+                                      f"--out_dir={tmp_path / 'cli'}"])
+    with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
+        fineweb.main()
+    assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
+
+
 # ---- the network paths, with `datasets` replaced by a local stand-in (no network in tests) ------------------
 
 def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
