@@ -568,6 +568,9 @@ def bench_gpu(args):
     shape = (dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4) if args.tiny else
              dict(vocab_size=50257, context_length=1024, d_model=768, num_layers=12, num_heads=12))
     name = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    if not cuda and not args.tiny:
+        print("no CUDA device: running the checks on the CPU at the GPT-2 124M shape, which takes many minutes "
+              "(--tiny for a quick run)", file=sys.stderr)
     print(f"gpu checks: torch {torch.__version__}, {name}"
           + (f", capability {torch.cuda.get_device_capability(dev)}, bf16 {torch.cuda.is_bf16_supported()}" if cuda else "")
           + f", GPT-2 shape {shape}")
