@@ -16,6 +16,8 @@ import json
 import math
 import mmap
 import os
+import socket
+from urllib.parse import urlparse
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -441,6 +443,20 @@ class Block(nn.Module):
 
 _HUB_NAMES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
               "gpt2-xl": (48, 25, 1600)}
+
+
+def _hub_reachable(timeout=3.0):
+    """A quick probe: offline, huggingface_hub retries for ~30 s per file before it falls back to its cache."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # behind a proxy a direct connection proves nothing: let huggingface_hub try
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
                        "U8": torch.uint8, "BOOL": torch.bool}
@@ -546,15 +562,20 @@ class GPT(nn.Module):
                      if os.path.isfile(os.path.join(folder, f))}
         elif name_or_path in _HUB_NAMES:
             repo = f"openai-community/{name_or_path}"
+            online = _hub_reachable()  # offline, a copy downloaded before still loads, at once
             try:
                 from huggingface_hub import hf_hub_download
-                files = {"config.json": hf_hub_download(repo, "config.json")}
+
+                def fetch(filename):
+                    return hf_hub_download(repo, filename, local_files_only=not online)
+                files = {"config.json": fetch("config.json")}
                 try:
-                    files["model.safetensors"] = hf_hub_download(repo, "model.safetensors")
+                    files["model.safetensors"] = fetch("model.safetensors")
                 except Exception:  # older mirrors only have the pickle
-                    files["pytorch_model.bin"] = hf_hub_download(repo, "pytorch_model.bin")
+                    files["pytorch_model.bin"] = fetch("pytorch_model.bin")
             except Exception as e:  # offline, no huggingface_hub, hub errors: one line, not a traceback
-                why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+                why = ("the hub is unreachable and no copy is in its local cache" if not online else
+                       (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200])
                 raise ValueError(f"GPT.from_pretrained: cannot download {repo} from the Hugging Face hub ({why}); "
                                  f"a local folder with config.json and model.safetensors works offline") from None
         else:

@@ -875,15 +875,35 @@ def test_model_from_pretrained_offline_is_one_line(monkeypatch):
     def offline(repo, filename, **kw):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
     monkeypatch.setattr(hub, "hf_hub_download", offline)
-    with pytest.raises(ValueError) as e:
-        M.GPT.from_pretrained("gpt2")
-    assert str(e.value).startswith("GPT.from_pretrained: cannot download openai-community/gpt2 from the Hugging Face")
-    assert "couldn't connect" in str(e.value) and "\n" not in str(e.value)
+    for reachable, why in [(True, "couldn't connect"), (False, "the hub is unreachable and no copy is in its local cache")]:
+        monkeypatch.setattr(M, "_hub_reachable", lambda reachable=reachable: reachable)
+        with pytest.raises(ValueError) as e:
+            M.GPT.from_pretrained("gpt2")
+        assert str(e.value).startswith("GPT.from_pretrained: cannot download openai-community/gpt2 from the Hugging Face")
+        assert why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_model_hub_probe(monkeypatch):
+    # nothing listens on port 443 of this machine (a refused connection, at once): unreachable; behind a proxy the
+    # probe is skipped, since a direct connection proves nothing there
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://127.0.0.1")
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", 443), timeout=1).close()
+        pytest.skip("something listens on 127.0.0.1:443 here")
+    except OSError:
+        pass
+    assert M._hub_reachable() is False
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert M._hub_reachable() is True
 
 
 def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatch):
     # the hub path with huggingface_hub's download faked by a local folder: the repo and file names asked for,
-    # the fallback to pytorch_model.bin when a repo has no safetensors, and the same logits as the local load
+    # the fallback to pytorch_model.bin when a repo has no safetensors, offline a copy from huggingface_hub's
+    # cache (local_files_only, no retries), and the same logits as the local load
     hub = pytest.importorskip("huggingface_hub")
     hf = _model_hf_gpt2()
     hf.save_pretrained(tmp_path / "safe")
@@ -892,10 +912,12 @@ def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatc
     ids = _model_ids(97)
     with torch.no_grad():
         ref = hf(ids).logits
-    for name, folder in [("gpt2-medium", "safe"), ("gpt2-xl", "pickle")]:
+    for name, folder, online in [("gpt2-medium", "safe", True), ("gpt2-xl", "pickle", True), ("gpt2", "safe", False)]:
         calls = []
+        monkeypatch.setattr(M, "_hub_reachable", lambda online=online: online)
 
-        def fake_download(repo, filename, **kw):
+        def fake_download(repo, filename, local_files_only=False):  # offline: huggingface_hub's cache only
+            assert local_files_only is not online
             calls.append((repo, filename))
             path = tmp_path / folder / filename
             if not path.is_file():
