@@ -233,10 +233,26 @@ def _find_chunk_boundaries(path, num_chunks, split_tokens, window=1 << 20):
                     cut = guess + m.end()
                 else:
                     cut = _scan_for_special(f, guess + len(buf) - maxlen, toks, maxlen) if toks else size
+            cut = _back_off_from_specials(f, cut, toks, maxlen)
             if bounds[-1] < cut < size:
                 bounds.append(cut)
     bounds.append(size)
     return sorted(set(bounds))
+
+
+def _back_off_from_specials(f, cut, toks, maxlen):
+    """Move a cut left to the start of any special token that starts before it and runs past it: a cut
+    found at '<|endoftext|>' may fall between the halves of a longer '<|endoftext|><|endoftext|>'."""
+    while toks and cut > 0:
+        start = max(0, cut - maxlen + 1)
+        f.seek(start)
+        buf = f.read(cut - start + maxlen)
+        covering = [start + i for t in toks for i in range(cut - start)
+                    if start + i + len(t) > cut and buf.startswith(t, i)]
+        if not covering:
+            return cut
+        cut = min(covering)
+    return cut
 
 
 def _scan_for_special(f, pos, toks, maxlen, block=1 << 22):
@@ -275,8 +291,9 @@ def _decode_counting(data):
 # training
 
 def _inline_specials(special_tokens):
-    """Special tokens may stay inside str.split(" ") words (see _pieces_into) when none contains whitespace."""
-    return not any(c in _WS_CHARS for t in special_tokens for c in t)
+    """Special tokens may stay inside str.split(" ") words (see _pieces_into) when none contains whitespace and
+    none is all letters (an all-letter word takes a fast path that never looks for special tokens)."""
+    return not any(c in _WS_CHARS or t.isalpha() for t in special_tokens for c in t)
 
 
 def _count_pretokens(text, special_tokens, counts):
@@ -945,7 +962,10 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     out_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     num_tokens = num_docs = done = bad = 0
-    last_id = None
+    if tok.eot_id is not None:  # a document: what lies between end-of-text tokens, if it is not just whitespace
+        blank = np.array([not tok.decode([i]).strip() for i in range(tok.vocab_size)])
+        blank[tok.eot_id] = True
+        open_doc = False  # whether the text so far ends inside a document
     pool = None
     if num_workers == 1 or len(tasks) <= 1:
         _encode_worker_init(str(tokenizer_ref))
@@ -963,8 +983,10 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
                 f.write(data)
                 if tok.eot_id is not None and n:
                     arr = np.frombuffer(data, dtype=dtype)
-                    num_docs += int(np.count_nonzero(arr == tok.eot_id))
-                    last_id = int(arr[-1])
+                    segment = np.cumsum(arr == tok.eot_id)  # each end-of-text token opens the next segment
+                    docs = np.unique(segment[~blank[arr]])  # the segments holding text
+                    num_docs += len(docs) - int(open_doc and len(docs) > 0 and docs[0] == 0)  # 0 continues a doc
+                    open_doc = bool(len(docs) and docs[-1] == segment[-1]) or (open_doc and segment[-1] == 0)
                 num_tokens += n
                 done += nbytes
                 bad += nbad
@@ -978,8 +1000,6 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     if progress:
         print(file=sys.stderr)
     _warn_replaced(path, bad)
-    if tok.eot_id is not None and last_id is not None and last_id != tok.eot_id:
-        num_docs += 1  # a last document without a trailing separator
     meta = {"format": "tokens-v1", "dtype": np.dtype(dtype).name, "vocab_size": tok.vocab_size,
             "num_tokens": num_tokens, "num_docs": num_docs if tok.eot_id is not None else None,
             "tokenizer": str(tokenizer_ref), "eot_id": tok.eot_id}

@@ -133,9 +133,10 @@ def activation_floats(cfg, context_length):
     T, d, h, V = context_length, s["d"], s["h"], s["V_pad"]
     ffn_intermediates = 4 if s["ffn_type"] == "swiglu" else 2
     per_layer = 8 * T * d + ffn_intermediates * T * s["d_ff"] + 2 * h * T * T
-    if not s["norm"]:
-        per_layer -= 2 * T * d
-    return s["L"] * per_layer + T * d + 2 * T * V
+    final_norm = T * d
+    if not s["norm"]:  # remove_rmsnorm: no norm inputs to keep, ln_final's included
+        per_layer, final_norm = per_layer - 2 * T * d, 0
+    return s["L"] * per_layer + final_norm + 2 * T * V
 
 
 def memory_bytes(cfg, context_length, bytes_per_float=4):

@@ -345,6 +345,58 @@ def test_bpe_roundtrip_and_special_tokens(tmp_path):
     assert double.decode(double.encode(_BPE_EOT * 3)) == _BPE_EOT * 3
 
 
+def test_bpe_special_tokens_made_of_letters_are_split_out(tmp_path):
+    # an all-letter special token ("END") must be split out like any other, in encoding and in training, even
+    # where a space precedes it or letters touch it (an all-letter word takes a fast path in both)
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], ["END"])
+    end = tok.special_to_id["END"]
+    for text in ["say END now", "END", "sayEND ENDing", "é END\n END"]:
+        pieces = regex.split("(END)", text)
+        want = [i for k, p in enumerate(pieces) for i in ([end] if k % 2 else list(p.encode()))]
+        assert tok.encode(text) == want, text
+        assert list(tok.encode_iterable(iter(text))) == want, text
+        counts, ref = {}, Counter()
+        bpe._count_pretokens(text, ["END"], counts)
+        for doc in pieces[::2]:
+            ref.update(regex.findall(bpe.GPT2_SPLIT_PATTERN, doc))
+        assert counts == dict(ref), text
+    (tmp_path / "c.txt").write_text("the END of the END and the end " * 50, encoding="utf-8")
+    vocab, _ = bpe.train_bpe(tmp_path / "c.txt", 300, ["END"], num_workers=1)
+    assert not any(b"END" in v for i, v in vocab.items() if i > 0)  # id 0 is the special token itself
+
+
+def test_bpe_encode_file_never_cuts_inside_a_longer_special_token(tmp_path):
+    # '<|endoftext|>' and '<|endoftext|><|endoftext|>' both special: a chunk cut found at the second half of the
+    # double token must move to its start, so every chunk size gives encode()'s ids
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT, _BPE_EOT * 2])
+    tok.save_dir(tmp_path / "tok")
+    text = "a b " * 20 + _BPE_EOT * 2 + " c d" * 20 + _BPE_EOT * 3 + "e"
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    want = tok.encode(text)
+    assert want.count(257) == 2 and want.count(256) == 1
+    for chunk_bytes in range(10, 130, 3):
+        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1,
+                        chunk_bytes=chunk_bytes, min_chunk_bytes=1)
+        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == want, chunk_bytes
+
+
+@pytest.mark.parametrize("layout", ["after_each", "between", "leading", "blank_docs"])
+def test_bpe_encode_file_counts_documents_not_separators(tmp_path, layout):
+    # num_docs counts the pieces between end-of-text tokens that hold text: stories.py and TinyStories put a
+    # separator (with newlines around it) after every story, which is no extra document
+    docs = ["One day a cat sat.", "The dog ran home.", "A bird sang."]
+    sep = "\n" + _BPE_EOT + "\n"
+    text = {"after_each": "".join(d + sep for d in docs), "between": sep.join(docs),
+            "leading": "".join(sep + d for d in docs), "blank_docs": sep + " \n" + sep.join(docs) + sep + sep}[layout]
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    for chunk_bytes in (12, 40, 1 << 21):  # documents split across chunks are counted once
+        meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1,
+                               chunk_bytes=chunk_bytes, min_chunk_bytes=1)
+        assert meta["num_docs"] == 3, chunk_bytes
+
+
 def test_bpe_special_tokens_missing_from_vocab_are_appended(tmp_path):
     tok = _bpe_small_tokenizer(tmp_path, specials=())
     n = tok.vocab_size
@@ -1580,6 +1632,10 @@ def test_flops_tiny_shape_hand_computed():
     # SiLU FFN has two matrices; no RMSNorm removes the 12 gains
     silu = dict(cfg, ffn_type="silu", d_ff=16, remove_rmsnorm=True)
     assert flops.count_params(silu)["total"] == 40 + 64 + 2 * 4 * 16 + 40
+    # activations per sequence: per layer 8*T*d + 4*T*d_ff + 2*h*T^2, then T*d (final norm) + 2*T*V; SiLU keeps 2
+    # FFN intermediates, and no RMSNorm drops the 2 norm inputs per layer and the final norm's
+    assert flops.activation_floats(cfg, 8) == (8 * 8 * 4 + 4 * 8 * 6 + 2 * 2 * 64) + 8 * 4 + 2 * 8 * 10
+    assert flops.activation_floats(silu, 8) == (6 * 8 * 4 + 2 * 8 * 16 + 2 * 2 * 64) + 2 * 8 * 10
     # GPT-2: wte 10*4, wpe 8*4, c_attn 4*12+12, c_proj 4*4+4, c_fc 4*16+16, c_proj 16*4+4, 3 LayerNorms 3*8, tied head
     gpt = dict(arch="gpt2", vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=4)
     assert flops.count_params(gpt)["total"] == 40 + 32 + 60 + 20 + 80 + 68 + 24
