@@ -184,7 +184,7 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
 
 
 def _check_sampling_args(temperature, top_k, top_p):
-    if temperature is None or temperature < 0:
+    if temperature is None or not temperature >= 0:  # written so that NaN fails too
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
@@ -391,7 +391,7 @@ def main():
                         help="weights dtype for generation")
     args = parser.parse_args()
 
-    if args.temperature < 0:
+    if not args.temperature >= 0:  # NaN too
         raise SystemExit(f"sample.py: --temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise SystemExit(f"sample.py: --top_p must be in (0, 1], got {args.top_p}")

@@ -1437,6 +1437,82 @@ def test_train_random_sampler_resume_is_bit_identical(tmp_path, _train_data):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_train_resume_log_has_each_record_once_and_survives_a_torn_line(tmp_path, _train_data):
+    # crash after step 6 (checkpoint at 4) and a log line torn mid-write: the resumed run's log holds every train
+    # and eval record once, with the straight run's figures, and a second config record saying where it resumed
+    kw = dict(max_iters=8, ckpt_interval=4, eval_interval=2, log_interval=1)
+    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
+
+    def crash(step):
+        if step == 6:
+            raise RuntimeError("simulated crash")
+    with pytest.raises(RuntimeError):
+        train.train(cfg, on_step=crash, log=_train_quiet)
+    with open(tmp_path / "b" / "log.jsonl", "a") as f:
+        f.write('{"type": "train", "step": 7, "lo')
+    train.train(dict(cfg, resume=True), log=_train_quiet)
+
+    def records(run):
+        return [json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+    a, b = records("a"), records("b")
+    for kind, steps in (("train", list(range(1, 9))), ("eval", [0, 2, 4, 6, 8])):
+        assert [r["step"] for r in b if r["type"] == kind] == steps
+        assert [r.get("loss", r.get("val_loss")) for r in b if r["type"] == kind] == \
+            [r.get("loss", r.get("val_loss")) for r in a if r["type"] == kind]
+    assert [r["resumed_at_step"] for r in b if r["type"] == "config"] == [None, 4]
+
+
+def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
+    # naming the same preset again does not put its values back over the first run's own flags
+    first = ["--preset=tinystories", f"--data_dir={_train_data}", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
+             "--num_layers=1", "--num_heads=2", "--d_ff=64", "--context_length=16", "--batch_size=4", "--max_iters=2",
+             "--warmup_iters=1", "--eval_iters=2", "--learning_rate=5e-4", "--time_budget=45m", "--device=cpu",
+             "--compile=false", "--num_samples=0"]
+    train.main(first)
+    train.main(["--preset=tinystories", f"--out_dir={tmp_path / 'o'}", "--resume", "--max_iters=3"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 3
+    assert {k: ck["config"][k] for k in ("d_model", "learning_rate", "time_budget", "max_iters")} == \
+        dict(d_model=32, learning_rate=5e-4, time_budget="45m", max_iters=3)
+    with pytest.raises(SystemExit, match=r"other settings \(learning_rate 0.0005 -> 0.001\)"):
+        train.main(["--preset=tinystories", f"--out_dir={tmp_path / 'o'}", "--resume", "--learning_rate=1e-3"])
+
+
+def test_train_resume_with_fused_adamw_is_fused(tmp_path, _train_data, monkeypatch):
+    # a checkpoint of our AdamW resumed with --fused=true: torch's AdamW, with fused on in every group (the loaded
+    # groups carry no such key and torch would fill in None, the unfused path)
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=2), log=_train_quiet)
+    seen = []
+
+    class Spy(torch.optim.AdamW):
+        def step(self, *a, **k):
+            seen.append([g["fused"] for g in self.param_groups])
+            return super().step(*a, **k)
+    monkeypatch.setattr(torch.optim, "AdamW", Spy)
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=3, fused=True, resume=True), log=_train_quiet)
+    assert seen == [[True, True]]
+
+
+@needs_gpt2_files
+def test_train_bits_per_byte_are_measured_on_the_scored_validation_file(tmp_path):
+    # a first val file too short for one batch is skipped by the evaluator: bits/byte must use the file scored
+    d = _train_data_with_gpt2_tokenizer(tmp_path)
+    _train_write_tokens(d / "val.bin", [40] * 10, 50257, tokenizer="gpt2")            # too short: skipped
+    _train_write_tokens(d / "val_b.bin", _train_docs(3000, 1), 50257, tokenizer="gpt2")
+    s = train.train(_train_cfg(d, tmp_path / "o", max_iters=1, eval_iters=2), log=_train_quiet)
+    import bpe
+    scored = np.fromfile(d / "val_b.bin", dtype=np.uint16)[1:2 * 4 * 16 + 1]
+    bpt = train.bytes_per_token(bpe.load_tokenizer("gpt2"), scored, 0)  # the test data separates documents with 0
+    assert s["val_bpb"] == pytest.approx(s["val_loss"] / math.log(2) / bpt, rel=1e-9)
+
+
+def test_train_random_sampler_takes_a_file_of_exactly_one_window(tmp_path):
+    arr = np.arange(17, dtype=np.uint16)
+    x, y = train.RandomSampler([("f", arr, {})], batch_size=2, context_length=16).next_batch("cpu")
+    assert x.tolist() == [list(range(16))] * 2 and y.tolist() == [list(range(1, 17))] * 2
+
+
 def test_train_accumulation_matches_one_big_batch(tmp_path, _train_data):
     # 1 x (B=8) == 2 x (B=4) with total_batch_tokens = 8*16: same tokens, gradient averaged the same way
     train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, max_iters=4), log=_train_quiet)
@@ -1548,6 +1624,10 @@ def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, mo
     train.main(args + ["--fresh", "--max_iters=1"])                    # --fresh starts over
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iteration"] == 1
     assert "reusing" not in capsys.readouterr().out
+    train.main(args + ["--max_iters=2"])                               # ... once: the next run resumes and reuses
+    out = capsys.readouterr().out
+    assert "reusing" in out and "resumed" in out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["config"]["fresh"] is False
     monkeypatch.chdir(tmp_path)    # the preset the main job suggests next, beside its out/ckpt.pt: asks for its data
     with pytest.raises(SystemExit, match="prepare them with:\n  python fineweb.py --prepare_tinystories"):
         train.main(["--preset=tinystories-cpu"])
@@ -1583,6 +1663,7 @@ def test_train_init_from_local_gpt2_weights(tmp_path, _train_data):
     hf.save_pretrained(tmp_path / "hf")
     s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", init_from=str(tmp_path / "hf"),
                                max_iters=0), log=_train_quiet)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 0  # no step: the weights still
     val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16).astype(np.int64))
     n = 4 * 16
     losses = []
@@ -1967,6 +2048,8 @@ def test_sample_bad_input_and_long_prompts():
     m = _sample_models()[0]
     with pytest.raises(ValueError, match="temperature"):
         sample.generate(m, [[1]], 3, temperature=-0.5)
+    with pytest.raises(ValueError, match="temperature"):
+        sample.generate(m, [[1]], 3, temperature=float("nan"))
     for p in (0.0, 1.5, -1.0):
         with pytest.raises(ValueError, match="top_p"):
             sample.generate(m, [[1]], 3, top_p=p)
@@ -2008,7 +2091,8 @@ def test_sample_cli_streams_from_checkpoint(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", argv)
     sample.main()
     assert capsys.readouterr().out == out  # seeded: identical text
-    for bad, msg in (("--temperature=-1", "--temperature"), ("--top_p=0", "--top_p"), ("--top_p=1.5", "--top_p"),
+    for bad, msg in (("--temperature=-1", "--temperature"), ("--temperature=nan", "--temperature"), ("--top_p=0", "--top_p"),
+                     ("--top_p=1.5", "--top_p"),
                      (f"--ckpt={tmp_path / 'missing.pt'}", "no such checkpoint")):
         monkeypatch.setattr(sys, "argv", argv + [bad])
         with pytest.raises(SystemExit, match=msg):
@@ -3680,6 +3764,34 @@ def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_dat
         train.train(_bad_cfg(data, out, **{name: value}), log=_train_quiet)
     assert str(e.value).startswith(f"--{name} must be {expected}, got ")
     assert not out.exists()                                           # nothing was written
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--model=gtp2", "--model: expected llama or gpt2, got 'gtp2'"),
+    ("--sampler=shuffled", "--sampler: expected sequential or random, got 'shuffled'"),
+    ("--ffn_type=relu", "--ffn_type: expected swiglu or silu, got 'relu'"),
+    ("--attn_impl=flash", "--attn_impl: expected sdpa or scratch, got 'flash'"),
+    ("--dtype=float16", "--dtype: expected auto or float32 or bfloat16, got 'float16'"),
+    ("--num_heads=3", "--d_model=32 must be a multiple of --num_heads=3"),
+    ("--seed=-1", "--seed must be in [0, 2**32), got -1"),
+    ("--vocab_size=100", "--vocab_size must be >= 257"),
+])
+def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, message):
+    args = [f"--data_dir={tmp_path / 'data'}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
+            "--num_heads=2", "--download=false", flag]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    assert str(e.value).startswith(f"train.py: {message}")
+    assert not (tmp_path / "data").exists() and not (tmp_path / "o").exists()
+
+
+def test_train_plain_switches_are_true_or_false(tmp_path, capsys):
+    for flag in ("--remove_rope=auto", "--fresh=auto", "--hellaswag=maybe"):
+        with pytest.raises(SystemExit):
+            train.get_config([flag])
+        assert "expected true/false, got" in capsys.readouterr().err
+    assert train.get_config(["--compile=auto", "--remove_rope"])[0]["compile"] == "auto"
+    assert train.get_config(["--remove_rope"])[0]["remove_rope"] is True
 
 
 def test_train_bad_flag_on_the_command_line_is_one_line(tmp_path, _train_data):

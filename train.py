@@ -302,9 +302,9 @@ class RandomSampler:
     Its RNG state is the whole loader position."""
 
     def __init__(self, shards, batch_size, context_length, seed=0, rank=0):
-        self.arrays = [a for _, a, _ in shards if len(a) > context_length + 1]
+        self.arrays = [a for _, a, _ in shards if len(a) >= context_length + 1]
         if not self.arrays:
-            raise ValueError(f"no token file has more than context_length+1 = {context_length + 1} tokens")
+            raise ValueError(f"no token file has context_length+1 = {context_length + 1} tokens")
         self.B, self.T = batch_size, context_length
         sizes = np.array([len(a) - context_length for a in self.arrays], dtype=np.float64)
         self.p = sizes / sizes.sum()
@@ -488,7 +488,10 @@ def set_rng_state(state):
 # -----------------------------------------------------------------------------
 # configuration helpers
 
-def _parse_bool(s):
+AUTO_FLAGS = ("compile", "tf32", "fused", "resume", "pad_vocab")  # true/false/auto; every other switch is true/false
+
+
+def _parse_bool(s, allow_auto=True):
     if isinstance(s, bool):
         return s
     low = str(s).lower()
@@ -496,9 +499,13 @@ def _parse_bool(s):
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    if low == "auto":
+    if low == "auto" and allow_auto:
         return "auto"
-    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+    raise argparse.ArgumentTypeError(f"expected {'true/false/auto' if allow_auto else 'true/false'}, got {s!r}")
+
+
+def _parse_switch(s):
+    return _parse_bool(s, allow_auto=False)
 
 
 def _auto(value, when_auto):
@@ -521,8 +528,9 @@ def build_parser():
     p = argparse.ArgumentParser(description="Train a language model (see the module docstring for commands).",
                                 allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for name, default, help_text in CONFIG:
-        if isinstance(default, bool) or name in ("compile", "tf32", "fused", "resume", "pad_vocab"):
-            p.add_argument(f"--{name}", type=_parse_bool, nargs="?", const=True, default=default, help=help_text)
+        if isinstance(default, bool) or name in AUTO_FLAGS:
+            p.add_argument(f"--{name}", type=_parse_bool if name in AUTO_FLAGS else _parse_switch, nargs="?",
+                           const=True, default=default, help=help_text)
         else:
             p.add_argument(f"--{name}", type=type(default), default=default, help=help_text)
     return p
@@ -570,6 +578,18 @@ def check_config(cfg):
         for name in names:
             if not ok(cfg[name]):   # written so that NaN fails too
                 raise ValueError(f"--{name} must be {what}, got {cfg[name]}")
+    choices = {"model": ("llama", "gpt2"), "ffn_type": ("swiglu", "silu"), "attn_impl": ("sdpa", "scratch"),
+               "sampler": ("sequential", "random"), "dtype": ("auto", "float32", "bfloat16")}
+    for name, allowed in choices.items():
+        if cfg[name] not in allowed:
+            raise ValueError(f"--{name}: expected {' or '.join(allowed)}, got {cfg[name]!r}")
+    if cfg["d_model"] % cfg["num_heads"]:
+        raise ValueError(f"--d_model={cfg['d_model']} must be a multiple of --num_heads={cfg['num_heads']}")
+    if not 0 <= cfg["seed"] < 2 ** 32:
+        raise ValueError(f"--seed must be in [0, 2**32), got {cfg['seed']}")
+    if cfg["prepare_data"] and cfg["vocab_size"] < 257:
+        raise ValueError(f"--vocab_size must be >= 257 (256 bytes + <|endoftext|>) to train the tokenizer, "
+                         f"got {cfg['vocab_size']}")
     if cfg["time_budget"] and not parse_duration(cfg["time_budget"]) > 0:
         raise ValueError(f"--time_budget must be > 0 ('' = none), got {cfg['time_budget']!r}")
 
@@ -601,6 +621,15 @@ def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size)
 
 # -----------------------------------------------------------------------------
 # evaluation helpers
+
+def _kept_on_resume(line, step):
+    """Whether a log.jsonl line stays when a run resumes at `step`: the records up to it, not a line that a crash
+    tore mid-write."""
+    try:
+        return json.loads(line).get("step", 0) <= step
+    except ValueError:
+        return False
+
 
 def bytes_per_token(tokenizer, ids, eot_id):
     """UTF-8 bytes per token of ids decoded with the tokenizer (eot tokens count as tokens with 0 bytes)."""
@@ -698,8 +727,6 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if _auto(cfg["tf32"], cuda):
         torch.set_float32_matmul_precision("high")
     dtype_name = cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32")
-    if dtype_name not in ("float32", "bfloat16"):
-        raise ValueError(f"--dtype: expected auto, float32 or bfloat16, got {dtype_name!r}")
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype_name == "bfloat16" else contextlib.nullcontext())
     cfg["_pad_vocab"] = 64 if _auto(cfg["pad_vocab"], cuda) else 1
     random.seed(cfg["seed"])
@@ -800,16 +827,17 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     if cfg["sampler"] == "sequential":
         loader = SequentialSampler(train_shards, B, T, rank, world, seed=cfg["seed"], eot_id=eot_id)
-    elif cfg["sampler"] == "random":
-        loader = RandomSampler(train_shards, B, T, seed=cfg["seed"], rank=rank)
     else:
-        raise ValueError(f"--sampler: expected sequential or random, got {cfg['sampler']!r}")
+        loader = RandomSampler(train_shards, B, T, seed=cfg["seed"], rank=rank)
 
     # ---- resume ----------------------------------------------------------------------------------------------------------
     step, elapsed, best_val = 0, 0.0, None
     if resume_ckpt is not None:
         ckpt = resume_ckpt
         step = load_checkpoint(None, raw, optimizer, ckpt=ckpt)
+        if fused:   # the loaded groups carry the saving run's flags (none at all from our AdamW): use this run's
+            for group in optimizer.param_groups:
+                group["fused"] = True
         saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
         if saved_world != world:
             raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
@@ -830,10 +858,10 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
     val_len = sum(len(a) for _, a, _ in val_shards)
     check_batch_fits(val_shards, B * T * world + 1, "validation data")
+    scored = next(a for _, a, _ in val_shards if len(a) >= B * T * world + 1)  # the evaluator skips shorter files
     eval_iters = cfg["eval_tokens"] // (B * T * world) if cfg["eval_tokens"] else cfg["eval_iters"]
-    eval_iters = max(1, min(eval_iters, (len(val_shards[0][1]) - 1) // (B * T * world)))
-    bpt = None if tokenizer is None else bytes_per_token(tokenizer, val_shards[0][1][1:eval_iters * B * T * world + 1],
-                                                         eot_id)
+    eval_iters = max(1, min(eval_iters, (len(scored) - 1) // (B * T * world)))
+    bpt = None if tokenizer is None else bytes_per_token(tokenizer, scored[1:eval_iters * B * T * world + 1], eot_id)
 
     # ---- logging ---------------------------------------------------------------------------------------------------------
     log_path = out_dir / "log.jsonl"
@@ -842,7 +870,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         out_dir.mkdir(parents=True, exist_ok=True)
         kept = []
         if step > 0 and log_path.exists():   # drop what a crashed run logged after its last checkpoint
-            kept = [l for l in log_path.read_text().splitlines() if json.loads(l).get("step", 0) <= step]
+            kept = [line for line in log_path.read_text().splitlines() if _kept_on_resume(line, step)]
         logf = open(log_path, "w")
         logf.writelines(l + "\n" for l in kept)
         if cfg["wandb"]:
@@ -866,7 +894,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         f"{' | compiled' if _auto(cfg['compile'], cuda) else ''}")
     if master:
         record("config", **{k: v for k, v in cfg.items() if not k.startswith("_")}, model_config=mcfg,
-               tokenizer=tok_ref, world_size=world, params=n_params)
+               tokenizer=tok_ref, world_size=world, params=n_params, resumed_at_step=step if step else None)
 
     def save(step, val_loss):
         loader_states = [loader.state_dict()]
@@ -904,13 +932,15 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if not ddp and hasattr(signal, "SIGINT") and _is_main_thread():
         old_handler = signal.signal(signal.SIGINT, _Stop.handler)
     start_step, val_loss, samples, last_lr, loss_acc = step, best_val, [], lr_at(step), None
+    resumed = resume_ckpt is not None
     t_run = clock()
     try:
         while True:
             last = step >= max_iters or (budget is not None and elapsed >= budget)
             last = last or _Stop.requested
             # periodic duties (not counted in the time budget): eval, HellaSwag, LAMBADA, samples, checkpoint
-            if step % cfg["eval_interval"] == 0 or last:
+            # (not again at the step a run resumes from: its figures are in the log and the checkpoint already)
+            if (step % cfg["eval_interval"] == 0 or last) and not (resumed and step == start_step):
                 val_loss = estimate_val_loss(raw, val_shards, cfg, arch, device, autocast, rank, world, eval_iters)
                 bpb = val_loss / math.log(2) / bpt if bpt else None
                 fields = dict(step=step, val_loss=val_loss, val_bpb=bpb, elapsed=elapsed)
@@ -932,7 +962,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                         say(f"  sample: {s!r}")
                     fields["samples"] = samples
                 record("eval", **fields)
-            if (step > start_step and step % ckpt_every == 0) or (last and step > start_step):
+            if (step > start_step and step % ckpt_every == 0) or (last and (step > start_step or step == 0)):
                 save(step, val_loss)
             if last:
                 break
@@ -1071,13 +1101,15 @@ def main(argv=None):
         except ValueError as e:
             raise SystemExit(f"train.py: {e} (use --fresh to start over)")
         old = ckpt.get("config", {})
-        asked = set(explicit) | set(PRESETS.get(cfg["preset"], {}))   # what this command line sets
+        asked = set(explicit)   # what this command line sets; a preset's settings only when it names another one
+        if cfg["preset"] != old.get("preset", ""):
+            asked |= set(PRESETS.get(cfg["preset"], {}))
         changed = {k: (old.get(k), cfg[k]) for k in asked if k not in RESUMABLE_CHANGES and old.get(k) != cfg[k]}
         if changed:
             what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
             raise SystemExit(f"train.py: {ckpt_path} holds a run with other settings ({what}): "
                              f"use --fresh to start over or another --out_dir")
-        cfg = {**DEFAULTS, **old, **{k: cfg[k] for k in asked}}
+        cfg = {**DEFAULTS, **old, **{k: cfg[k] for k in asked}, "fresh": False}  # a --fresh first run: not again
         cfg["_resume_ckpt"] = ckpt
         cfg["prepare_data"] = cfg["prepare_data"] and old.get("prepare_data", True)
     try:
