@@ -335,7 +335,7 @@ class _Streamer:
         self.stream.flush()
 
 
-def load_model_and_tokenizer(ckpt_path, init_from, device):
+def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
     import bpe
     import model as model_lib
     if init_from:
@@ -359,7 +359,11 @@ def load_model_and_tokenizer(ckpt_path, init_from, device):
             model = model_lib.model_from_checkpoint(ckpt, device=device)
         except ValueError as e:
             raise SystemExit(f"sample.py: {where}: {e}")
-        ref = ckpt.get("tokenizer") or "gpt2"
+        ref = ckpt.get("tokenizer")
+        if not (ref or tokenizer_ref):
+            raise SystemExit(f"sample.py: {where}: the checkpoint names no tokenizer (its training data had none): "
+                             f"give one with --tokenizer (gpt2, or a bpe.py tokenizer folder)")
+    ref = tokenizer_ref or ref
     try:
         tokenizer = bpe.load_tokenizer(ref)
     except (OSError, ValueError) as e:
@@ -376,6 +380,8 @@ def main():
     parser.add_argument("--ckpt", default=os.path.join("out", "ckpt.pt"), help="checkpoint written by train.py")
     parser.add_argument("--init_from", default=None,
                         help="released weights instead of --ckpt: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF dir")
+    parser.add_argument("--tokenizer", default=None, help="instead of the checkpoint's tokenizer: gpt2 or a bpe.py "
+                        "tokenizer folder (for a checkpoint that names none, or whose tokenizer folder moved)")
     parser.add_argument("--prompt", default="", help="prompt text, or FILE:path to read it from a file; "
                                                      "empty = start from <|endoftext|>")
     parser.add_argument("--num_samples", type=int, default=3, help="number of samples")
@@ -421,7 +427,7 @@ def main():
     except ValueError as e:
         raise SystemExit(f"sample.py: {e}")
     torch.manual_seed(args.seed)
-    model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, args.device)
+    model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, args.device, args.tokenizer)
     model.to(dtype=getattr(torch, args.dtype)).eval()
     ids = tokenizer.encode(prompt) if prompt else []
     if not ids:

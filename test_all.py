@@ -1304,7 +1304,7 @@ def test_train_get_batch_windows():
         assert train.get_batch(data, 2, 10, "cuda")[0].device.type == "cuda"
 
 
-def test_train_checkpoint_roundtrip_path_and_bytesio(tmp_path):
+def test_train_checkpoint_roundtrip_path_and_bytesio(tmp_path, monkeypatch):
     cfg = _train_cfg(tmp_path, tmp_path)
     m = M.build_model(train.model_config_from(dict(cfg, _pad_vocab=1), 64))
     opt = train.AdamW(m.parameters(), lr=1e-2)
@@ -1323,6 +1323,15 @@ def test_train_checkpoint_roundtrip_path_and_bytesio(tmp_path):
         s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
         assert all(torch.equal(s1[i]["exp_avg_sq"], s2[i]["exp_avg_sq"]) for i in s1)
     assert not list(tmp_path.glob("*.tmp*"))                         # atomic write leaves no temp file
+    # a write that fails half way (disk full, Ctrl-C): the old checkpoint stays whole and no temp file is left
+    def full_disk(obj, f, *a, **k):
+        f.write(b"half a checkpoint")
+        raise OSError(28, "No space left on device")
+    before = (tmp_path / "c.pt").read_bytes()
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        train.save_checkpoint(m, opt, 8, tmp_path / "c.pt")
+    assert (tmp_path / "c.pt").read_bytes() == before and not list(tmp_path.glob("*.tmp*"))
 
 
 def test_train_corrupt_checkpoint_and_data_are_clear_errors(tmp_path, _train_data):
@@ -2071,6 +2080,26 @@ def test_sample_generate_restores_training_mode():
 def _sample_write_ckpt(path, m, tokenizer="gpt2"):
     torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": tokenizer,
                 "iteration": 0}, path)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, monkeypatch):
+    # a checkpoint whose data named no tokenizer: one line asking for --tokenizer (never a guessed gpt2), and
+    # --tokenizer then encodes and decodes with the folder given
+    tok = _bpe_small_tokenizer(tmp_path, vocab_size=300)
+    tok.save_dir(tmp_path / "tok")
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=tok.vocab_size, context_length=16, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer="")
+    argv = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--prompt=the cat", "--num_samples=1",
+            "--max_new_tokens=4", "--temperature=0", "--no_stop", "--device=cpu"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=r"^sample.py: --ckpt .*ckpt.pt: the checkpoint names no tokenizer .*--tokenizer"):
+        sample.main()
+    monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'tok'}"])
+    sample.main()  # (gpt2's 50,257 ids would not fit this 300-id model: it would stop with an error)
+    assert capsys.readouterr().out.startswith("---------- sample 1/1\nthe cat")
 
 
 @pytest.mark.usefixtures("_sample_single_thread")

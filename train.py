@@ -430,8 +430,8 @@ def _clean_state_dict(sd):
 
 
 def save_checkpoint(model, optimizer, iteration, out, **extra):
-    """torch.save {model, optimizer, iteration, model_config, **extra} to a path (atomically: temp file + rename,
-    so a crash mid-write never leaves a broken ckpt.pt) or to a binary file object."""
+    """torch.save {model, optimizer, iteration, model_config, **extra} to a path (atomically: temp file, fsync,
+    rename, so a crash mid-write never leaves a broken ckpt.pt) or to a binary file object."""
     raw = _unwrap(model)
     obj = {"model": _clean_state_dict(raw.state_dict()), "optimizer": optimizer.state_dict(), "iteration": int(iteration)}
     if hasattr(raw, "model_config"):
@@ -441,8 +441,14 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        torch.save(obj, tmp)
-        os.replace(tmp, out)
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the rename: after a power cut ckpt.pt is the old or the new one
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed (disk full) or interrupted write leaves no partial file
     else:
         torch.save(obj, out)
 
