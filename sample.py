@@ -217,7 +217,8 @@ def packed_lm_head(model, batch_size, max_new_tokens):
     batch 1-2. The same float32 products summed in another order: logits agree to ~1e-5, so only a near-tie
     could make it pick another token than the plain head. Costs: ~20 ms to pack 50,257 x 256 (hence a minimum
     number of new tokens) and 1.2-1.4x the head's memory (2.6x at width 256, 5x at 128) while generate() runs.
-    Inputs with another number of rows (the prefill) fall back to the plain product."""
+    Inputs with another number of rows (the prefill) fall back to the plain product inside `_mkl_linear`, which
+    keeps the original weight for that."""
     w = model.lm_head.weight.detach()
     if (batch_size < PACKED_HEAD_MIN_BATCH or max_new_tokens < PACKED_HEAD_MIN_TOKENS or w.device.type != "cpu"
             or w.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or not torch.backends.mkl.is_available()
