@@ -153,7 +153,7 @@ class _Softmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, dim):
-        xf = x.float()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # float64 stays float64
         # a fully masked row (all -inf) must give zeros, not NaN: clamp its max to a finite number so exp
         # gives 0, and clamp the sum at 1 (a row with any finite entry sums to >= 1 after max-subtraction)
         m = xf.amax(dim, keepdim=True).clamp(min=torch.finfo(xf.dtype).min)
@@ -166,7 +166,8 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        pf, gf = p.float(), grad.float()
+        acc = torch.promote_types(p.dtype, torch.float32)
+        pf, gf = p.to(acc), grad.to(acc)
         # d softmax: p * (g - sum(g * p))
         return (pf * (gf - (gf * pf).sum(ctx.dim, keepdim=True))).to(p.dtype), None
 
@@ -353,11 +354,12 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, targets, num_classes):
         x = logits.reshape(-1, logits.size(-1))[:, :num_classes]  # padded columns never get probability mass
         t = targets.reshape(-1, 1)
-        m = x.amax(-1, keepdim=True).float()
-        p = torch.sub(x, m).exp_()  # float32 even for bf16 logits (type promotion)
+        acc = torch.promote_types(x.dtype, torch.float32)  # float32 for 16-bit logits, float64 stays float64
+        m = x.amax(-1, keepdim=True).to(acc)
+        p = torch.sub(x, m).exp_()  # in acc even for bf16 logits (type promotion)
         sum_exp = p.sum(-1, keepdim=True)
         lse = (sum_exp.log() + m).squeeze(1)  # log-sum-exp, stable: every exponent <= 0
-        loss = (lse - x.gather(1, t).squeeze(1).float()).mean()
+        loss = (lse - x.gather(1, t).squeeze(1).to(acc)).mean()
         ctx.save_for_backward(p.div_(sum_exp), t)
         ctx.shape, ctx.dtype = logits.shape, logits.dtype
         return loss
@@ -447,11 +449,14 @@ _HUB_NAMES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large"
 
 def _hub_reachable(timeout=3.0):
     """A quick probe: offline, huggingface_hub retries for ~30 s per file before it falls back to its cache."""
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") + (("HTTP_PROXY", "http_proxy")
+                                                                           if url.scheme == "http" else ())
+    if any(os.environ.get(v) for v in proxies):
         return True  # behind a proxy a direct connection proves nothing: let huggingface_hub try
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)),
+                                 timeout=timeout).close()
         return True
     except OSError:
         return False
@@ -604,8 +609,14 @@ class GPT(nn.Module):
         loaded = set()
         for key, w in sd_hf.items():
             key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
-            if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
-                continue  # causal-mask buffers; lm_head is tied to wte
+            if key == "lm_head.weight":  # tied to wte in OpenAI's GPT-2; a file with its own head is another model
+                wte = sd_hf.get("transformer.wte.weight", sd_hf.get("wte.weight"))
+                if wte is not None and not torch.equal(w, wte):
+                    raise ValueError(f"GPT.from_pretrained: {name_or_path} has an lm_head untied from wte "
+                                     f"(tie_word_embeddings false); this GPT ties them")
+                continue
+            if key.endswith((".attn.bias", ".attn.masked_bias")):
+                continue  # causal-mask buffers
             if key not in sd:
                 raise ValueError(f"GPT.from_pretrained: unexpected weight {key!r} in {name_or_path}")
             if key.endswith(conv1d):
@@ -631,20 +642,21 @@ class GPT(nn.Module):
 
 def build_model(cfg):
     """Rebuild a model from its model_config() dict (as stored in checkpoints)."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"build_model: expected a model_config dict, got {type(cfg).__name__}")
     cfg = dict(cfg)
     arch = cfg.pop("arch", None)
-    if arch == "llama":
-        try:
-            return TransformerLM(**cfg)
-        except TypeError as e:
-            raise ValueError(f"build_model: bad llama config {cfg}: {e}") from None
+    if arch not in ("llama", "gpt2"):
+        raise ValueError(f"build_model: cfg['arch'] must be 'llama' or 'gpt2', got {arch!r}")
     if arch == "gpt2":
         known = {f.name for f in fields(GPTConfig)}
         unknown = sorted(set(cfg) - known)
         if unknown:
             raise ValueError(f"build_model: unknown gpt2 config keys {unknown}; expected some of {sorted(known)}")
-        return GPT(GPTConfig(**cfg))
-    raise ValueError(f"build_model: cfg['arch'] must be 'llama' or 'gpt2', got {arch!r}")
+    try:
+        return TransformerLM(**cfg) if arch == "llama" else GPT(GPTConfig(**cfg))
+    except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as e:  # a missing key, a size of 0 or -1, ...
+        raise ValueError(f"build_model: bad {arch} config {cfg}: {e}") from None
 
 
 def _unwrap(model):

@@ -684,6 +684,11 @@ def test_model_softmax_matches_torch_with_gradient():
         x.grad = x_ref.grad = None
     big = torch.tensor([1000.0, 1001.0, -1000.0])  # max subtraction keeps it finite
     torch.testing.assert_close(M.softmax(big, 0), torch.softmax(big, 0))
+    # float64 stays float64 (only 16-bit inputs are promoted, to float32): a difference float32 cannot hold
+    close = torch.tensor([1e4, 1e4 + 1e-6, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(M.softmax(close, 0), torch.softmax(close, 0), rtol=1e-12, atol=1e-15)
+    assert torch.autograd.gradcheck(lambda t: M.softmax(t, -1), torch.randn(3, 5, dtype=torch.float64,
+                                                                             requires_grad=True))
 
 
 def test_model_attention_matches_torch_sdpa():
@@ -736,6 +741,10 @@ def test_model_cross_entropy_matches_torch():
     assert lb.grad.dtype == torch.bfloat16
     torch.testing.assert_close(lb.grad.float(), lb_ref.grad, atol=1e-4, rtol=1e-2)
     huge = torch.tensor([[1e4, 0.0, -1e4]])  # log-sum-exp keeps it finite
+    # float64 logits are accumulated in float64
+    l64 = torch.randn(4, 7, dtype=torch.float64) * 3 + 1e4
+    t64 = torch.randint(0, 7, (4,))
+    torch.testing.assert_close(M.cross_entropy(l64, t64), F.cross_entropy(l64, t64), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(M.cross_entropy(huge, torch.tensor([1])), torch.tensor(1e4))
     # num_classes: trailing (padding) columns get no probability and no gradient
     padded = torch.cat([logits_ref.detach(), torch.full((2, 5, 4), 50.0)], -1).requires_grad_()
@@ -981,6 +990,45 @@ def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatc
         assert calls == want + ([] if folder == "safe" else [(f"openai-community/{name}", "pytorch_model.bin")])
         with torch.no_grad():
             torch.testing.assert_close(ours(ids)[0], ref, rtol=1e-5, atol=1e-4)
+
+
+def test_model_hub_probe_uses_the_endpoint_port(monkeypatch):
+    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
+    import socket
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert M._hub_reachable() is True
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
+    assert M._hub_reachable() is False
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
+    assert M._hub_reachable() is True
+
+
+def test_model_from_pretrained_refuses_an_untied_head(tmp_path):
+    # GPT ties lm_head to wte; a file whose head differs (tie_word_embeddings false) would load with wrong logits
+    from transformers import GPT2Config, GPT2LMHeadModel
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1, n_head=2,
+                                    tie_word_embeddings=False))
+    assert not torch.equal(hf.lm_head.weight, hf.transformer.wte.weight)
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="lm_head untied from wte"):
+        M.GPT.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(arch="gpt2", n_embd=0, n_head=0), dict(arch="gpt2", vocab_size=-1), dict(arch="gpt2", vocab_size="50257"),
+    dict(arch="llama", vocab_size=10, context_length=8, d_model=8, num_layers=1, num_heads=0, d_ff=16),
+    dict(arch="llama", vocab_size=-1, context_length=8, d_model=8, num_layers=1, num_heads=2, d_ff=16),
+    dict(arch="llama", vocab_size=10), None, ["arch", "gpt2"]])
+def test_model_build_model_bad_config_is_one_line(cfg):
+    with pytest.raises(ValueError, match="^build_model: ") as e:
+        M.build_model(cfg)
+    assert "\n" not in str(e.value)
 
 
 def test_model_safetensors_reader_matches_library(tmp_path):
