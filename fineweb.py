@@ -600,10 +600,17 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
 
 def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_workers=None, log=print):
     """Train a bpe.py tokenizer (with <|endoftext|>) on the first max_bytes of a document stream (None: all)
-    and save it to tok_dir; an existing tok_dir is reused (so a resumed run shards with the same tokenizer)."""
+    and save it to tok_dir; an existing tok_dir trained with the same request is reused (so a resumed run shards
+    with the same tokenizer), one trained with another is refused (request.json records what was asked)."""
     import bpe
     tok_dir = Path(tok_dir)
+    request = {"vocab_size": vocab_size, "max_bytes": max_bytes}
     if (tok_dir / "vocab.json").is_file():
+        old = json.loads((tok_dir / "request.json").read_text()) if (tok_dir / "request.json").is_file() else request
+        if old != request:
+            raise ValueError(f"{tok_dir}: holds a tokenizer trained with vocab_size {old['vocab_size']}, "
+                             f"bpe_train_bytes {old['max_bytes'] or 0}, not {vocab_size}, {max_bytes or 0}: "
+                             "choose another --out_dir, or delete that folder and its shards")
         log(f"tokenizer: reusing {tok_dir}")
         return str(tok_dir)
     tok_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -618,6 +625,7 @@ def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_worke
     t0 = time.time()
     vocab, merges = bpe.train_bpe(str(text), vocab_size, [EOT], num_workers=num_workers)
     bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir) + ".tmp")
+    _write_json(Path(str(tok_dir) + ".tmp") / "request.json", request)
     os.replace(str(tok_dir) + ".tmp", tok_dir)
     text.unlink()
     log(f"tokenizer: trained BPE, vocab {vocab_size}, on {written:,} bytes in {time.time() - t0:.1f}s -> {tok_dir}")
@@ -677,6 +685,9 @@ def main():
         else:
             open_docs = lambda: hf_docs(args.dataset)
             source, name = f"hf:{DATASETS.get(args.dataset, {}).get('path')}", args.dataset
+        if args.max_docs:  # the same documents train the tokenizer and fill the shards
+            open_all, source = open_docs, f"{source}[:{args.max_docs}]"
+            open_docs = lambda: islice(open_all(), args.max_docs)
         docs = open_docs()
         tok_name = "bpe" if args.vocab_size or args.tokenizer != "gpt2" else "gpt2"
         default_dir = "data/edu_fineweb10B" if (name, tok_name) == ("fineweb-edu", "gpt2") else f"data/{name}-{tok_name}"
@@ -685,8 +696,6 @@ def main():
             args.tokenizer = train_tokenizer_on_docs(docs, args.vocab_size, Path(out_dir) / "tokenizer",
                                                      args.bpe_train_bytes or None, args.num_workers)
             docs = open_docs()
-        if args.max_docs:
-            docs, source = islice(docs, args.max_docs), f"{source}[:{args.max_docs}]"
         if args.shuffle_docs:
             docs, source = buffer_shuffle(docs, args.shuffle_buffer, args.seed), f"{source}|buffer {args.shuffle_buffer}"
         write_shards(docs, out_dir, args.tokenizer, args.shard_size, args.num_workers,

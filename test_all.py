@@ -2597,6 +2597,22 @@ def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
     fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
     ids, _, meta = _fw_read_shards(tmp_path / "out")
     assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
+    # asked for another size (or another amount of training text): refused, never a silent reuse
+    for size, max_bytes in [(300, None), (290, 5000)]:
+        with pytest.raises(ValueError, match=r"tokenizer: holds a tokenizer trained with vocab_size 290, "
+                                             r"bpe_train_bytes 0, not .*: choose another --out_dir"):
+            fineweb.train_tokenizer_on_docs(iter([]), size, tmp_path / "out/tokenizer", max_bytes, log=logs.append)
+
+
+def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch, capsys):
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", "--max_docs=5", "--vocab_size=280",
+                                      f"--out_dir={tmp_path / 'out'}", "--shard_size=500", "--num_workers=1"])
+    fineweb.main()
+    first5 = sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])
+    assert f"on {first5:,} bytes" in capsys.readouterr().out
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
 
 
 # ============================================================================
