@@ -1,6 +1,8 @@
 """
 The seed write-up's TinyStories experiments, rerun through train.py: a learning-rate sweep, batch sizes, the four
-architecture ablations, a fixed-wall-clock run, and samples from the best model. Results land in results/.
+architecture ablations, a fixed-wall-clock run, and samples from the best model. Results land in results/
+(the cpu preset on its own data), or results/<preset>[-<data folder>]/ for another preset or --data_dir, so runs
+on different data never share one report.
 
     python experiments.py run                   # everything, CPU scale (~2 MB of TinyStories, ~40 min on 2 cores)
     python experiments.py report                # results/results.md + PNGs from results/logs/*.jsonl alone
@@ -19,7 +21,8 @@ architecture ablations, a fixed-wall-clock run, and samples from the best model.
    (checkpoints stay there, out of git); its small log.jsonl is copied to results/logs/<name>.jsonl with one
    extra "experiment" record (name, groups, flags, wall time). A run whose results/logs file holds the same
    flags is not run again (--rerun forces it);
-3. samples: sample.py on the best run's checkpoint, temperature 0.8, top-p 0.9 -> results/samples.txt;
+3. samples: sample.py on the best run's checkpoint (when it is the one its log describes), temperature 0.8,
+   top-p 0.9 -> results/samples.txt;
 then `report`.
 
 Every run of a preset has the same seed and the same step budget (the batch-size runs: the same token budget),
@@ -279,11 +282,21 @@ def best_run(runs, require_ckpt_in=None):
         s = summarize(read_log(dest))
         if s["val_loss"] is None or not math.isfinite(s["val_loss"]):
             continue
-        if require_ckpt_in is not None and not (require_ckpt_in / run["name"] / "ckpt.pt").is_file():
+        if require_ckpt_in is not None and not _ckpt_matches(require_ckpt_in / run["name"] / "ckpt.pt", s):
             continue
         if best is None or s["val_loss"] < best[1]:
             best = (run["name"], s["val_loss"])
     return best
+
+
+def _ckpt_matches(path, summary):
+    """Whether the checkpoint at path is the one the log describes (the same final step and validation loss), not
+    one left by another --steps, an interrupted --rerun or other data."""
+    if not path.is_file():
+        return False
+    import torch
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    return ckpt.get("iteration") == summary["step"] and ckpt.get("val_loss") == summary["val_loss"]
 
 
 def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, log=print):
@@ -477,6 +490,7 @@ def main(argv=None):
                     "preset's data (no tokenizer training)")
     ap.add_argument("--no_samples", action="store_true", help="skip the samples from the best model")
     args = ap.parse_args(argv)
+    global RESULTS, LOGS
     if args.steps < 0:
         raise SystemExit(f"experiments.py: --steps {args.steps}: expected a positive number of steps (0: the preset's)")
 
@@ -491,6 +505,11 @@ def main(argv=None):
     else:
         selected = [r for r in runs if args.all or not r.get("extra")]
     scratch = (ROOT / args.scratch / args.preset).resolve()
+    if args.preset != "cpu" or args.data_dir:  # results/ holds the write-up's cpu runs: never mix other data in
+        RESULTS = RESULTS / (args.preset + (f"-{Path(args.data_dir).name}" if args.data_dir else ""))
+        LOGS = RESULTS / "logs"
+        if args.data_dir:
+            scratch = scratch.with_name(RESULTS.name)
 
     if args.command == "list":
         for r in runs:

@@ -1702,6 +1702,22 @@ def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, capsys):
+    # checkpointed but cut short: a script running train.py (experiments.py) must not take it as a finished run
+    real_train = train.train
+    monkeypatch.setattr(train, "train", lambda cfg: real_train(cfg, on_step=lambda step: step == 2 and
+                                                               train._Stop.handler(None, None)))
+    args = [f"--data_dir={_train_data}", f"--out_dir={tmp_path / 'o'}", "--vocab_size=64", "--context_length=16",
+            "--d_model=32", "--num_layers=1", "--num_heads=2", "--batch_size=4", "--max_iters=6", "--time_budget=",
+            "--num_samples=0", "--device=cpu", "--compile=false"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    assert e.value.code == 130 and "stopped by ctrl-c" in capsys.readouterr().out
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 2
+    train.main(args)  # resumed to the end: a normal exit
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
+
+
 def test_train_gpt2_model_with_padded_vocab_trains(tmp_path, _train_data):
     s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", pad_vocab=True, max_iters=3,
                                eval_interval=3), log=_train_quiet)
@@ -4278,6 +4294,23 @@ def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_re
     assert "| nope |" in md and "| baseline |" not in md
 
 
+def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _bad_results):
+    # the best run's ckpt.pt must be the run in results/logs (same final step and val loss), not one left by an
+    # interrupted --rerun, another --steps or other data
+    _bad_results.joinpath("logs").mkdir(parents=True)
+    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope", evals=((0, 7.6), (10, 4.0)))
+    _bad_fake_log(_bad_results / "logs" / "baseline.jsonl", "baseline", evals=((0, 7.6), (10, 4.5)))
+    runs = [dict(name="baseline"), dict(name="nope")]
+    scratch = tmp_path / "runs"
+    for name, iteration, val_loss in [("nope", 3, 6.1), ("baseline", 10, 4.5)]:  # nope's is stale
+        (scratch / name).mkdir(parents=True)
+        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / name / "ckpt.pt")
+    assert experiments.best_run(runs) == ("nope", 4.0)
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("baseline", 4.5)
+    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
+
+
 @pytest.fixture
 def _bad_tiny_preset(tmp_path, monkeypatch):
     """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
@@ -4294,10 +4327,12 @@ def _bad_tiny_preset(tmp_path, monkeypatch):
 def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _bad_results, _bad_tiny_preset, capsys):
     scratch = tmp_path / "scratch"
     experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={scratch}", "--no_samples"])
-    rec = experiments.experiment_record(experiments.read_log(_bad_results / "logs" / "baseline.jsonl"))
+    results = _bad_results / "tiny"  # a preset other than cpu reports in its own folder
+    rec = experiments.experiment_record(experiments.read_log(results / "logs" / "baseline.jsonl"))
     assert f"--out_dir={scratch / 'tiny' / 'runs' / 'baseline'}" in rec["args"]
-    assert (scratch / "tiny" / "runs" / "baseline" / "ckpt.pt").is_file() and (_bad_results / "results.md").is_file()
-    assert json.loads((_bad_results / "setup.json").read_text())["tokenizer"] == str(scratch / "tiny" / "tokenizer-300")
+    assert (scratch / "tiny" / "runs" / "baseline" / "ckpt.pt").is_file() and (results / "results.md").is_file()
+    assert json.loads((results / "setup.json").read_text())["tokenizer"] == str(scratch / "tiny" / "tokenizer-300")
+    assert not (_bad_results / "logs").exists()
 
 
 def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _bad_results, _bad_tiny_preset):
@@ -4309,4 +4344,4 @@ def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _
                           f"--data_dir={data}", "--no_samples"])
     msg = str(e.value.code)
     assert msg.startswith("experiments.py: run baseline failed (train.py exit 1: ") and "sidecar" in msg
-    assert msg.endswith(f"see {tmp_path / 's' / 'tiny' / 'runs' / 'baseline' / 'console.txt'}") and "\n" not in msg
+    assert msg.endswith(f"see {tmp_path / 's' / 'tiny-data' / 'runs' / 'baseline' / 'console.txt'}") and "\n" not in msg

@@ -1139,6 +1139,8 @@ def main(argv=None):
                      ("python train.py --preset=tinystories-cpu", "the CS336 baseline shape, once its data exists:")]:
         print(f"  {cmd:<44} # {why}")
     print(f"      {PREPARE_COMMANDS['tinystories-cpu']}")
+    if summary["interrupted"]:
+        raise SystemExit(130)  # checkpointed, but cut short: scripts that run train.py must not take it as finished
 
 
 if __name__ == "__main__":
