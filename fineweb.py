@@ -365,7 +365,7 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
     shards concatenated are exactly the token stream. Returns the directory's meta.json as a dict."""
     if shard_size < 1:
         raise ValueError(f"shard_size must be positive, got {shard_size}")
-    tokenizer = str(tokenizer)
+    tokenizer = str(tokenizer) if str(tokenizer) == "gpt2" else str(Path(tokenizer))  # ./tok/ and tok are one
     tok = load_tokenizer(tokenizer)
     dtype = choose_dtype(tok.vocab_size, dtype)
     if tok.eot_id is None:

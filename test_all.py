@@ -2489,6 +2489,9 @@ def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir):
         fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, **kw)
     with pytest.raises(ValueError, match="different settings"):
         fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **{**kw, "shard_size": 100})
+    # the same tokenizer folder spelled another way (trailing slash) is the same tokenizer: no refusal
+    fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir, **kw)
+    assert fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir + "/", **kw)["complete"]
     # token files from elsewhere (no meta.json)
     (tmp_path / "other").mkdir()
     (tmp_path / "other/train.bin").write_bytes(b"\0\0")
