@@ -843,6 +843,10 @@ class Tokenizer:
 
     def decode(self, ids):
         """Text of token ids; byte sequences that are not valid UTF-8 become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids):
+        """The bytes of token ids (a token may hold part of a UTF-8 character: streams decode these incrementally)."""
         table = self._decode_table
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # numpy arrays, iterators
         try:
@@ -852,7 +856,7 @@ class Tokenizer:
             raise ValueError(f"decode: token id {bad!r} is outside the vocabulary [0, {len(table)})") from None
         if any(i < 0 for i in ids):
             raise ValueError(f"decode: token id {min(ids)} is outside the vocabulary [0, {len(table)})")
-        return data.decode("utf-8", errors="replace")
+        return data
 
 
 def _encode_iterable(tok, iterable, block_chars):
@@ -897,11 +901,14 @@ class TiktokenGPT2:
         return _encode_iterable(self, iterable, block_chars)  # tiktoken has no streaming API of its own
 
     def decode(self, ids):
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids):
         ids = list(ids)
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"decode: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        return self.enc.decode(ids)
+        return self.enc.decode_bytes(ids)
 
 
 def load_tokenizer(ref):

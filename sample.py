@@ -23,6 +23,7 @@ rebuilt from the remaining tokens (one re-prefill every context/2 tokens), so th
 half a context of history; the uncached path uses exactly the same windows, so both give identical tokens.
 """
 import argparse
+import codecs
 import os
 import sys
 import warnings
@@ -177,7 +178,9 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
     """One token per row from logits (B, V): greedy when temperature == 0, else sampled."""
     if temperature == 0:
         return greedy(logits)
-    probs = F.softmax(logits.float() / temperature, dim=-1)
+    logits = logits.float()
+    # the max subtracted before dividing: a tiny temperature sends the others to -inf instead of overflowing to NaN
+    probs = F.softmax((logits - logits.amax(-1, keepdim=True)) / temperature, dim=-1)
     cp, ci = candidates(probs, top_k, top_p)
     choice = draw(cp, generator)
     return choice if ci is None else ci.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
@@ -316,23 +319,20 @@ def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=
 
 
 class _Streamer:
-    """Prints decoded text as tokens arrive, holding back bytes of a multi-byte character until complete."""
+    """Prints text as tokens arrive. Tokens are byte strings that may cut a UTF-8 character (GPT-2 even has tokens
+    holding the end of one character and the start of the next), so an incremental decoder holds back an
+    unfinished character until its last byte arrives: the printed text equals tokenizer.decode(all ids)."""
 
     def __init__(self, tokenizer, stream=sys.stdout):
-        self.tokenizer, self.stream, self.ids, self.start = tokenizer, stream, [], 0
+        self.tokenizer, self.stream = tokenizer, stream
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, row, token_id):
-        self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids[self.start:])
-        if not text.endswith("\ufffd") or len(self.ids) - self.start > 8:
-            self.stream.write(text)
-            self.stream.flush()
-            self.start = len(self.ids)
+        self.stream.write(self.utf8.decode(self.tokenizer.decode_bytes([token_id])))
+        self.stream.flush()
 
     def flush(self):
-        if self.start < len(self.ids):
-            self.stream.write(self.tokenizer.decode(self.ids[self.start:]))
-        self.stream.write("\n")
+        self.stream.write(self.utf8.decode(b"", final=True) + "\n")
         self.stream.flush()
 
 

@@ -2123,6 +2123,10 @@ def test_sample_bad_input_and_long_prompts():
         sample.generate(m, [[1]], 3, temperature=-0.5)
     with pytest.raises(ValueError, match="temperature"):
         sample.generate(m, [[1]], 3, temperature=float("nan"))
+    # a temperature so small that logits / temperature overflows: still the argmax, never an id past the vocabulary
+    logits = torch.randn(3, 50) * 5
+    for t in (1e-6, 1e-38, 1e-45):
+        assert sample.sample_next(logits, temperature=t).tolist() == logits.argmax(-1).tolist()
     for p in (0.0, 1.5, -1.0):
         with pytest.raises(ValueError, match="top_p"):
             sample.generate(m, [[1]], 3, top_p=p)
@@ -2237,6 +2241,33 @@ def test_sample_streamer_holds_back_partial_utf8(tmp_path):
     streamer(0, ids[2])
     streamer.flush()
     assert out.getvalue() == "é!\n"
+    # an unfinished character at the end is flushed as U+FFFD, as decode() does
+    out = io.StringIO()
+    streamer = sample._Streamer(tok, out)
+    streamer(0, tok.encode("é")[0])
+    streamer.flush()
+    assert out.getvalue() == tok.decode(tok.encode("é")[:1]) + "\n" == "\ufffd\n"
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+@needs_gpt2_files
+def test_sample_streamer_with_gpt2_tokens_that_straddle_characters():
+    # GPT-2 has tokens holding the end of one character and the start of the next (b'\xa9\xb6\xe6'): a run of them
+    # never ends on a character boundary, and the stream must still equal decode() of all the tokens
+    import io
+    import bpe
+    tok = bpe.load_tokenizer("gpt2")
+    rng = random.Random(0)
+    texts = ["a" + "橶" * 12 + "b", "龘靐" * 8, "naïve café 🙂🙂 日本語のテキスト"]
+    texts += ["".join(rng.choice("橶龘靐日本語🙂é ab") for _ in range(40)) for _ in range(50)]
+    for text in texts:
+        ids = tok.encode(text)
+        out = io.StringIO()
+        streamer = sample._Streamer(tok, out)
+        for i in ids:
+            streamer(0, i)
+        streamer.flush()
+        assert out.getvalue() == text + "\n", text
 
 
 # ============================================================================
