@@ -1590,6 +1590,11 @@ def test_train_eval_tokens_scores_the_same_text_at_any_batch_size(tmp_path, _tra
             runs[B, eval_tokens] = train.train(cfg, log=_train_quiet)["val_loss"]
     assert runs[4, 384] == pytest.approx(runs[8, 384], rel=1e-6)  # 6 x 64 and 3 x 128: the same 384 tokens
     assert abs(runs[4, 0] - runs[8, 0]) > 1e-4                      # without it, different text
+    # a number that is not whole batches at every size, or more than the scored file holds: refused, never rounded
+    with pytest.raises(ValueError, match=r"--eval_tokens=500 is not a multiple of .* = 128"):
+        train.train(_train_cfg(_train_data, tmp_path / "r", batch_size=8, eval_tokens=500, **kw), log=_train_quiet)
+    with pytest.raises(ValueError, match=r"--eval_tokens=3,072: the validation file scored, .*val.bin, holds only 2,999"):
+        train.train(_train_cfg(_train_data, tmp_path / "r", batch_size=8, eval_tokens=3072, **kw), log=_train_quiet)
 
 
 def test_train_time_budget_follows_injected_clock(tmp_path, _train_data):

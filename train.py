@@ -99,8 +99,8 @@ CONFIG = [
     # evaluation, logging, checkpoints
     ("eval_interval", 250, "evaluate (val loss, bits/byte, a sample) every N steps and at the end"),
     ("eval_iters", 10, "validation batches per evaluation"),
-    ("eval_tokens", 0, "validation tokens per evaluation, in whole batches (0 = eval_iters batches); the same "
-                       "number scores runs with different batch sizes on the same text"),
+    ("eval_tokens", 0, "validation tokens per evaluation, a multiple of batch_size*context_length*world_size "
+                       "(0 = eval_iters batches); the same number scores runs of any batch size on the same text"),
     ("log_interval", 10, "print a line every N steps"),
     ("ckpt_interval", 0, "write ckpt.pt every N steps (0 = at every evaluation); always at the end"),
     ("num_samples", 1, "samples generated at each evaluation"),
@@ -864,9 +864,18 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
     val_len = sum(len(a) for _, a, _ in val_shards)
     check_batch_fits(val_shards, B * T * world + 1, "validation data")
-    scored = next(a for _, a, _ in val_shards if len(a) >= B * T * world + 1)  # the evaluator skips shorter files
-    eval_iters = cfg["eval_tokens"] // (B * T * world) if cfg["eval_tokens"] else cfg["eval_iters"]
-    eval_iters = max(1, min(eval_iters, (len(scored) - 1) // (B * T * world)))
+    # the evaluator skips files shorter than one batch and reads only the first one that holds a batch
+    scored_path, scored = next((p, a) for p, a, _ in val_shards if len(a) >= B * T * world + 1)
+    if cfg["eval_tokens"]:   # exactly these tokens at any batch size or world size, or an error
+        if cfg["eval_tokens"] % (B * T * world):
+            raise ValueError(f"--eval_tokens={cfg['eval_tokens']:,} is not a multiple of batch_size*context_length"
+                             f"*world_size = {B * T * world:,}: pick one, so that every run scores the same tokens")
+        if cfg["eval_tokens"] + 1 > len(scored):
+            raise ValueError(f"--eval_tokens={cfg['eval_tokens']:,}: the validation file scored, {scored_path}, "
+                             f"holds only {len(scored) - 1:,} targets")
+        eval_iters = cfg["eval_tokens"] // (B * T * world)
+    else:
+        eval_iters = max(1, min(cfg["eval_iters"], (len(scored) - 1) // (B * T * world)))
     bpt = None if tokenizer is None else bytes_per_token(tokenizer, scored[1:eval_iters * B * T * world + 1], eot_id)
 
     # ---- logging ---------------------------------------------------------------------------------------------------------
