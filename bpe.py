@@ -1045,6 +1045,8 @@ def main():
 
     if args.workers is not None and args.workers < 1:
         raise SystemExit(f"bpe.py: --workers {args.workers}: expected a positive number")
+    if args.sample_docs < 1:
+        raise SystemExit(f"bpe.py: --sample_docs {args.sample_docs}: expected a positive number of documents")
     if args.encode is not None:
         if not args.out:
             raise SystemExit("bpe.py: --encode needs --out FILE.bin")

@@ -1739,6 +1739,12 @@ def test_train_init_from_local_gpt2_weights(tmp_path, _train_data):
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1,
                                                               n_head=2)).eval()
     hf.save_pretrained(tmp_path / "hf")
+    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1,
+                                                                 n_head=2))
+    other.save_pretrained(tmp_path / "hf97")  # a vocabulary that is not the data's: refused before any step
+    with pytest.raises(ValueError, match=r"^--init_from=.*hf97: the model has a vocabulary of 97 ids, the data .* 64"):
+        train.train(_train_cfg(_train_data, tmp_path / "o97", model="gpt2", init_from=str(tmp_path / "hf97")),
+                    log=_train_quiet)
     s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", init_from=str(tmp_path / "hf"),
                                max_iters=0), log=_train_quiet)
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 0  # no step: the weights still
@@ -3790,6 +3796,26 @@ def test_train_missing_lambada_file_is_one_line_before_training(tmp_path):
 
 def _bench_gpu_args(**kw):
     return argparse.Namespace(**{**dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager"), **kw})
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sample", "--repeats", "0"], "bench.py: --repeats 0: expected at least 1"),
+    (["model", "--threads", "0"], "bench.py: --threads 0: expected at least 1"),
+    (["train", "--steps", "0"], "bench.py: --steps 0: expected at least 2"),
+    (["gpu", "--steps", "1", "--tiny"], "bench.py: --steps 1: expected at least 2")])
+def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    monkeypatch.setattr(bench, "bench_sample", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert str(e.value) == message
+
+
+def test_bpe_cli_refuses_a_bad_sample_docs_before_training(tmp_path):
+    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
+    r = _bpe_cli("--vocab", 300, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--sample_docs", -1)
+    assert r.returncode == 1 and r.stderr.strip() == "bpe.py: --sample_docs -1: expected a positive number of documents"
+    assert not (tmp_path / "tok").exists()
 
 
 def test_bench_gpu_runs_every_check_on_cpu(capsys):

@@ -816,6 +816,10 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     else:
         raw = model_lib.build_model(model_config_from(cfg, data_vocab))
     vocab_size = raw.vocab_size
+    if vocab_size != data_vocab:   # --init_from or a checkpoint: its ids must mean the data's tokens
+        source = f"--init_from={cfg['init_from']}" if resume_ckpt is None else str(ckpt_path)
+        raise ValueError(f"{source}: the model has a vocabulary of {vocab_size:,} ids, the data in {cfg['data_dir']} "
+                         f"{data_vocab:,} (tokenizer {tok_ref!r}): tokenize the data with the model's tokenizer")
     for path, arr, _ in train_shards + val_shards:   # an id >= vocab_size is refused before training starts
         check_token_range(arr, vocab_size, path)
     raw.to(device)
