@@ -1432,6 +1432,28 @@ def test_train_sequential_sampler_shuffles_documents_and_resumes():
         assert torch.equal(one.next_batch("cpu")[0], torch.cat([r0.next_batch("cpu")[0], r1.next_batch("cpu")[0]]))
 
 
+def test_train_sequential_sampler_without_document_boundaries_never_repeats_an_epoch():
+    # one shard and no eot id (nothing to shuffle): each epoch starts the shard at another place, so the batches of
+    # one epoch are not the last epoch's again (a periodic training loss); each epoch still reads the whole shard
+    arr = np.arange(1000, dtype=np.uint16)
+    s = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=None)
+    per_batch = 2 * 8
+    epochs = []
+    for _ in range(3):
+        n = (len(arr) - 1) // per_batch
+        epochs.append([s.next_batch("cpu")[0] for _ in range(n)])
+    assert all(not torch.equal(a[0], b[0]) for a, b in zip(epochs, epochs[1:]))
+    for batches in epochs:  # consecutive, wrapping once around the shard's end
+        flat = torch.cat([x.flatten() for x in batches])
+        steps = (flat[1:] - flat[:-1]) % len(arr)
+        assert (steps == 1).all() and len(set(flat.tolist())) == len(flat)
+    state = s.state_dict()
+    later = [s.next_batch("cpu")[0] for _ in range(5)]
+    s2 = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=None)
+    s2.load_state_dict(state)
+    assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)
+
+
 def test_train_presets_resolve_to_documented_values():
     cfg, _ = train.get_config(["--preset=tinystories-cpu"])
     assert (cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"], cfg["num_heads"],

@@ -339,8 +339,9 @@ def check_batch_fits(shards, need, what="training data"):
 class SequentialSampler:
     """build-nanogpt-style reading: windows of B*T+1 tokens taken in order through the shards, rank r of W taking
     every W-th window. Unlike the reference, each epoch shuffles the shard order and, when the end-of-text id is
-    known, the order of the documents inside each shard (documents are cut at every eot token), with an RNG
-    seeded by (seed, epoch): the position (epoch, shard, offset) pins the data exactly, for resume."""
+    known, the order of the documents inside each shard (documents are cut at every eot token; without one, the
+    shard is rotated to a random start instead), with an RNG seeded by (seed, epoch): the position (epoch, shard,
+    offset) pins the data exactly, for resume."""
 
     def __init__(self, shards, batch_size, context_length, rank=0, world_size=1, seed=0, eot_id=None, shuffle=True):
         self.shards = [(p, a) for p, a, _ in shards]
@@ -366,6 +367,9 @@ class SequentialSampler:
             lengths = np.diff(np.append(starts, len(arr)))
             perm = np.random.default_rng([self.doc_seed, self.shard]).permutation(len(starts))
             self.seg_start, self.seg_len = starts[perm], lengths[perm]
+        elif self.shuffle:   # no document boundaries known: rotate the shard instead, so no epoch repeats the last
+            cut = int(np.random.default_rng([self.doc_seed, self.shard]).integers(len(arr)))
+            self.seg_start, self.seg_len = np.array([cut, 0]), np.array([len(arr) - cut, cut])
         else:
             self.seg_start, self.seg_len = np.array([0]), np.array([len(arr)])
         self.seg_cum = np.concatenate([[0], np.cumsum(self.seg_len)])
