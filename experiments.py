@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-RESULTS = ROOT / "results"
+RESULTS_ROOT = ROOT / "results"   # the cpu preset's write-up; other presets and data get a folder inside
+RESULTS = RESULTS_ROOT
 LOGS = RESULTS / "logs"
 TINYSTORIES = ROOT.parent / "shared" / "data" / "tinystories"
 
@@ -505,11 +506,12 @@ def main(argv=None):
     else:
         selected = [r for r in runs if args.all or not r.get("extra")]
     scratch = (ROOT / args.scratch / args.preset).resolve()
-    if args.preset != "cpu" or args.data_dir:  # results/ holds the write-up's cpu runs: never mix other data in
-        RESULTS = RESULTS / (args.preset + (f"-{Path(args.data_dir).name}" if args.data_dir else ""))
-        LOGS = RESULTS / "logs"
+    RESULTS = RESULTS_ROOT   # results/ holds the write-up's cpu runs: never mix other data in
+    if args.preset != "cpu" or args.data_dir:
+        RESULTS = RESULTS_ROOT / (args.preset + (f"-{Path(args.data_dir).resolve().name}" if args.data_dir else ""))
         if args.data_dir:
             scratch = scratch.with_name(RESULTS.name)
+    LOGS = RESULTS / "logs"
 
     if args.command == "list":
         for r in runs:

@@ -365,7 +365,9 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
     shards concatenated are exactly the token stream. Returns the directory's meta.json as a dict."""
     if shard_size < 1:
         raise ValueError(f"shard_size must be positive, got {shard_size}")
-    tokenizer = str(tokenizer) if str(tokenizer) == "gpt2" else str(Path(tokenizer))  # ./tok/ and tok are one
+    tokenizer = str(tokenizer)
+    if str(Path(tokenizer)) != "gpt2":  # ./tok/ and tok are one folder (but ./gpt2 is a folder, not tiktoken)
+        tokenizer = str(Path(tokenizer))
     tok = load_tokenizer(tokenizer)
     dtype = choose_dtype(tok.vocab_size, dtype)
     if tok.eot_id is None:
@@ -521,7 +523,7 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
         raise ValueError(f"corpus_bytes must be at least 2 (train + validation) or None (all of TinyStories), got {corpus_bytes}")
     d = Path(data_dir)
     train_txt, val_txt, tok_dir, state_path = d / "train.txt", d / "val.txt", d / "tokenizer", d / "prepared.json"
-    if corpus_bytes is None and not (d / "prepared.json").is_file():  # fail before anything is written
+    if corpus_bytes is None and (fresh or not (d / "prepared.json").is_file()):  # fail before anything is written
         ok, why = hub_reachable() if allow_download else (False, "downloads disabled")
         if not ok:
             raise ValueError(f"all of TinyStories (--corpus_bytes 0, corpus_bytes=None) needs the download ({why}); "

@@ -455,8 +455,13 @@ def _hub_reachable(timeout=3.0):
     if any(os.environ.get(v) for v in proxies):
         return True  # behind a proxy a direct connection proves nothing: let huggingface_hub try
     try:
-        socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)),
-                                 timeout=timeout).close()
+        host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
+    except ValueError:  # a port out of range
+        host = None
+    if host is None:  # a malformed HF_ENDPOINT: let huggingface_hub say what is wrong with it
+        return True
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
         return True
     except OSError:
         return False

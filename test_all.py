@@ -1007,6 +1007,10 @@ def test_model_hub_probe_uses_the_endpoint_port(monkeypatch):
     assert M._hub_reachable() is False
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
     assert M._hub_reachable() is True
+    monkeypatch.delenv("HTTP_PROXY")
+    for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
+        monkeypatch.setenv("HF_ENDPOINT", bad)
+        assert M._hub_reachable() is True
 
 
 def test_model_from_pretrained_refuses_an_untied_head(tmp_path):
@@ -1540,6 +1544,24 @@ def test_train_resume_log_has_each_record_once_and_survives_a_torn_line(tmp_path
         assert [r.get("loss", r.get("val_loss")) for r in b if r["type"] == kind] == \
             [r.get("loss", r.get("val_loss")) for r in a if r["type"] == kind]
     assert [r["resumed_at_step"] for r in b if r["type"] == "config"] == [None, 4]
+
+
+def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_path, _train_data):
+    # a checkpoint written at a non-evaluation step (ckpt_interval) and resumed with max_iters lowered to it: the
+    # run ends there and must report that step's loss, not the older one the checkpoint carried
+    straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=3), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=3)
+
+    def crash(step):
+        if step == 5:
+            raise RuntimeError("simulated crash")
+    with pytest.raises(RuntimeError):
+        train.train(cfg, on_step=crash, log=_train_quiet)
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["val_step"] == 0
+    s = train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
+    assert s["step"] == 3 and s["val_loss"] == straight["val_loss"]
+    evals = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evals if r["type"] == "eval"] == [0, 3]
 
 
 def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
@@ -2545,7 +2567,7 @@ def test_fw_bad_input_errors(tmp_path):
 
 
 @needs_gpt2_files
-def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir):
+def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, monkeypatch):
     path, docs = _fw_corpus(tmp_path, n=20)
     kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
     fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
@@ -2556,6 +2578,12 @@ def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir):
     # the same tokenizer folder spelled another way (trailing slash) is the same tokenizer: no refusal
     fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir, **kw)
     assert fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir + "/", **kw)["complete"]
+    # ... but a folder named gpt2 stays that folder, not tiktoken's GPT-2
+    import shutil
+    shutil.copytree(_fw_bpe_dir, tmp_path / "gpt2")
+    monkeypatch.chdir(tmp_path)
+    meta = fineweb.write_shards(iter(docs), tmp_path / "local", "./gpt2", **kw)
+    assert meta["config"]["tokenizer"] == "./gpt2" and meta["config"]["vocab_size"] == 300
     # token files from elsewhere (no meta.json)
     (tmp_path / "other").mkdir()
     (tmp_path / "other/train.bin").write_bytes(b"\0\0")
@@ -2614,6 +2642,12 @@ def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, mo
         with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
             fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
     assert logs == [] and not (tmp_path / "all").exists()
+    # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
+    fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
+    before = sorted(p.name for p in (tmp_path / "ts").iterdir())
+    with pytest.raises(ValueError, match="^all of TinyStories"):
+        fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
+    assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
     monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
                                       f"--out_dir={tmp_path / 'cli'}"])
     with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
@@ -3823,7 +3857,7 @@ def _bench_gpu_args(**kw):
 @pytest.mark.parametrize("argv,message", [
     (["sample", "--repeats", "0"], "bench.py: --repeats 0: expected at least 1"),
     (["model", "--threads", "0"], "bench.py: --threads 0: expected at least 1"),
-    (["train", "--steps", "0"], "bench.py: --steps 0: expected at least 2"),
+    (["train", "--steps", "0"], "bench.py: --steps 0: expected at least 1"),
     (["gpu", "--steps", "1", "--tiny"], "bench.py: --steps 1: expected at least 2")])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
@@ -4341,6 +4375,7 @@ def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
 @pytest.fixture
 def _bad_results(tmp_path, monkeypatch):
     """results/ and results/logs/ redirected into tmp_path."""
+    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
     monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
     return tmp_path / "results"
@@ -4379,6 +4414,17 @@ def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_re
     assert any("silu_ffn.jsonl: not a JSON-lines log" in s for s in notes)
     md = (_bad_results / "results.md").read_text()
     assert "| nope |" in md and "| baseline |" not in md
+
+
+def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, capsys):
+    # each main() call picks its folder from the root: the cpu preset on its own data reports in results/, any
+    # other preset or --data_dir in a folder of its own, however many calls came before
+    for argv, want in [(["list", "--preset=cs336"], _bad_results / "cs336"),
+                       (["list", "--preset=cs336"], _bad_results / "cs336"),
+                       (["list", f"--data_dir={tmp_path / 'mine'}"], _bad_results / "cpu-mine"),
+                       (["list"], _bad_results)]:
+        experiments.main(argv)
+        assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
 
 
 def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _bad_results):

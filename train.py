@@ -845,20 +845,20 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         loader = RandomSampler(train_shards, B, T, seed=cfg["seed"], rank=rank)
 
     # ---- resume ----------------------------------------------------------------------------------------------------------
-    step, elapsed, best_val = 0, 0.0, None
+    step, elapsed, best_val, val_step = 0, 0.0, None, None   # val_step: the step val_loss was measured at
     if resume_ckpt is not None:
         ckpt = resume_ckpt
-        step = load_checkpoint(None, raw, optimizer, ckpt=ckpt)
-        if fused:   # the loaded groups carry the saving run's flags (none at all from our AdamW): use this run's
-            for group in optimizer.param_groups:
+        if fused:   # torch places each state's "step" by the loaded groups' flags (our AdamW saves none): on the
+            for group in ckpt["optimizer"]["param_groups"]:   # device, as fused AdamW needs, only if set first
                 group["fused"] = True
+        step = load_checkpoint(None, raw, optimizer, ckpt=ckpt)
         saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
         if saved_world != world:
             raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
                              f"(this run has {world}) so every rank continues its own data stream")
         loader.load_state_dict(ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"])
         set_rng_state(ckpt["rng"])
-        elapsed, best_val = ckpt.get("elapsed", 0.0), ckpt.get("val_loss")
+        elapsed, best_val, val_step = ckpt.get("elapsed", 0.0), ckpt.get("val_loss"), ckpt.get("val_step")
         say(f"resumed {ckpt_path} at step {step}")
     cfg.pop("_resume_ckpt", None)
 
@@ -927,7 +927,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         if master:
             save_checkpoint(raw, optimizer, step, ckpt_path, config={k: v for k, v in cfg.items() if not k.startswith("_")},
                             tokenizer=tok_ref or "", rng=rng_state(), loader=loader_states if ddp else loader_states[0],
-                            val_loss=val_loss, elapsed=elapsed)
+                            val_loss=val_loss, val_step=val_step, elapsed=elapsed)
 
     def lr_at(step):
         # under a time budget the schedule follows whichever is further along, steps or the clock (elapsed time
@@ -962,9 +962,10 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             last = step >= max_iters or (budget is not None and elapsed >= budget)
             last = last or _Stop.requested
             # periodic duties (not counted in the time budget): eval, HellaSwag, LAMBADA, samples, checkpoint
-            # (not again at the step a run resumes from: its figures are in the log and the checkpoint already)
-            if (step % cfg["eval_interval"] == 0 or last) and not (resumed and step == start_step):
-                val_loss = estimate_val_loss(raw, val_shards, cfg, arch, device, autocast, rank, world, eval_iters)
+            # (not again at the step a run resumes from when the checkpoint was evaluated there: the log has it)
+            if (step % cfg["eval_interval"] == 0 or last) and not (resumed and step == start_step == val_step):
+                val_loss, val_step = estimate_val_loss(raw, val_shards, cfg, arch, device, autocast, rank, world,
+                                                       eval_iters), step
                 bpb = val_loss / math.log(2) / bpt if bpt else None
                 fields = dict(step=step, val_loss=val_loss, val_bpb=bpb, elapsed=elapsed)
                 if hellaswag_examples is not None:
