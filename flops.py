@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import re
 import time
 
 # -----------------------------------------------------------------------------
@@ -157,15 +158,21 @@ def max_batch_size(cfg, context_length, gpu_mem_gb):
 # peak FLOP/s and MFU
 
 # dense (no sparsity) peak FLOP/s from the vendors' datasheets: (bf16/fp16 tensor, tf32 tensor, fp32).
-# Matched as a substring of torch.cuda.get_device_name(), first match wins, so longer names come first.
+# Matched in torch.cuda.get_device_name() as a name not followed by another digit (L4 is not L40), first match
+# wins, so longer names come first.
 GPU_PEAK = {
     "B200": (2.25e15, 1.125e15, 75e12),
     "H200": (989.4e12, 494.7e12, 66.9e12),
     "H100 PCIe": (756e12, 378e12, 51.2e12),
+    "H100 NVL": (835e12, 417.5e12, 60e12),
     "H100": (989.4e12, 494.7e12, 66.9e12),   # SXM
+    "H800": (989.4e12, 494.7e12, 66.9e12),   # the H100 SXM chip with less interconnect
+    "H20": (148e12, 74e12, 44e12),
     "A100": (312e12, 156e12, 19.5e12),
     "A10": (125e12, 62.5e12, 31.2e12),      # also matches A10G (the same chip at lower clocks: an upper bound)
+    "A40": (149.7e12, 74.8e12, 37.4e12),
     "L40S": (362e12, 183e12, 91.6e12),
+    "L40": (181e12, 90.5e12, 90.5e12),
     "L4": (121e12, 60e12, 30.3e12),
     "RTX 4090": (165.2e12, 82.6e12, 82.6e12),
     "RTX 3090": (71e12, 35.6e12, 35.6e12),
@@ -219,9 +226,8 @@ def peak_flops(device, dtype):
         import torch
         name = torch.cuda.get_device_name(torch.device(name))
     kind = _dtype_kind(dtype)
-    upper = name.upper()
     for gpu, peaks in GPU_PEAK.items():   # most specific names first (dict order)
-        if gpu.upper() in upper:
+        if re.search(re.escape(gpu) + r"(?!\d)", name, re.IGNORECASE):
             return peaks[kind]
     raise ValueError(f"flops.py: no peak FLOP/s known for device {name!r}; known: {', '.join(GPU_PEAK)}")
 

@@ -1917,6 +1917,11 @@ def test_flops_mfu_and_peak_table():
     assert flops.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
     assert flops.peak_flops("NVIDIA B200", "tf32") == 1.125e15
     assert flops.peak_flops("NVIDIA L40S", "fp16") == 362e12 and flops.peak_flops("NVIDIA L4", "bf16") == 121e12
+    # a name is not matched inside a longer one: L40 is not an L4, H100 NVL is not an H100 SXM, A10G is an A10
+    assert flops.peak_flops("NVIDIA L40", "bf16") == 181e12 and flops.peak_flops("NVIDIA H100 NVL", "bf16") == 835e12
+    assert flops.peak_flops("NVIDIA A10G", "bf16") == 125e12 and flops.peak_flops("NVIDIA A40", "bf16") == 149.7e12
+    assert flops.peak_flops("NVIDIA H800", "bf16") == 989.4e12 and flops.peak_flops("NVIDIA H20", "bf16") == 148e12
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
     per_tok = flops.train_flops_per_token(cfg, 1024)
     assert flops.mfu(cfg, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
     with pytest.raises(ValueError, match="no peak"):
