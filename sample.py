@@ -365,13 +365,14 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
         if not (ref or tokenizer_ref):
             raise SystemExit(f"sample.py: {where}: the checkpoint names no tokenizer (its training data had none): "
                              f"give one with --tokenizer (gpt2, or a bpe.py tokenizer folder)")
+    whose = "the --tokenizer" if tokenizer_ref else "its tokenizer"
     ref = tokenizer_ref or ref
     try:
         tokenizer = bpe.load_tokenizer(ref)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"sample.py: {where}: cannot load its tokenizer {ref!r} ({e})")
+        raise SystemExit(f"sample.py: {where}: cannot load {whose} {ref!r} ({e})")
     if tokenizer.vocab_size > model.vocab_size:  # else its ids would index past the embedding table
-        raise SystemExit(f"sample.py: {where}: its tokenizer {ref!r} has {tokenizer.vocab_size} tokens but the model "
+        raise SystemExit(f"sample.py: {where}: {whose} {ref!r} has {tokenizer.vocab_size} tokens but the model "
                          f"only {model.vocab_size}: not the tokenizer this model was trained with")
     return model, tokenizer
 

@@ -2225,6 +2225,10 @@ def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, 
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match=r"^sample.py: --ckpt .*ckpt.pt: the checkpoint names no tokenizer .*--tokenizer"):
         sample.main()
+    if TIKTOKEN_CACHE.is_dir():  # (GPT-2's files offline) the error says where the tokenizer came from
+        monkeypatch.setattr(sys, "argv", argv + ["--tokenizer=gpt2"])
+        with pytest.raises(SystemExit, match=r"the --tokenizer 'gpt2' has 50257 tokens but the model only \d+: "):
+            sample.main()
     monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'tok'}"])
     sample.main()  # (gpt2's 50,257 ids would not fit this 300-id model: it would stop with an error)
     assert capsys.readouterr().out.startswith("---------- sample 1/1\nthe cat")
