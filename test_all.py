@@ -1436,6 +1436,21 @@ def test_train_sequential_sampler_shuffles_documents_and_resumes():
         assert torch.equal(one.next_batch("cpu")[0], torch.cat([r0.next_batch("cpu")[0], r1.next_batch("cpu")[0]]))
 
 
+def test_train_sequential_sampler_keeps_a_shards_opening_piece_first():
+    # a shard that opens mid-document (the tail of a document begun in the previous shard) has no eot before that
+    # piece: shuffled among the documents it would be glued after one of them; it stays at the shard's start
+    head = [50, 51, 52, 53, 54, 55, 56]
+    docs = [[0] + [10 * d + i for i in range(1, 6)] for d in range(1, 5)]
+    arr = np.asarray(head + sum(docs, []), dtype=np.uint16)
+    s = train.SequentialSampler([("a", arr, {})], 1, 4, seed=0, eot_id=0)
+    orders = set()
+    for epoch in range(6):
+        flat = torch.cat([s.next_batch("cpu")[0].flatten() for _ in range((len(arr) - 1) // 4)]).tolist()
+        assert flat[:len(head)] == head, epoch
+        orders.add(tuple(flat[len(head) + 1::6][:3]))  # the first token of each document that follows
+    assert len(orders) > 1   # the documents after it are still shuffled
+
+
 def test_train_sequential_sampler_without_document_boundaries_never_repeats_an_epoch():
     # one shard and no eot id (nothing to shuffle): each epoch starts the shard at another place, so the batches of
     # one epoch are not the last epoch's again (a periodic training loss); each epoch still reads the whole shard

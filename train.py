@@ -365,7 +365,11 @@ class SequentialSampler:
             cuts = np.flatnonzero(np.asarray(arr) == self.eot_id)
             starts = np.unique(np.concatenate([[0], cuts])).astype(np.int64)   # each piece begins at an eot
             lengths = np.diff(np.append(starts, len(arr)))
-            perm = np.random.default_rng([self.doc_seed, self.shard]).permutation(len(starts))
+            rng = np.random.default_rng([self.doc_seed, self.shard])
+            if arr[0] == self.eot_id:
+                perm = rng.permutation(len(starts))
+            else:   # the shard opens mid-document (fineweb splits documents across shards): that piece stays first,
+                perm = np.concatenate([[0], 1 + rng.permutation(len(starts) - 1)])   # never glued after another one
             self.seg_start, self.seg_len = starts[perm], lengths[perm]
         elif self.shuffle:   # no document boundaries known: rotate the shard instead, so no epoch repeats the last
             cut = int(np.random.default_rng([self.doc_seed, self.shard]).integers(len(arr)))
