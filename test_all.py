@@ -1436,6 +1436,14 @@ def test_train_sequential_sampler_shuffles_documents_and_resumes():
         assert torch.equal(one.next_batch("cpu")[0], torch.cat([r0.next_batch("cpu")[0], r1.next_batch("cpu")[0]]))
 
 
+def test_train_says_which_training_files_are_too_short_to_be_read(tmp_path, _train_data):
+    _train_write_tokens(_train_data / "train_b.bin", _train_docs(40, 2), 64)  # < one batch of 4 x 16 + 1
+    said = []
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1), log=said.append)
+    assert any(line.startswith("train.py: 1 training file(s) shorter than one batch (65 tokens) will never be read: ")
+               and line.endswith("train_b.bin") for line in said)
+
+
 def test_train_sequential_sampler_keeps_a_shards_opening_piece_first():
     # a shard that opens mid-document (the tail of a document begun in the previous shard) has no eot before that
     # piece: shuffled among the documents it would be glued after one of them; it stays at the shard's start

@@ -845,6 +845,10 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     if cfg["sampler"] == "sequential":
         loader = SequentialSampler(train_shards, B, T, rank, world, seed=cfg["seed"], eot_id=eot_id)
+        short = [str(p) for p, a, _ in train_shards if len(a) < B * T * world + 1]
+        if short:   # the reader skips them: say so rather than train on less data in silence
+            say(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
+                f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
     else:
         loader = RandomSampler(train_shards, B, T, seed=cfg["seed"], rank=rank)
 
