@@ -745,7 +745,8 @@ def main():
     p.add_argument("--modes", default="greedy,top_p", help="decoding modes to time: greedy, top_p")
     args = parser.parse_args()
     gpu_steps = 2 if args.run is bench_gpu else 1  # the gpu section times the second half of its steps
-    for name, least in (("repeats", 1), ("steps", gpu_steps), ("threads", 1), ("max_new_tokens", 1), ("prompt_len", 1)):
+    for name, least in (("repeats", 1), ("steps", gpu_steps), ("threads", 1), ("max_new_tokens", 1), ("prompt_len", 1),
+                        ("batch_size", 1)):
         value = getattr(args, name, None)  # checked before any model is built
         if value is not None and value < least:
             raise SystemExit(f"bench.py: --{name} {value}: expected at least {least}")

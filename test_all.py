@@ -1462,18 +1462,20 @@ def test_train_sequential_sampler_keeps_a_shards_opening_piece_first():
 def test_train_sequential_sampler_without_document_boundaries_never_repeats_an_epoch():
     # one shard and no eot id (nothing to shuffle): each epoch starts the shard at another place, so the batches of
     # one epoch are not the last epoch's again (a periodic training loss); each epoch still reads the whole shard
+    # (also with an eot id when the shard is one document, or its only eot opens it: nothing to reorder either)
     arr = np.arange(1000, dtype=np.uint16)
-    s = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=None)
-    per_batch = 2 * 8
-    epochs = []
-    for _ in range(3):
-        n = (len(arr) - 1) // per_batch
-        epochs.append([s.next_batch("cpu")[0] for _ in range(n)])
-    assert all(not torch.equal(a[0], b[0]) for a, b in zip(epochs, epochs[1:]))
-    for batches in epochs:  # consecutive, wrapping once around the shard's end
-        flat = torch.cat([x.flatten() for x in batches])
-        steps = (flat[1:] - flat[:-1]) % len(arr)
-        assert (steps == 1).all() and len(set(flat.tolist())) == len(flat)
+    for eot_id in (None, 5000, 0):
+        s = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=eot_id)
+        per_batch = 2 * 8
+        epochs = []
+        for _ in range(3):
+            n = (len(arr) - 1) // per_batch
+            epochs.append([s.next_batch("cpu")[0] for _ in range(n)])
+        assert all(not torch.equal(a[0], b[0]) for a, b in zip(epochs, epochs[1:])), eot_id
+        for batches in epochs:  # consecutive, wrapping once around the shard's end
+            flat = torch.cat([x.flatten() for x in batches])
+            steps = (flat[1:] - flat[:-1]) % len(arr)
+            assert (steps == 1).all() and len(set(flat.tolist())) == len(flat)
     state = s.state_dict()
     later = [s.next_batch("cpu")[0] for _ in range(5)]
     s2 = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=None)
@@ -1585,6 +1587,15 @@ def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_pat
     assert s["step"] == 3 and s["val_loss"] == straight["val_loss"]
     evals = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in evals if r["type"] == "eval"] == [0, 3]
+    # a checkpoint from before val_step was saved, at an evaluation step: not evaluated twice
+    cfg = _train_cfg(_train_data, tmp_path / "c", max_iters=4, eval_interval=2)
+    train.train(cfg, log=_train_quiet)
+    ck = torch.load(tmp_path / "c" / "ckpt.pt", weights_only=True)
+    del ck["val_step"]
+    torch.save(ck, tmp_path / "c" / "ckpt.pt")
+    train.train(dict(cfg, resume=True, max_iters=6), log=_train_quiet)
+    evals = [json.loads(line) for line in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evals if r["type"] == "eval"] == [0, 2, 4, 6]
 
 
 def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
@@ -3890,7 +3901,8 @@ def _bench_gpu_args(**kw):
     (["sample", "--repeats", "0"], "bench.py: --repeats 0: expected at least 1"),
     (["model", "--threads", "0"], "bench.py: --threads 0: expected at least 1"),
     (["train", "--steps", "0"], "bench.py: --steps 0: expected at least 1"),
-    (["gpu", "--steps", "1", "--tiny"], "bench.py: --steps 1: expected at least 2")])
+    (["gpu", "--steps", "1", "--tiny"], "bench.py: --steps 1: expected at least 2"),
+    (["train", "--batch_size", "-2"], "bench.py: --batch_size -2: expected at least 1")])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
     monkeypatch.setattr(bench, "bench_sample", lambda args: pytest.fail("ran"))

@@ -361,18 +361,22 @@ class SequentialSampler:
     def _load_shard(self):
         arr = self.shards[self.order[self.shard]][1]
         self.arr = arr
+        rng = np.random.default_rng([self.doc_seed, self.shard])
+        starts = None
         if self.shuffle and self.eot_id is not None:
             cuts = np.flatnonzero(np.asarray(arr) == self.eot_id)
             starts = np.unique(np.concatenate([[0], cuts])).astype(np.int64)   # each piece begins at an eot
+            # the shard may open mid-document (fineweb splits documents across shards): that piece stays first,
+            # never glued after another one; the others move
+            fixed = int(arr[0] != self.eot_id)
+        if starts is not None and len(starts) - fixed > 1:
             lengths = np.diff(np.append(starts, len(arr)))
-            rng = np.random.default_rng([self.doc_seed, self.shard])
-            if arr[0] == self.eot_id:
-                perm = rng.permutation(len(starts))
-            else:   # the shard opens mid-document (fineweb splits documents across shards): that piece stays first,
-                perm = np.concatenate([[0], 1 + rng.permutation(len(starts) - 1)])   # never glued after another one
+            perm = np.concatenate([np.arange(fixed), fixed + rng.permutation(len(starts) - fixed)])
             self.seg_start, self.seg_len = starts[perm], lengths[perm]
-        elif self.shuffle:   # no document boundaries known: rotate the shard instead, so no epoch repeats the last
-            cut = int(np.random.default_rng([self.doc_seed, self.shard]).integers(len(arr)))
+        elif self.shuffle:
+            # no documents to reorder (no eot id, or a single document): rotate the shard to a random start
+            # instead, so that no epoch repeats the last one's batches
+            cut = int(rng.integers(len(arr)))
             self.seg_start, self.seg_len = np.array([cut, 0]), np.array([len(arr) - cut, cut])
         else:
             self.seg_start, self.seg_len = np.array([0]), np.array([len(arr)])
@@ -866,7 +870,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                              f"(this run has {world}) so every rank continues its own data stream")
         loader.load_state_dict(ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"])
         set_rng_state(ckpt["rng"])
-        elapsed, best_val, val_step = ckpt.get("elapsed", 0.0), ckpt.get("val_loss"), ckpt.get("val_step")
+        # (val_step: checkpoints written before it was saved were evaluated at their step, unless ckpt_interval)
+        elapsed, best_val, val_step = ckpt.get("elapsed", 0.0), ckpt.get("val_loss"), ckpt.get("val_step", step)
         say(f"resumed {ckpt_path} at step {step}")
     cfg.pop("_resume_ckpt", None)
 
