@@ -162,6 +162,7 @@ def max_batch_size(cfg, context_length, gpu_mem_gb):
 # wins, so longer names come first.
 GPU_PEAK = {
     "B200": (2.25e15, 1.125e15, 75e12),
+    "H200 NVL": (835e12, 417.5e12, 60e12),
     "H200": (989.4e12, 494.7e12, 66.9e12),
     "H100 PCIe": (756e12, 378e12, 51.2e12),
     "H100 NVL": (835e12, 417.5e12, 60e12),

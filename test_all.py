@@ -1956,6 +1956,7 @@ def test_flops_mfu_and_peak_table():
     assert flops.peak_flops("NVIDIA A10G", "bf16") == 125e12 and flops.peak_flops("NVIDIA A40", "bf16") == 149.7e12
     assert flops.peak_flops("NVIDIA H800", "bf16") == 989.4e12 and flops.peak_flops("NVIDIA H20", "bf16") == 148e12
     assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
+    assert flops.peak_flops("NVIDIA H200 NVL", "bf16") == 835e12 and flops.peak_flops("NVIDIA H200", "bf16") == 989.4e12
     per_tok = flops.train_flops_per_token(cfg, 1024)
     assert flops.mfu(cfg, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
     with pytest.raises(ValueError, match="no peak"):
