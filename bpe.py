@@ -293,7 +293,7 @@ def _decode_counting(data):
 def _inline_specials(special_tokens):
     """Special tokens may stay inside str.split(" ") words (see _pieces_into) when none contains whitespace and
     none is all letters (an all-letter word takes a fast path that never looks for special tokens)."""
-    return not any(c in _WS_CHARS or t.isalpha() for t in special_tokens for c in t)
+    return not any(t.isalpha() or any(c in _WS_CHARS for c in t) for t in special_tokens)
 
 
 def _count_pretokens(text, special_tokens, counts):

@@ -163,11 +163,20 @@ def hub_reachable(timeout=3.0):
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "0").lower() not in ("0", "", "false", "no"):
             return False, f"{var} is set"
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    # the same probe as model.py's _hub_reachable (model.py imports no project file, so it has its own copy)
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") + (("HTTP_PROXY", "http_proxy")
+                                                                           if url.scheme == "http" else ())
+    if any(os.environ.get(v) for v in proxies):
         return True, "behind a proxy: not probed"
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
+    except ValueError:  # a port out of range
+        host = None
+    if host is None:  # a malformed HF_ENDPOINT: let the hub client say what is wrong with it
+        return True, "HF_ENDPOINT not understood: not probed"
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
         return True, ""
     except OSError as e:
         return False, f"cannot reach {host} ({e})"
@@ -523,7 +532,7 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
         raise ValueError(f"corpus_bytes must be at least 2 (train + validation) or None (all of TinyStories), got {corpus_bytes}")
     d = Path(data_dir)
     train_txt, val_txt, tok_dir, state_path = d / "train.txt", d / "val.txt", d / "tokenizer", d / "prepared.json"
-    if corpus_bytes is None and (fresh or not (d / "prepared.json").is_file()):  # fail before anything is written
+    if corpus_bytes is None and (fresh or not state_path.is_file()):  # fail before anything is written
         ok, why = hub_reachable() if allow_download else (False, "downloads disabled")
         if not ok:
             raise ValueError(f"all of TinyStories (--corpus_bytes 0, corpus_bytes=None) needs the download ({why}); "

@@ -2713,6 +2713,23 @@ def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
     monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
 
 
+def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):
+    # like model.py's probe: a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
+    import socket
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
+                "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert fineweb.hub_reachable() == (True, "")
+    assert fineweb.hub_reachable()[0] is False  # closed now
+    monkeypatch.setenv("HF_ENDPOINT", "https://host:99999")
+    assert fineweb.hub_reachable()[0] is True
+
+
 def test_fw_hub_offline_is_detected_at_once(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
