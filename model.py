@@ -1,7 +1,8 @@
 """Both Transformer language models, built bottom-up.
 
 1. The Llama-style model (the CS336 "LM from scratch" shape): pre-norm RMSNorm, SwiGLU, RoPE, no biases,
-   written from tensor math only (no torch.nn layers, no torch.nn.functional), with ablation switches.
+   written from tensor math only (no torch.nn layers, no torch.nn.functional, except the fused
+   F.scaled_dot_product_attention behind attn_impl="sdpa", the default), with ablation switches.
 2. GPT-2 (the nanoGPT / Hugging Face shape): learned positions, LayerNorm, GELU MLP, biases, tied lm_head;
    loads OpenAI's released weights.
 
