@@ -4540,3 +4540,159 @@ def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _
     msg = str(e.value.code)
     assert msg.startswith("experiments.py: run baseline failed (train.py exit 1: ") and "sidecar" in msg
     assert msg.endswith(f"see {tmp_path / 's' / 'tiny-data' / 'runs' / 'baseline' / 'console.txt'}") and "\n" not in msg
+
+
+
+
+# ---- flops.py, fineweb.py, lambada.py, experiments.py: gaps found by mutation testing (each test fails on its mutant) ---
+
+def test_flops_max_batch_size_uses_decimal_gigabytes():
+    # tiny Llama (see test_flops_tiny_shape_hand_computed): fixed = 16 bytes x 228 params = 3648 bytes,
+    # per sequence = 4 bytes x 896 floats = 3584 bytes; GB is 1e9 bytes, not 2**30
+    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
+    assert flops.memory_bytes(cfg, 8) == (3648, 3584)
+    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 + 0.5) / 1e9) == 2
+    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 - 0.5) / 1e9) == 1
+    assert flops.max_batch_size(cfg, 8, 3000 / 1e9) == 0  # not even the weights and optimizer state fit
+    # GPT-2 XL at context 1024: 26.25 GB fixed + 16.37 GB per sequence; 40 GB holds none, 80 GB three
+    assert flops.max_batch_size(_FLOPS_XL, 1024, 40) == 0 and flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
+
+
+def test_flops_report_time_to_train_is_chinchilla_tokens_at_the_assumed_mfu():
+    # hand-computed forward matmul FLOPs per token of GPT-2 XL (Llama shape) at T = 1024:
+    # per layer Q/K/V/O 8*d^2 + attention 4*T*d + SwiGLU 6*d*d_ff, then the head 2*d*V
+    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
+    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
+    tokens = 20 * N
+    for mfu in (0.5, 0.25):
+        out = flops.report(_FLOPS_XL, [1024], mfu_assumed=mfu, gpus=("H100", "A100"))
+        assert f"time to train 32.81B tokens (20 x params, Chinchilla) at context 1,024: {3 * fwd * tokens:.3e} FLOPs" in out
+        for gpu, peak in (("H100", 989.4e12), ("A100", 312e12)):
+            days = 3 * fwd * tokens / (mfu * peak) / 86400
+            assert f"1 x {gpu:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu:.0f}% MFU: {days:.1f} days" in out
+
+
+def test_flops_fp32_peak_follows_the_matmul_precision():
+    # fp32 matmuls run on TF32 tensor cores only when torch allows it ("high"/"medium"); "highest" is true fp32
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert flops.peak_flops("H100", "fp32") == 66.9e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 19.5e12
+        torch.set_float32_matmul_precision("high")
+        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
+        assert flops.peak_flops("H100", "tf32") == 494.7e12
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_flops_peak_table_never_matches_a_name_inside_a_longer_model_number():
+    # RTX A4000 is no A40 and RTX A1000 no A100: unknown, not silently another card's peak
+    for name in ("NVIDIA RTX A4000", "NVIDIA RTX A1000", "NVIDIA H1000"):
+        with pytest.raises(ValueError, match="no peak"):
+            flops.peak_flops(name, "bf16")
+
+
+def test_fw_choose_dtype_uint16_holds_exactly_65536_ids():
+    assert fineweb.choose_dtype(65536, "uint16") == "uint16"  # ids 0..65535
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        fineweb.choose_dtype(65537, "uint16")
+    assert fineweb.choose_dtype(65537, "uint32") == "uint32"
+
+
+def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
+    got = fineweb.prepare_tinystories(tmp_path / "ts", vocab_size=280, allow_download=False, log=lambda *a: None,
+                                      corpus_bytes=20_000, num_workers=1)
+    d = Path(got["data_dir"])
+    train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
+    assert len(val_docs) >= 1 and len(train_docs) > 10
+    assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
+
+
+def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
+    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
+    docs = [f"Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
+    per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
+    assert per_doc[0] == 20 * 41 + 2 + 15
+    logs = []
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
+    assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
+
+
+def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
+    docs = [f"doc {i}" for i in range(40)]
+    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert sorted(a) == sorted(docs) and a != docs
+    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+
+
+def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
+    # a uniform model: every target piece costs log(V). 20 copies of the 7 passages (9 target pieces) sum to an
+    # nll far above 700, as any real test set does; ppl is exp(mean nll per passage) = V ** (9 / 7)
+    tok = _lb_tokenizer()
+    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    r = lambada.evaluate(model, tok, _lb_examples() * 20, "cpu", batch_size=32)
+    nll = 20 * 9 * math.log(tok.vocab_size)
+    assert r["num_total"] == 140 and r["nll"] > 700 and r["nll"] == pytest.approx(nll, rel=1e-5)
+    assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
+
+
+def test_experiments_best_run_skips_a_divergent_run_listed_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiments, "LOGS", tmp_path)
+    _experiments_fake_log(tmp_path / "lr_1e+00.jsonl", "lr_1e+00", ["lr"], float("nan"), lr=1.0, nan=True)
+    _experiments_fake_log(tmp_path / "lr_3e-02.jsonl", "lr_3e-02", ["lr"], float("inf"), lr=0.03)
+    _experiments_fake_log(tmp_path / "baseline.jsonl", "baseline", ["lr"], 4.0)
+    _experiments_fake_log(tmp_path / "nope.jsonl", "nope", ["ablation"], 4.25)
+    names = ["lr_1e+00", "lr_3e-02", "baseline", "nope"]
+    for order in (names, names[::-1]):
+        assert experiments.best_run([dict(name=n) for n in order]) == ("baseline", 4.0)
+
+
+def test_experiments_summary_reports_the_median_tokens_per_second():
+    rows = [dict(type="train", step=s, loss=5.0, lr=1e-3, tokens_per_sec=v, elapsed=float(s), tokens=32 * s)
+            for s, v in enumerate([None, 120.0, 100.0, 400.0, 110.0, 90.0], 1)]
+    rows.append(dict(type="eval", step=6, val_loss=4.0, val_bpb=1.5, elapsed=6.0))
+    s = experiments.summarize(rows)
+    assert s["tok_s"] == 110.0  # median of 90, 100, 110, 120, 400: neither the last step's nor the fastest
+    assert (s["step"], s["val_loss"], s["tokens"], s["final_train_loss"]) == (6, 4.0, 192, 5.0)
+
+
+@pytest.mark.parametrize("preset, lr0, want", [("cpu", 3e-3, {16: 2.1e-3, 64: 4.2e-3, 128: 6e-3}),
+                                               ("cs336", 1e-3, {64: 1.4e-3, 128: 2e-3, 256: 2.8e-3})])
+def test_experiments_batch_runs_scale_the_lr_by_the_sqrt_of_the_batch(preset, lr0, want):
+    runs = {r["name"]: r["flags"] for r in experiments.plan(preset)}
+    assert runs["baseline"]["learning_rate"] == lr0 and runs["baseline"]["batch_size"] == 32
+    for B, lr in want.items():  # lr0 * sqrt(B / 32), two significant digits
+        assert runs[f"batch_{B}"]["learning_rate"] == lr
+        if f"batch_{B}_lr0" in runs:
+            assert runs[f"batch_{B}_lr0"]["learning_rate"] == lr0
+
+
+def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss(tmp_path, _bad_results):
+    _bad_results.joinpath("logs").mkdir(parents=True)
+    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope", evals=((0, 7.6), (10, 4.0)))
+    scratch = tmp_path / "runs"
+    (scratch / "nope").mkdir(parents=True)
+    runs = [dict(name="nope")]
+    for iteration, val_loss in [(10, 4.2), (7, 4.0)]:  # the same step on other data; another step, same loss
+        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / "nope" / "ckpt.pt")
+        assert experiments.best_run(runs, require_ckpt_in=scratch) is None
+    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
+
+
+def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
+    d = tmp_path / "data"
+    d.mkdir()
+    np.array([0, 0, 0, 1], dtype="<u2").tofile(d / "train.bin")
+    np.array([1, 2], dtype="<u2").tofile(d / "val.bin")
+    (tmp_path / "train.txt").write_text("abcdefgh")
+    (tmp_path / "val.txt").write_text("ijkl")
+    p = dict(vocab_size=4, train_text=tmp_path / "train.txt", val_text=tmp_path / "val.txt")
+    meta = {"train": {"num_tokens": 4, "num_docs": 1}, "val": {"num_tokens": 2, "num_docs": 1}}
+    experiments.write_setup("cpu", d, "tok", meta, p)
+    setup = json.loads((tmp_path / "results" / "setup.json").read_text())
+    # add-one smoothed train counts [4, 2, 1, 1] of 8: val token 1 costs log(8/2), token 2 log(8/1)
+    assert setup["unigram_val_loss"] == pytest.approx((math.log(4) + math.log(8)) / 2)
+    assert (setup["train_tokens"], setup["val_tokens"], setup["rare_tokens"]) == (4, 2, 4)
+    assert (setup["train_bytes"], setup["val_bytes"]) == (8, 4)
