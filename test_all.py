@@ -4696,3 +4696,11 @@ def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, m
     assert setup["unigram_val_loss"] == pytest.approx((math.log(4) + math.log(8)) / 2)
     assert (setup["train_tokens"], setup["val_tokens"], setup["rare_tokens"]) == (4, 2, 4)
     assert (setup["train_bytes"], setup["val_bytes"]) == (8, 4)
+
+
+def test_experiments_summary_reports_the_last_eval_not_the_best():
+    rows = [dict(type="eval", step=0, val_loss=7.6, val_bpb=3.0, elapsed=0.0),
+            dict(type="eval", step=5, val_loss=4.0, val_bpb=1.6, elapsed=5.0),
+            dict(type="eval", step=10, val_loss=4.3, val_bpb=1.7, elapsed=10.0)]  # the loss went up at the end
+    s = experiments.summarize(rows)
+    assert (s["step"], s["val_loss"], s["val_bpb"]) == (10, 4.3, 1.7)
