@@ -727,9 +727,8 @@ def model_from_checkpoint(ckpt, device="cpu"):
     model = build_model(ckpt["model_config"])
     state = {}
     for key, value in ckpt["model"].items():
-        for prefix in ("_orig_mod.", "module."):  # saved from a torch.compile / DDP wrapper
-            while key.startswith(prefix):
-                key = key[len(prefix):]
+        while key.startswith(("_orig_mod.", "module.")):  # saved from torch.compile / DDP wrappers, any order
+            key = key.split(".", 1)[1]
         state[key] = value
     load_state_dict_checked(model, state)
     return model.to(device)

@@ -324,8 +324,8 @@ class _Streamer:
     holding the end of one character and the start of the next), so an incremental decoder holds back an
     unfinished character until its last byte arrives: the printed text equals tokenizer.decode(all ids)."""
 
-    def __init__(self, tokenizer, stream=sys.stdout):
-        self.tokenizer, self.stream = tokenizer, stream
+    def __init__(self, tokenizer, stream=None):
+        self.tokenizer, self.stream = tokenizer, stream or sys.stdout  # looked up now: redirect_stdout works
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, row, token_id):

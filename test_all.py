@@ -4704,3 +4704,202 @@ def test_experiments_summary_reports_the_last_eval_not_the_best():
             dict(type="eval", step=10, val_loss=4.3, val_bpb=1.7, elapsed=10.0)]  # the loss went up at the end
     s = experiments.summarize(rows)
     assert (s["step"], s["val_loss"], s["val_bpb"]) == (10, 4.3, 1.7)
+
+
+# ---- model.py, sample.py: gaps found by mutation testing (each test fails on its mutant) -----------------------------
+
+def test_model_embedding_init_is_unit_trunc_normal():
+    # CS336 init: embeddings N(0, 1) truncated at +-3 (std 0.9866 after the truncation); linears std
+    # sqrt(2 / (in + out)) truncated at +-3 std
+    torch.manual_seed(0)
+    emb = M.Embedding(1000, 256)
+    assert abs(emb.weight.std().item() - 0.9866) < 0.01 and emb.weight.abs().max().item() > 2.9
+    lin = M.Linear(256, 512)
+    std = (2 / (256 + 512)) ** 0.5
+    assert abs(lin.weight.std().item() / std - 0.9866) < 0.01 and lin.weight.abs().max().item() > 2.9 * std
+
+
+@pytest.mark.parametrize("theta", [500.0, 500000.0])
+def test_model_llama_matches_transformers_at_another_rope_theta(theta):
+    # rope_theta must reach the rotary tables (every other test uses the 10000 default)
+    ours = _model_llama(rope_theta=theta, attn_impl="scratch")
+    hf = _model_llama_to_hf(ours)
+    ids = _model_ids(97)
+    with torch.no_grad():
+        ref, out = hf(ids).logits, ours(ids)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def test_model_llama_gradients_match_transformers():
+    # the hand-written backwards (RoPE, softmax, cross-entropy) against HF autograd on the same weights
+    ours = _model_llama(attn_impl="scratch")
+    hf = _model_llama_to_hf(ours)
+    ids = _model_ids(97)
+    targets = torch.roll(ids, -1, 1)
+    M.lm_loss(ours, ids, targets).backward()
+    F.cross_entropy(hf(ids).logits.view(-1, 97), targets.view(-1)).backward()
+    H, d_k = 4, 16
+    halves = lambda w: w.view(H, d_k // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+    for i, layer in enumerate(ours.layers):
+        ref = hf.model.layers[i].self_attn
+        torch.testing.assert_close(halves(layer.attn.q_proj.weight.grad), ref.q_proj.weight.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(halves(layer.attn.k_proj.weight.grad), ref.k_proj.weight.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(layer.attn.v_proj.weight.grad, ref.v_proj.weight.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ours.token_embeddings.weight.grad, hf.model.embed_tokens.weight.grad,
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_model_rope_gradient_is_the_inverse_rotation():
+    rope = M.RotaryPositionalEmbedding(10000.0, 16, 64)
+    pos = torch.randint(0, 64, (2, 1, 12))
+    x = torch.randn(2, 3, 12, 16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: rope(t, pos), (x,))
+
+
+def test_model_cache_longer_than_the_context_is_refused():
+    # a cache with room past the context: the position check, not an IndexError from the tables
+    for m in (_model_llama(), M.GPT(M.GPTConfig(block_size=32, vocab_size=97, n_layer=2, n_head=4, n_embd=64))):
+        cache = m.init_kv_cache(1, max_seq_len=40)
+        with torch.no_grad():
+            m.forward_with_cache(_model_ids(97, (1, 32)), cache)
+            with pytest.raises(ValueError, match="position 33 exceeds"):
+                m.forward_with_cache(_model_ids(97, (1, 1)), cache)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_bad_top_k_and_max_new_tokens():
+    m = _sample_models()[0]
+    for k in (0, -1):
+        with pytest.raises(ValueError, match="top_k"):
+            sample.generate(m, [[1]], 3, top_k=k)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sample.generate(m, [[1]], -1)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_sliding_window_follows_the_documented_scheme():
+    # past the context the oldest half of the window is dropped: the plain uncached loop of that definition
+    for m in _sample_models():
+        ctx = m.context_length
+        for prompt in ([1, 2, 3], list(range(1, 17))):
+            ids, start = list(prompt), 0
+            for _ in range(40):
+                if len(ids) - start > ctx:
+                    start = len(ids) - ctx // 2
+                logits = sample._forward_logits(m, torch.tensor([ids[start:]]))
+                ids.append(int(logits[0, -1].argmax()))
+            assert sample.generate(m, [prompt], 40, temperature=0.0) == [ids[len(prompt):]]
+
+
+@pytest.mark.usefixtures("_sample_single_thread", "_sample_fixed_uniform")
+def test_sample_temperature_scales_the_logits():
+    # hand-computed inverse CDF on softmax(logits / T): u is fixed, so the drawn token pins the distribution
+    logits = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
+    for T, u, want in [(1.0, 0.45, 1), (1.0, 0.55, 2), (0.5, 0.45, 2), (2.0, 0.22, 0)]:
+        # at T = 0.5 the probabilities are (0.04, 0.09, 0.25) / 0.38: cdf 0.105, 0.342; at T = 2 cdf 0.2628, 0.5846
+        g = _FixedUniform(u)
+        assert sample.sample_next(logits, T, generator=g).tolist() == [want], (T, u)
+
+
+class _FixedUniform:
+    """Stands in for a torch.Generator in draw(): torch.rand is patched to return u."""
+    def __init__(self, u):
+        self.u, self.device = u, torch.device("cpu")
+
+
+@pytest.fixture
+def _sample_fixed_uniform(monkeypatch):
+    real = torch.rand
+
+    def fake(*shape, generator=None, **kw):
+        if isinstance(generator, _FixedUniform):
+            return torch.full(shape, generator.u, dtype=kw.get("dtype", torch.float32))
+        return real(*shape, generator=generator, **kw)
+    monkeypatch.setattr(torch, "rand", fake)
+
+
+@pytest.mark.usefixtures("_sample_fixed_uniform")
+def test_sample_draw_inverse_cdf_boundaries():
+    # each token owns [cdf_before, cdf): u on a boundary goes to the next token; a zero-probability token never
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]])
+    for u, want in [(0.0, 1), (0.25, 1), (0.5, 3), (0.9999, 3)]:
+        assert sample.draw(probs, _FixedUniform(u)).tolist() == [want], u
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cli_samples_differ_keep_the_prompt_tail_and_stop(tmp_path, capsys, monkeypatch):
+    import bpe
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    tok_dir = _sample_byte_tokenizer(tmp_path)
+    tok = bpe.load_tokenizer(tok_dir)
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
+    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--no_stop"]
+    # 1) a prompt longer than the context keeps its LAST tokens: the greedy text is generate() on them
+    monkeypatch.setattr(sys, "argv", base + ["--prompt=abcdefghijkl", "--num_samples=1", "--max_new_tokens=6",
+                                             "--temperature=0"])
+    sample.main()
+    want = tok.decode(sample.generate(m, [tok.encode("abcdefghijkl")[-8:]], 6, temperature=0.0)[0])
+    assert capsys.readouterr().out == "---------- sample 1/1\nabcdefghijkl" + want + "\n"
+    # 2) --num_samples draws with one generator seeded once: the samples continue its stream (they differ)
+    monkeypatch.setattr(sys, "argv", base + ["--prompt=ab", "--num_samples=2", "--max_new_tokens=12", "--seed=3"])
+    sample.main()
+    g = torch.Generator().manual_seed(3)
+    texts = [tok.decode(sample.generate(m, [tok.encode("ab")], 12, generator=g)[0]) for _ in range(2)]
+    assert texts[0] != texts[1]
+    assert capsys.readouterr().out == "".join(f"---------- sample {k + 1}/2\nab{t}\n" for k, t in enumerate(texts))
+    # 3) without --no_stop generation ends at <|endoftext|>: a model that always predicts it prints nothing new
+    with torch.no_grad():
+        m.token_embeddings.weight.fill_(1.0)
+        for layer in m.layers:
+            layer.attn.output_proj.weight.zero_()
+            layer.ffn.w2.weight.zero_()
+        m.lm_head.weight.zero_()
+        m.lm_head.weight[tok.eot_id] = 1.0
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
+    monkeypatch.setattr(sys, "argv", base[:-1] + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=5"])
+    sample.main()
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
+    monkeypatch.setattr(sys, "argv", base + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=2"])
+    sample.main()
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi<|endoftext|><|endoftext|>\n"
+
+
+def test_model_gpt_mlp_is_the_tanh_gelu_of_gpt2():
+    # GPT-2's "gelu_new" (tanh approximation), by its formula, on pre-activations of size ~1-4 where it differs
+    # from the exact erf GELU by up to ~1e-3 (the tiny random-init models elsewhere stay near 0, where both agree)
+    mlp = M.MLP(M.GPTConfig(n_embd=16))
+    with torch.no_grad():
+        mlp.c_fc.weight.normal_(0, 1.0)
+    x = torch.randn(4, 16, dtype=torch.float64)
+    mlp = mlp.double()
+    h = F.linear(x, mlp.c_fc.weight, mlp.c_fc.bias)
+    gelu_new = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+    torch.testing.assert_close(mlp(x), F.linear(gelu_new, mlp.c_proj.weight, mlp.c_proj.bias), rtol=1e-10, atol=1e-10)
+
+
+def test_model_checkpoint_keys_from_any_wrapper_order(tmp_path):
+    # DDP(torch.compile(m)) saves module._orig_mod.*, torch.compile(DDP(m)) _orig_mod.module.*
+    m = _model_llama()
+    ids = _model_ids(97)
+    for prefix in ("_orig_mod.module.", "module._orig_mod.", "_orig_mod._orig_mod."):
+        ckpt = {"model": {prefix + k: v for k, v in m.state_dict().items()}, "model_config": m.model_config()}
+        loaded = M.model_from_checkpoint(ckpt)
+        torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
+        assert train._clean_state_dict(ckpt["model"]).keys() == m.state_dict().keys()
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_every_row_stops_at_its_own_end_of_text():
+    # the stop token is taken from each row in turn, so every row (not only row 0) must honour it
+    prompts = [[1, 2, 3], [4], [5, 6]]
+    for m in _sample_models():
+        run = lambda **kw: sample.generate(m, prompts, 12, temperature=1.0,
+                                           generator=torch.Generator().manual_seed(5), **kw)
+        free = run()
+        for r in range(len(prompts)):
+            stop = free[r][5]
+            got = run(stop_token=stop)
+            assert got == [f[:f.index(stop)] if stop in f else f for f in free]
+            assert len(got[r]) <= 5

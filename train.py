@@ -434,9 +434,8 @@ def _unwrap(model):
 def _clean_state_dict(sd):
     out = {}
     for k, v in sd.items():
-        for prefix in ("_orig_mod.", "module."):
-            while k.startswith(prefix):
-                k = k[len(prefix):]
+        while k.startswith(("_orig_mod.", "module.")):  # torch.compile / DDP wrappers, in any order
+            k = k.split(".", 1)[1]
         out[k] = v
     return out
 
