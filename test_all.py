@@ -4610,7 +4610,7 @@ def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stor
 
 def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
     # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
-    docs = [f"Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
+    docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
     per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
     assert per_doc[0] == 20 * 41 + 2 + 15
     logs = []
@@ -4903,3 +4903,238 @@ def test_sample_every_row_stops_at_its_own_end_of_text():
             got = run(stop_token=stop)
             assert got == [f[:f.index(stop)] if stop in f else f for f in free]
             assert len(got[r]) <= 5
+
+
+# ---- bpe.py, train.py: gaps found by mutation testing (each test fails on its mutant) ---------------------------
+
+def test_bpe_whitespace_table_is_exactly_regex_backslash_s():
+    # the str.split fast path is exact only if its whitespace table is the regex module's \s, every character of it
+    ws = set(regex.findall(r"\s", "".join(map(chr, range(0x110000)))))   # every code point, one pass
+    assert set(bpe._WS_CHARS) == ws and set(bpe._NONSPACE_WS) == ws - {" "}
+
+
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_with_rare_whitespace():
+    # U+0085 (NEL), U+2028, U+3000 ... next to space runs: the fast path must cut these runs as the regex does
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    rng = random.Random(3)
+    alphabet = [" ", "  ", "\n", "a", "Bc", "!", "\t"] + [c for c in bpe._WS_CHARS if c not in " \t\n"] + ["\x85", "\u2028"]
+    for text in ["  \n\n\x85  a! "] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(3000)]:
+        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
+        counts = Counter()
+        bpe._count_pretokens(text, [], counts)
+        assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text)), repr(text)
+
+
+def test_bpe_truncated_utf8_at_the_end_of_the_file_is_replaced_and_counted(tmp_path, capsys):
+    # a file that ends inside a multi-byte character: the incremental decoder must be flushed (final=True), and
+    # the warning counts invalid BYTES (one U+FFFD here stands for two of them)
+    data = b"good text\n" + _BPE_EOT.encode() + b"\nthe end \xe2\x82"
+    (tmp_path / "t.txt").write_bytes(data)
+    for workers in (1, 2):
+        stats = {}
+        counts = bpe.count_pretokens_file(tmp_path / "t.txt", [_BPE_EOT], num_workers=workers, stats=stats,
+                                          min_chunk_bytes=8)
+        docs = data.decode("utf-8", "replace").split(_BPE_EOT)
+        assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+        assert counts[" \ufffd"] == 1 and stats["invalid_bytes"] == 2
+    assert "2 bytes of invalid UTF-8 replaced" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n_vocab,dtype", [(65536, np.uint16), (65537, np.uint32)])
+def test_bpe_encode_file_dtype_at_the_uint16_boundary(tmp_path, n_vocab, dtype):
+    # ids up to 65535 fit uint16; a vocabulary of 65537 has id 65536, which would wrap to 0 in uint16
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab.update({i: f"<f{i}>".encode() for i in range(256, n_vocab - 1)})
+    bpe.Tokenizer(vocab, [], [_BPE_EOT]).save_dir(tmp_path / "tok")   # the special token takes the last id
+    (tmp_path / "in.txt").write_text("hi<|endoftext|>yo", encoding="utf-8")
+    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    assert meta["vocab_size"] == n_vocab and meta["eot_id"] == n_vocab - 1
+    assert meta["dtype"] == np.dtype(dtype).name
+    assert np.fromfile(tmp_path / "o.bin", dtype=dtype).tolist() == [104, 105, n_vocab - 1, 121, 111]
+
+
+def _train_records(out_dir, kind):
+    return [r for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines()) if r["type"] == kind]
+
+
+def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
+    # one token per byte and 0 bytes per end-of-text token: bytes/token is counted by hand over the scored targets,
+    # and every logged evaluation (not only the summary) reports val_loss / ln 2 / bytes_per_token
+    d = tmp_path / "data"
+    d.mkdir()
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [bpe.EOT])
+    tok.save_dir(d / "tok")
+    eot = tok.eot_id  # 256
+
+    def docs(n, seed):
+        r = np.random.default_rng(seed)
+        out = []
+        while len(out) < n:
+            out += [eot] + r.integers(97, 123, size=r.integers(3, 20)).tolist()
+        return out[:n]
+    _train_write_tokens(d / "train.bin", docs(20000, 0), 257, eot_id=eot, tokenizer=str(d / "tok"))
+    val = docs(3000, 1)
+    _train_write_tokens(d / "val.bin", val, 257, eot_id=eot, tokenizer=str(d / "tok"))
+    n = 2 * 4 * 16                                   # eval_iters x batch_size x context_length targets
+    assert val[0] == eot != val[n]                   # inputs val[:n] and targets val[1:n+1] differ by one eot
+    targets = val[1:n + 1]
+    bpt = sum(t != eot for t in targets) / len(targets)
+    assert train.bytes_per_token(tok, targets, eot) == pytest.approx(bpt, rel=1e-12)
+    s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, eval_iters=2),
+                    log=_train_quiet)
+    evals = _train_records(tmp_path / "o", "eval")
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    for r in evals:
+        assert r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2) / bpt, rel=1e-9)
+    assert s["val_bpb"] == pytest.approx(s["val_loss"] / math.log(2) / bpt, rel=1e-9)
+
+
+def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train_data):
+    # the logged training loss is the mean over all micro-steps, not the last micro-step's share
+    kw = dict(max_iters=3, log_interval=1)
+    train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, **kw), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, **kw), log=_train_quiet)
+    a, b = _train_records(tmp_path / "a", "train"), _train_records(tmp_path / "b", "train")
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+        assert rb["tokens"] == ra["tokens"] == ra["step"] * 8 * 16
+
+
+_TRAIN_DDP_KW = dict(total_batch_tokens=256, max_iters=3, warmup_iters=1, eval_tokens=256, eval_interval=2, log_interval=1,
+               num_threads=1)
+
+
+def _train_fake_clock():
+    t = [0.0]
+
+    def clock():   # every call is one second later: each optimizer step takes exactly 1 s
+        t[0] += 1.0
+        return t[0]
+    return clock
+
+
+def _train_ddp_worker(rank, world, port, data_dir, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    flops.peak_flops = lambda device, dtype: 1e9   # a known peak: MFU becomes a number computed by hand
+    train.train(_train_cfg(data_dir, out_dir, **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=_train_quiet)
+
+
+def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_logged_figure(tmp_path, _train_data,
+                                                                                             monkeypatch):
+    # 1 process x 4 micro-steps == 2 processes x 2 micro-steps (gradients all-reduced once, after the last one):
+    # the same weights, the same validation loss on the same eval_tokens, the same logged training loss, tokens
+    # and tokens/s (the whole step's, all ranks), and MFU per process (tokens/s / world over the peak)
+    monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 1e9)
+    train.train(_train_cfg(_train_data, tmp_path / "one", **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=_train_quiet)
+    mp.spawn(_train_ddp_worker, args=(2, _hs_free_port(), str(_train_data), str(tmp_path / "two")), nprocs=2, join=True)
+    a, b = _train_weights(tmp_path / "one" / "ckpt.pt"), _train_weights(tmp_path / "two" / "ckpt.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+    ev1, ev2 = _train_records(tmp_path / "one", "eval"), _train_records(tmp_path / "two", "eval")
+    assert [r["step"] for r in ev2] == [r["step"] for r in ev1] == [0, 2, 3]
+    for r1, r2 in zip(ev1, ev2):
+        assert r2["val_loss"] == pytest.approx(r1["val_loss"], rel=1e-5)
+    mcfg = torch.load(tmp_path / "one" / "ckpt.pt", weights_only=True)["model_config"]
+    per_token = flops.train_flops_per_token(mcfg, 16)
+    tr1, tr2 = _train_records(tmp_path / "one", "train"), _train_records(tmp_path / "two", "train")
+    assert [r["step"] for r in tr2] == [r["step"] for r in tr1] == [1, 2, 3]
+    for world, recs in ((1, tr1), (2, tr2)):
+        for r in recs:
+            assert r["tokens"] == r["step"] * 256 and r["tokens_per_sec"] == pytest.approx(256.0)
+            assert r["mfu"] == pytest.approx(per_token * 256 / world / 1e9, rel=1e-9)
+    for r1, r2 in zip(tr1, tr2):
+        assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-5)
+
+
+def test_train_random_sampler_draws_every_window_of_every_shard_in_proportion():
+    # several shards: a row picks a shard in proportion to its number of windows (len - T), then any window in it,
+    # the last one included (a shard of exactly T+1 tokens has one)
+    T = 4
+    small = np.arange(0, T + 1, dtype=np.uint16)             # 1 window
+    big = np.arange(100, 100 + T + 9, dtype=np.uint16)        # 9 windows
+    s = train.RandomSampler([("s", small, {}), ("b", big, {})], batch_size=8, context_length=T, seed=0)
+    starts, n_small, n = set(), 0, 0
+    for _ in range(250):
+        x, y = s.next_batch("cpu")
+        assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(x, x[:, :1] + torch.arange(T))
+        first = x[:, 0].tolist()
+        starts.update(first)
+        n_small += sum(v < 100 for v in first)
+        n += len(first)
+    assert starts == {0} | set(range(100, 109))
+    assert 0.07 < n_small / n < 0.13, n_small / n            # 1 of 10 windows
+
+
+def _train_crash_at(n):
+    def crash(step):
+        if step == n:
+            raise RuntimeError("simulated crash")
+    return crash
+
+
+def test_train_time_budget_resume_continues_the_clock(tmp_path, _train_data):
+    # a --time_budget run resumed from a checkpoint spends only what was left of the budget (the elapsed time is
+    # restored), and ends where the straight run ends, bit for bit
+    kw = dict(time_budget="8s", max_iters=100, warmup_iters=0, ckpt_interval=4)
+    straight = train.train(_train_cfg(_train_data, tmp_path / "a", **kw), clock=_train_fake_clock(), log=_train_quiet)
+    assert straight["step"] == 8 and straight["elapsed"] == pytest.approx(8.0)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, clock=_train_fake_clock(), on_step=_train_crash_at(6), log=_train_quiet)
+    resumed = train.train(dict(cfg, resume=True), clock=_train_fake_clock(), log=_train_quiet)
+    assert resumed["step"] == 8 and resumed["elapsed"] == pytest.approx(8.0)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_time_budget_schedule_follows_steps_when_they_are_ahead_of_the_clock(tmp_path, _train_data):
+    # max_iters reached long before the budget: the schedule follows the step count (the further along of the
+    # two), so the last step runs at the cosine's step-9 value, not at the clock's 0.9
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="100s", max_iters=10, warmup_iters=2,
+                     min_lr_ratio=0.1, learning_rate=1e-3)
+    s = train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
+    assert s["step"] == 10 and s["stopped_by"] == "max_iters" and s["elapsed"] == pytest.approx(10.0)
+    assert s["last_lr"] == pytest.approx(train.get_lr_cosine_schedule(9, 1e-3, 1e-4, 2, 10))
+    assert s["lr"] == pytest.approx(1e-4)
+
+
+def test_train_eval_iters_never_reads_past_the_validation_file(tmp_path, _train_data):
+    # a val file of exactly 3 batches of tokens holds only 2 batches of (input, target) windows: asking for 10
+    # evaluates those 2, never a third that wraps around to the first batch again
+    _train_write_tokens(_train_data / "val.bin", np.fromfile(_train_data / "val.bin", dtype=np.uint16)[:3 * 4 * 16], 64)
+    kw = dict(max_iters=1, learning_rate=0.0, warmup_iters=0)
+    many = train.train(_train_cfg(_train_data, tmp_path / "a", eval_iters=10, **kw), log=_train_quiet)
+    two = train.train(_train_cfg(_train_data, tmp_path / "b", eval_iters=2, **kw), log=_train_quiet)
+    assert many["val_loss"] == two["val_loss"]
+
+
+def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
+    # d_ff = 0: 8/3 * d_model to the NEAREST multiple of 64 for SwiGLU (128 -> 341.3 -> 320; 512 -> 1365.3 -> 1344,
+    # the TinyStories baseline's; 1024 -> 2730.7 -> 2752), 4 * d_model for SiLU
+    for d_model, want in ((128, 320), (512, 1344), (320, 832), (1024, 2752)):
+        cfg = dict(train.DEFAULTS, d_model=d_model, d_ff=0, _pad_vocab=1)
+        assert train.model_config_from(cfg, 100)["d_ff"] == want, d_model
+    assert train.model_config_from(dict(train.DEFAULTS, d_ff=0, ffn_type="silu", _pad_vocab=1), 100)["d_ff"] == 512
+
+
+def test_train_adamw_matches_torch_when_eps_matters():
+    # gradients of size ~eps: where eps enters the denominator (after the bias correction of v, as in torch) shows
+    torch.manual_seed(0)
+    ref = [torch.nn.Parameter(torch.randn(5, 7)), torch.nn.Parameter(torch.randn(7))]
+    ours = [torch.nn.Parameter(p.detach().clone()) for p in ref]
+    opt_ref = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.0, foreach=False)
+    opt_ours = train.AdamW(ours, lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.0)
+    for step in range(5):
+        g = torch.Generator().manual_seed(step)
+        grads = [1e-6 * torch.randn(p.shape, generator=g) for p in ref]
+        for ps, opt in ((ref, opt_ref), (ours, opt_ours)):
+            for p, gr in zip(ps, grads):
+                p.grad = gr.clone()
+            opt.step()
+    for a, b in zip(ref, ours):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
