@@ -992,25 +992,35 @@ def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatc
             torch.testing.assert_close(ours(ids)[0], ref, rtol=1e-5, atol=1e-4)
 
 
-def test_model_hub_probe_uses_the_endpoint_port(monkeypatch):
+def _fw_hub_probe():
+    ok, reason = fineweb.hub_reachable()
+    assert ok is False or reason in ("", "behind a proxy: not probed", "HF_ENDPOINT not understood: not probed")
+    assert (reason == "") == (ok and "not probed" not in reason)  # a connection made, or why not
+    return ok
+
+
+@pytest.mark.parametrize("probe", [lambda: M._hub_reachable(), _fw_hub_probe],
+                         ids=["model.py", "fineweb.py"])  # the twin probes (model.py imports no project file)
+def test_hub_probe_uses_the_endpoint_port(monkeypatch, probe):
     # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
     import socket
-    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
+                "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         port = server.getsockname()[1]
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-        assert M._hub_reachable() is True
+        assert probe() is True
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
-    assert M._hub_reachable() is False
+    assert probe() is False
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
-    assert M._hub_reachable() is True
+    assert probe() is True
     monkeypatch.delenv("HTTP_PROXY")
     for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
         monkeypatch.setenv("HF_ENDPOINT", bad)
-        assert M._hub_reachable() is True
+        assert probe() is True
 
 
 def test_model_from_pretrained_refuses_an_untied_head(tmp_path):
@@ -2712,23 +2722,6 @@ def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
         return iter({"text": t} for t in rows_by_split[split])
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
-
-
-def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):
-    # like model.py's probe: a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
-    import socket
-    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
-                "HF_DATASETS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        port = server.getsockname()[1]
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-        assert fineweb.hub_reachable() == (True, "")
-    assert fineweb.hub_reachable()[0] is False  # closed now
-    monkeypatch.setenv("HF_ENDPOINT", "https://host:99999")
-    assert fineweb.hub_reachable()[0] is True
 
 
 def test_fw_hub_offline_is_detected_at_once(monkeypatch):
