@@ -725,13 +725,18 @@ def model_from_checkpoint(ckpt, device="cpu"):
     if "model_config" not in ckpt or "model" not in ckpt:
         raise ValueError("model_from_checkpoint: checkpoint needs 'model' and 'model_config' entries")
     model = build_model(ckpt["model_config"])
-    state = {}
-    for key, value in ckpt["model"].items():
-        while key.startswith(("_orig_mod.", "module.")):  # saved from torch.compile / DDP wrappers, any order
-            key = key.split(".", 1)[1]
-        state[key] = value
-    load_state_dict_checked(model, state)
+    load_state_dict_checked(model, unwrapped_state_dict(ckpt["model"]))
     return model.to(device)
+
+
+def unwrapped_state_dict(state):
+    """Keys without the prefixes that torch.compile (_orig_mod.) and DDP (module.) wrappers add, in any order."""
+    out = {}
+    for key, value in state.items():
+        while key.startswith(("_orig_mod.", "module.")):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
 
 
 def load_state_dict_checked(model, state):

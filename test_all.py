@@ -4881,7 +4881,7 @@ def test_model_checkpoint_keys_from_any_wrapper_order(tmp_path):
         ckpt = {"model": {prefix + k: v for k, v in m.state_dict().items()}, "model_config": m.model_config()}
         loaded = M.model_from_checkpoint(ckpt)
         torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
-        assert train._clean_state_dict(ckpt["model"]).keys() == m.state_dict().keys()
+        assert M.unwrapped_state_dict(ckpt["model"]).keys() == m.state_dict().keys()
 
 
 @pytest.mark.usefixtures("_sample_single_thread")

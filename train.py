@@ -431,20 +431,12 @@ def _unwrap(model):
             return model
 
 
-def _clean_state_dict(sd):
-    out = {}
-    for k, v in sd.items():
-        while k.startswith(("_orig_mod.", "module.")):  # torch.compile / DDP wrappers, in any order
-            k = k.split(".", 1)[1]
-        out[k] = v
-    return out
-
-
 def save_checkpoint(model, optimizer, iteration, out, **extra):
     """torch.save {model, optimizer, iteration, model_config, **extra} to a path (atomically: temp file, fsync,
     rename, so a crash mid-write never leaves a broken ckpt.pt) or to a binary file object."""
     raw = _unwrap(model)
-    obj = {"model": _clean_state_dict(raw.state_dict()), "optimizer": optimizer.state_dict(), "iteration": int(iteration)}
+    obj = {"model": model_lib.unwrapped_state_dict(raw.state_dict()), "optimizer": optimizer.state_dict(),
+           "iteration": int(iteration)}
     if hasattr(raw, "model_config"):
         obj["model_config"] = raw.model_config()
     obj.update(extra)
@@ -476,7 +468,7 @@ def read_checkpoint(src, map_location="cpu"):
 def load_checkpoint(src, model, optimizer=None, ckpt=None):
     """Restore model (and optimizer) state from a path or file object; returns the iteration it was saved at."""
     ckpt = ckpt if ckpt is not None else read_checkpoint(src)
-    _unwrap(model).load_state_dict(_clean_state_dict(ckpt["model"]))
+    _unwrap(model).load_state_dict(model_lib.unwrapped_state_dict(ckpt["model"]))
     if optimizer is not None and ckpt.get("optimizer") is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
     return int(ckpt["iteration"])
