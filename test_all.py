@@ -5115,3 +5115,166 @@ def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
         assert train.model_config_from(cfg, 100)["d_ff"] == want, d_model
     assert train.model_config_from(dict(train.DEFAULTS, d_ff=0, ffn_type="silu", _pad_vocab=1), 100)["d_ff"] == 512
 
+
+# ---- train.py: sampler, checks, clipping, lr_decay_iters, weight-decay groups: gaps found by mutation testing (round 2) ----
+
+def test_train_sequential_sampler_shuffles_the_shard_order_per_epoch():
+    # four shards told apart by their values (i*100 + position): every epoch reads each shard once, whole, in an
+    # order drawn per epoch, so that not every epoch walks the shards in the same sequence
+    shards = [(f"s{i}", np.arange(i * 100, i * 100 + 40, dtype=np.uint16), {}) for i in range(4)]
+    s = train.SequentialSampler(shards, 1, 4, seed=0, eot_id=None)
+    per_shard = (40 - 1) // 4
+    orders = set()
+    for _ in range(6):
+        seen = [int(s.next_batch("cpu")[0][0, 0]) // 100 for _ in range(4 * per_shard)]
+        order = tuple(seen[::per_shard])
+        assert sorted(order) == [0, 1, 2, 3]
+        assert all(seen[i * per_shard:(i + 1) * per_shard] == [order[i]] * per_shard for i in range(4))
+        orders.add(order)
+    assert len(orders) > 1
+
+
+def test_train_sequential_sampler_shuffles_each_shard_with_its_own_order():
+    # two shards holding the same documents: within one epoch each gets its own document order
+    docs = sum([[0] + [10 * d + i for i in range(1, 4)] for d in range(1, 9)], [])
+    arr = np.asarray(docs, dtype=np.uint16)
+    s = train.SequentialSampler([("a", arr, {}), ("b", arr.copy(), {})], 1, 4, seed=0, eot_id=0)
+    n = (len(arr) - 1) // 4
+    differ = 0
+    for _ in range(3):
+        first = torch.cat([s.next_batch("cpu")[0].flatten() for _ in range(n)])
+        second = torch.cat([s.next_batch("cpu")[0].flatten() for _ in range(n)])
+        differ += not torch.equal(first, second)
+    assert differ >= 2
+
+
+def test_train_sequential_sampler_resumes_inside_a_later_shard():
+    # a position in the second shard of an epoch: the resumed reader continues in that shard, not in the first
+    docs = _train_docs(4000, 3)
+    shards = [("a", np.asarray(docs[:1500], np.uint16), {}), ("b", np.asarray(docs[1500:], np.uint16), {})]
+    s = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+    for _ in range(3):
+        while s.shard == 0:
+            s.next_batch("cpu")
+        for _ in range(5):
+            s.next_batch("cpu")
+        state = s.state_dict()
+        assert state["shard"] == 1 and state["pos"] > 0
+        later = [s.next_batch("cpu")[0] for _ in range(4)]
+        s2 = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+        s2.load_state_dict(state)
+        assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)
+        while s.shard == 1:
+            s.next_batch("cpu")
+
+
+def test_train_token_id_equal_to_vocab_size_is_refused_in_train_and_val(tmp_path, _train_data):
+    # the largest valid id is vocab_size - 1: an id == vocab_size already indexes past the embedding
+    _train_write_tokens(_train_data / "train.bin", [1, 2, 64, 3] * 100, 64)
+    with pytest.raises(ValueError, match="train.bin: token id 64 >= the model's vocab_size 64"):
+        train.train(_train_cfg(_train_data, tmp_path / "o"), log=_train_quiet)
+    _train_write_tokens(_train_data / "train.bin", _train_docs(30000, 0), 64)
+    _train_write_tokens(_train_data / "val.bin", [1, 2, 64, 3] * 100, 64)
+    with pytest.raises(ValueError, match="val.bin: token id 64 >= the model's vocab_size 64"):
+        train.train(_train_cfg(_train_data, tmp_path / "o"), log=_train_quiet)
+    _train_write_tokens(_train_data / "val.bin", [1, 2, 63, 3] * 100, 64)   # 63 is fine
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1), log=_train_quiet)
+
+
+def test_train_empty_token_file_is_a_clear_error(tmp_path):
+    _train_write_tokens(tmp_path / "train.bin", [], 64)
+    with pytest.raises(ValueError, match="train.bin: empty token file"):
+        train.load_tokens(tmp_path / "train.bin")
+
+
+def test_train_grad_clip_zero_means_no_clipping(tmp_path, _train_data):
+    # --grad_clip=0 is "off": the same run as a threshold no gradient reaches, not gradients scaled to zero
+    kw = dict(max_iters=3, log_interval=1, learning_rate=1e-2)
+    train.train(_train_cfg(_train_data, tmp_path / "off", grad_clip=0.0, **kw), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "big", grad_clip=1e9, **kw), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "off" / "ckpt.pt"), _train_weights(tmp_path / "big" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["grad_norm"] for r in _train_records(tmp_path / "off", "train")] == [None] * 3
+
+
+def test_train_lr_decay_iters_sets_the_cosine_length(tmp_path, _train_data):
+    # the cosine reaches min_lr at lr_decay_iters (here before max_iters) and stays there
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=6, warmup_iters=1, lr_decay_iters=3, log_interval=1,
+                     learning_rate=1e-3, min_lr_ratio=0.1)
+    s = train.train(cfg, log=_train_quiet)
+    lrs = [r["lr"] for r in _train_records(tmp_path / "o", "train")]
+    assert lrs == pytest.approx([train.get_lr_cosine_schedule(i, 1e-3, 1e-4, 1, 3) for i in range(6)])
+    assert lrs[3:] == pytest.approx([1e-4] * 3) and s["lr"] == pytest.approx(1e-4)
+
+
+def test_train_parse_duration_units():
+    assert train.parse_duration("90s") == 90.0
+    assert train.parse_duration("45m") == 2700.0
+    assert train.parse_duration("1.5h") == 5400.0
+    assert train.parse_duration("600") == 600.0
+    assert train.parse_duration(" 2M ") == 120.0
+    with pytest.raises(ValueError, match="--time_budget: expected a duration"):
+        train.parse_duration("soon")
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("beta2", 1.0, "in [0, 1)"), ("beta1", -0.1, "in [0, 1)"), ("top_p", 0.0, "in (0, 1]"),
+    ("min_lr_ratio", 1.5, "in [0, 1]"), ("rope_theta", 0.0, "> 0"), ("eps", -1e-8, ">= 0"),
+    ("eval_iters", 0, ">= 1"), ("log_interval", 0, ">= 1"), ("lr_decay_iters", -1, ">= 0"),
+    ("total_batch_tokens", -1, ">= 0"), ("time_budget", "0s", "> 0 ('' = none)")])
+def test_train_more_out_of_range_flags_are_refused(tmp_path, _train_data, name, value, expected):
+    out = tmp_path / "o"
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(_train_data, out, max_iters=2, **{name: value}), log=_train_quiet)
+    assert str(e.value).startswith(f"--{name} must be {expected}, got ")
+    assert not out.exists()
+
+
+def test_train_seed_must_fit_in_32_bits(tmp_path, _train_data):
+    with pytest.raises(ValueError, match=r"--seed must be in \[0, 2\*\*32\), got 4294967296"):
+        train.train(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32), log=_train_quiet)
+    train.check_config(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32 - 1))
+
+
+def test_train_weight_decay_only_on_matrices(tmp_path, _train_data, monkeypatch):
+    # the optimizer train() builds decays every >= 2-D weight (linear layers and embeddings) by --weight_decay and
+    # no 1-D parameter (norm gains, biases)
+    built = []
+
+    class Spy(train.AdamW):
+        def __init__(self, params, **kw):
+            super().__init__(params, **kw)
+            built.append(self)
+    monkeypatch.setattr(train, "AdamW", Spy)
+    for model in ("llama", "gpt2"):
+        built.clear()
+        train.train(_train_cfg(_train_data, tmp_path / model, model=model, max_iters=1, weight_decay=0.25),
+                    log=_train_quiet)
+        (opt,) = built
+        wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+        seen_1d = seen_2d = 0
+        for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]:
+            if p.dim() >= 2:
+                assert wd[id(p)] == 0.25
+                seen_2d += 1
+            else:
+                assert wd[id(p)] == 0.0
+                seen_1d += 1
+        assert seen_1d and seen_2d
+        assert len(wd) == len({id(p) for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]})
+
+
+def test_train_sequential_sampler_reads_a_shard_to_its_last_token():
+    # a shard of exactly n*B*T + 1 tokens holds n batches: the last one ends on its last token (the evaluator, which
+    # reads without shuffling, would otherwise score the first batch twice and never the last one)
+    arr = np.arange(4 * 8 + 1, dtype=np.uint16)
+    s = train.SequentialSampler([("a", arr, {})], 1, 8, shuffle=False)
+    xs, ys = zip(*[s.next_batch("cpu") for _ in range(5)])
+    assert [int(x[0, 0]) for x in xs] == [0, 8, 16, 24, 0]
+    assert ys[3].tolist() == [list(range(25, 33))] and s.epoch == 1
+    # the same with the shuffling reader on two shards: each one is read whole before the next
+    two = [("a", np.arange(0, 17, dtype=np.uint16), {}), ("b", np.arange(100, 117, dtype=np.uint16), {})]
+    s = train.SequentialSampler(two, 1, 8, seed=0, eot_id=None)
+    shard_of = [{t // 100 for t in s.next_batch("cpu")[0].flatten().tolist()} for _ in range(4)]
+    assert s.epoch == 0 and shard_of[0] == shard_of[1] != shard_of[2] == shard_of[3]
+    assert all(len(x) == 1 for x in shard_of)
