@@ -2113,6 +2113,10 @@ def test_sample_greedy_equals_argmax_with_ties_tails_and_strided_rows(monkeypatc
     x[0, 10], x[0, 290] = 5.0, 5.0  # equal maxima in block 0 and the tail: block 0's comes first
     x[1, 10], x[1, 290] = 5.0, 6.0  # the tail's is larger
     assert sample.greedy(x, block=128).tolist() == [10, 290]
+    nan = torch.zeros(4, 300)  # NaN logits: the first NaN wins, as in argmax, wherever it lies
+    nan[:, 5] = 1.0
+    nan[0, 290] = nan[1, 100] = nan[2, 200] = nan[2, 290] = float("nan")
+    assert sample.greedy(nan, block=128).tolist() == nan.argmax(-1).tolist() == [290, 100, 200, 5]
     big = torch.randn(8, 50257, generator=g)  # the default block at GPT-2's vocabulary
     assert torch.equal(sample.greedy(big), big.argmax(-1))
 
@@ -5278,3 +5282,189 @@ def test_train_sequential_sampler_reads_a_shard_to_its_last_token():
     shard_of = [{t // 100 for t in s.next_batch("cpu")[0].flatten().tolist()} for _ in range(4)]
     assert s.epoch == 0 and shard_of[0] == shard_of[1] != shard_of[2] == shard_of[3]
     assert all(len(x) == 1 for x in shard_of)
+
+# ---- fineweb.py, hellaswag.py, lambada.py, sample.py, bench.py: gaps found by mutation testing (round 2) -----------
+
+def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_dir):
+    # a bpe.py tokenizer's <|endoftext|> is id 0, not the last id as in GPT-2: every shard's sidecar must say so
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=40, seed=3)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=2000, num_workers=1, progress=False,
+                         log=lambda *a: None)
+    _, arrays, meta = _fw_read_shards(out)
+    assert len(arrays) > 1 and tok.eot_id == 0 != tok.vocab_size - 1
+    for s, a in zip(meta["shards"], arrays):
+        side = json.loads((out / f"{s['file']}.json").read_text())
+        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
+                        "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
+                        "eot_id": tok.eot_id}
+
+
+def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
+    # after an interruption meta.json counts every document with tokens on disk, the last one split by the
+    # shard boundary included: the sum of the listed shards' document counts
+    _, docs = _fw_corpus(tmp_path, n=80, seed=4)
+
+    def crashing(n):
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
+                             log=lambda *a: None, batch_chars=2000)
+    meta = json.loads((out / "meta.json").read_text())
+    last = meta["shards"][-1]
+    assert not meta["complete"] and len(meta["shards"]) >= 2 and last["end_offset"] > 0  # a document cut in two
+    assert meta["num_docs"] == sum(s["num_docs"] for s in meta["shards"]) == last["end_doc"] + 1
+    assert meta["num_tokens"] == sum(s["num_tokens"] for s in meta["shards"])
+
+
+def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
+    # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
+    _, docs = _fw_corpus(tmp_path, n=60, seed=6)
+    kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
+
+    def crashing(n):
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
+
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
+    meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
+    clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
+    assert meta["complete"] and meta["shards"] == clean["shards"]
+    shuffled = fineweb.write_shards(iter(docs), tmp_path / "shuf", _fw_bpe_dir, shuffle_docs=True, seed=7, **kw)
+    assert shuffled["config"]["seed"] == 7
+
+
+def test_hs_score_endings_takes_the_loss_in_float32_from_bf16_logits():
+    # a bfloat16 model's logits are upcast before the cross-entropy: the losses are those of the bf16 logits
+    # computed in float32, not rounded to bf16's 8 bits
+    tok = _hs_word_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
+    model = _HsTableLM(table.float()).to(torch.bfloat16)
+    assert model.table.dtype == torch.bfloat16
+    ctx, _, endings = _HS_ROWS[0]
+    tokens, mask, _ = hellaswag.render_example(_hs_row(0, ctx, 0, endings), tok)
+    sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
+    assert sum_loss.dtype == torch.float32
+    for j, ending in enumerate(endings):
+        ref_sum, ref_avg = _hs_reference_losses(table.float(), tok.encode(ctx), tok.encode(ending))
+        assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
+        assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
+
+
+def test_lambada_score_targets_takes_the_nll_in_float32_from_bf16_logits():
+    tok = _lb_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()
+    model = _HsTableLM(table.float()).to(torch.bfloat16)
+    for ex in _lb_examples():
+        toks, n, _ = lambada.render_example(ex, tok)
+        nll, greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
+        ref_nll, ref_greedy = _lb_reference(table.float(), toks[:-n], toks[-n:])
+        assert nll.item() == pytest.approx(ref_nll, rel=1e-5) and greedy.item() == ref_greedy
+
+
+def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
+    # examples of different lengths in one padded forward: every example's 4 losses (printed by verbose) are
+    # the ones it gets alone, whichever example of the batch is the longest
+    tok = _hs_word_tokenizer()
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    lengths = [len(tok.encode(r["ctx"])) + max(len(tok.encode(" " + e)) for e in r["endings"]) for r in examples]
+    assert lengths[0] < max(lengths)  # the first example of the batch is not the widest
+    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(3)) * 2
+    outputs = []
+    for batch_examples in (1, 8):
+        hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", verbose=True, batch_examples=batch_examples)
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0].count("avg ") == 4 * len(examples) and outputs[0] == outputs[1]
+
+
+def test_sample_top_p_on_a_batch_of_a_peaked_row_and_a_flat_row():
+    # row 0's nucleus lies in the 256 topk candidates, row 1's does not (a 0.2 token over a flat tail: its
+    # 256 candidates hold 0.27 of the mass): each row still gets its own exact nucleus
+    V = 3000
+    probs = torch.ones(2, V)
+    probs[0, 5] = 20 * V
+    probs[1, 9] = 0.25 * (V - 1)
+    probs /= probs.sum(-1, keepdim=True)
+    assert float(probs[1].topk(sample.TOP_P_CANDIDATES).values.sum()) < 0.5
+    for p in (0.5, 0.9):
+        out = sample.filter_probs(probs, top_p=p)
+        for b in range(2):
+            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
+            assert torch.nonzero(out[b]).flatten().tolist() == expected
+            assert float(out[b].sum()) == pytest.approx(1.0)
+        assert len(torch.nonzero(out[1])) > sample.TOP_P_CANDIDATES
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sample", "--max_new_tokens", "0"], "bench.py: --max_new_tokens 0: expected at least 1"),
+    (["sample", "--prompt_len", "0"], "bench.py: --prompt_len 0: expected at least 1"),
+    (["sample", "--prompt_len", "-3"], "bench.py: --prompt_len -3: expected at least 1")])
+def test_bench_sample_counts_are_checked_before_any_work(monkeypatch, argv, message):
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    monkeypatch.setattr(bench, "bench_sample", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("argv,section", [
+    (["sample", "--repeats", "1", "--threads", "1", "--max_new_tokens", "1", "--prompt_len", "1"], "bench_sample"),
+    (["train", "--steps", "1", "--batch_size", "1", "--repeats", "1", "--threads", "1"], "bench_train"),
+    (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu")])
+def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
+    ran = []
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    monkeypatch.setattr(bench, section, lambda args: ran.append(args))
+    bench.main()
+    assert len(ran) == 1
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_top_p_radix_select_on_distinct_near_equal_probabilities():
+    # a flat distribution of distinct values: thousands of tokens share the top 11 bits of their probability
+    # and differ in the lower ones, so every pass of the radix select must narrow the tokens still in play
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(3, 3000, generator=g) * 0.05, dim=-1)
+    for p in (0.3, 0.77, 0.95):
+        nucleus = sample._nucleus(probs, p)
+        out = sample.filter_probs(probs, top_p=p)
+        for b in range(3):
+            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
+            assert torch.nonzero(nucleus[b]).flatten().tolist() == expected
+            assert torch.nonzero(out[b]).flatten().tolist() == expected
+
+
+def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_dir):
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=8)
+    side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
+                    "num_docs": 20, "tokenizer": _fw_bpe_dir, "eot_id": tok.eot_id}
+    assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
+    # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
+    import shutil
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(_fw_bpe_dir, tok_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=2)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+    old = fineweb.tokenizer_fingerprint(str(tok_dir))
+    merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
+    new = fineweb.tokenizer_fingerprint(str(tok_dir))
+    assert new != old
+    with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
