@@ -168,9 +168,10 @@ def greedy(logits, block=1024):
     top = blocks.amax(-1).max(-1)  # (values, first block with the maximum)
     rows = torch.arange(B, device=logits.device)
     best = top.indices * block + blocks[rows, top.indices].argmax(-1)
-    if n * block < V:  # the tail wins only when strictly larger (it lies after every full block)
-        tail = logits[:, n * block:].max(-1)
-        best = torch.where(tail.values > top.values, tail.indices + n * block, best)
+    if n * block < V:  # the tail wins only when strictly larger (it lies after every full block), or, as in
+        tail = logits[:, n * block:].max(-1)  # argmax, when it holds the row's first NaN
+        wins = (tail.values > top.values) | (tail.values.isnan() & ~top.values.isnan())
+        best = torch.where(wins, tail.indices + n * block, best)
     return best
 
 
