@@ -1292,6 +1292,19 @@ def _train_weights(path):
     return torch.load(path, weights_only=True)["model"]
 
 
+def _train_records(out_dir, kind):
+    return [r for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines()) if r["type"] == kind]
+
+
+def _train_fake_clock():
+    t = [0.0]
+
+    def clock():   # every call is one second later: each optimizer step takes exactly 1 s
+        t[0] += 1.0
+        return t[0]
+    return clock
+
+
 # ---- building blocks
 
 @pytest.mark.parametrize("eps, grad_scale", [(1e-8, 1.0), (1e-6, 1e-6)])  # gradients ~eps: where eps enters shows
@@ -1596,8 +1609,7 @@ def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_pat
     assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["val_step"] == 0
     s = train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
     assert s["step"] == 3 and s["val_loss"] == straight["val_loss"]
-    evals = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in evals if r["type"] == "eval"] == [0, 3]
+    assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == [0, 3]
     # a checkpoint from before val_step was saved, at an evaluation step: not evaluated twice
     cfg = _train_cfg(_train_data, tmp_path / "c", max_iters=4, eval_interval=2)
     train.train(cfg, log=_train_quiet)
@@ -1605,8 +1617,7 @@ def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_pat
     del ck["val_step"]
     torch.save(ck, tmp_path / "c" / "ckpt.pt")
     train.train(dict(cfg, resume=True, max_iters=6), log=_train_quiet)
-    evals = [json.loads(line) for line in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in evals if r["type"] == "eval"] == [0, 2, 4, 6]
+    assert [r["step"] for r in _train_records(tmp_path / "c", "eval")] == [0, 2, 4, 6]
 
 
 def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
@@ -1687,14 +1698,9 @@ def test_train_eval_tokens_scores_the_same_text_at_any_batch_size(tmp_path, _tra
 
 
 def test_train_time_budget_follows_injected_clock(tmp_path, _train_data):
-    t = [0.0]
-
-    def clock():   # each call advances a fake second: one step = 1 s, no sleeping
-        t[0] += 1.0
-        return t[0]
     cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="10s", max_iters=100, warmup_iters=0,
                      min_lr_ratio=0.1, learning_rate=1e-3)
-    s = train.train(cfg, clock=clock, log=_train_quiet)
+    s = train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
     assert s["step"] == 10 and s["elapsed"] == pytest.approx(10.0)
     assert s["lr"] == pytest.approx(1e-4)                               # the schedule's end
     assert s["last_lr"] == pytest.approx(train.get_lr_cosine_schedule(90, 1e-3, 1e-4, 0, 100))
@@ -3870,7 +3876,7 @@ def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compile
                      lambada=True, lambada_path=str(lam), compile=compiled, compile_backend="aot_eager")
     said = []
     train.train(cfg, log=said.append)
-    evals = [r for r in map(json.loads, (tmp_path / "o" / "log.jsonl").read_text().splitlines()) if r["type"] == "eval"]
+    evals = _train_records(tmp_path / "o", "eval")
     assert [r["step"] for r in evals] == [0, 2, 3]
     model = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
     tok = bpe.load_tokenizer("gpt2")
@@ -3889,7 +3895,7 @@ def test_train_downstream_tasks_need_a_tokenizer_and_their_files(tmp_path, _trai
     said = []
     train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1, hellaswag=True, lambada=True), log=said.append)
     assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
-    evals = [r for r in map(json.loads, (tmp_path / "o" / "log.jsonl").read_text().splitlines()) if r["type"] == "eval"]
+    evals = _train_records(tmp_path / "o", "eval")
     assert evals and all(set(r) == {"type", "step", "val_loss", "val_bpb", "elapsed"} for r in evals)
 
 
@@ -4957,10 +4963,6 @@ def test_bpe_encode_file_dtype_at_the_uint16_boundary(tmp_path, n_vocab, dtype):
     assert np.fromfile(tmp_path / "o.bin", dtype=dtype).tolist() == [104, 105, n_vocab - 1, 121, 111]
 
 
-def _train_records(out_dir, kind):
-    return [r for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines()) if r["type"] == kind]
-
-
 def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
     # one token per byte and 0 bytes per end-of-text token: bytes/token is counted by hand over the scored targets,
     # and every logged evaluation (not only the summary) reports val_loss / ln 2 / bytes_per_token
@@ -5007,15 +5009,6 @@ def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train
 
 _TRAIN_DDP_KW = dict(total_batch_tokens=256, max_iters=3, warmup_iters=1, eval_tokens=256, eval_interval=2, log_interval=1,
                num_threads=1)
-
-
-def _train_fake_clock():
-    t = [0.0]
-
-    def clock():   # every call is one second later: each optimizer step takes exactly 1 s
-        t[0] += 1.0
-        return t[0]
-    return clock
 
 
 def _train_ddp_worker(rank, world, port, data_dir, out_dir):
