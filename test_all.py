@@ -5207,6 +5207,21 @@ def test_train_lr_decay_iters_sets_the_cosine_length(tmp_path, _train_data):
     assert lrs[3:] == pytest.approx([1e-4] * 3) and s["lr"] == pytest.approx(1e-4)
 
 
+
+def test_train_resume_with_a_longer_cosine_says_so(tmp_path, _train_data):
+    # a larger --max_iters on resume stretches the cosine (its length defaults to max_iters): one line says so and
+    # names the flag that keeps the old schedule; with that flag given, the schedule and the log stay quiet
+    lines = []
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=3), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=5, resume=True), log=lines.append)
+    said = [line for line in lines if "cosine" in line]
+    assert said == ["train.py: the cosine now ends at step 5, not 3 as in the checkpoint's run, so the learning rate "
+                    "jumps at step 3 (pass --lr_decay_iters=3 to keep its schedule)"]
+    lines.clear()
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=7, lr_decay_iters=5, resume=True),
+                log=lines.append)
+    assert not [line for line in lines if "cosine" in line] and any("resumed" in line for line in lines)
+
 def test_train_parse_duration_units():
     assert train.parse_duration("90s") == 90.0
     assert train.parse_duration("45m") == 2700.0

@@ -864,6 +864,12 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         # (val_step: checkpoints written before it was saved were evaluated at their step, unless ckpt_interval)
         elapsed, best_val, val_step = ckpt.get("elapsed", 0.0), ckpt.get("val_loss"), ckpt.get("val_step", step)
         say(f"resumed {ckpt_path} at step {step}")
+        old = ckpt.get("config", {})
+        old_decay = old.get("lr_decay_iters") or old.get("max_iters")
+        if old_decay is not None and old_decay != decay_iters:   # e.g. a larger --max_iters to train on
+            say(f"train.py: the cosine now ends at step {decay_iters:,}, not {old_decay:,} as in the checkpoint's "
+                f"run, so the learning rate jumps at step {step:,} (pass --lr_decay_iters={old_decay} to keep its "
+                "schedule)")
     cfg.pop("_resume_ckpt", None)
 
     model = raw
