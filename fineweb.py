@@ -609,18 +609,22 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
                 train_tokens=state["tokens"]["train_tokens"], val_tokens=state["tokens"]["val_tokens"])
 
 
-def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_workers=None, log=print):
+def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_workers=None, log=print, source=None):
     """Train a bpe.py tokenizer (with <|endoftext|>) on the first max_bytes of a document stream (None: all)
     and save it to tok_dir; an existing tok_dir trained with the same request is reused (so a resumed run shards
-    with the same tokenizer), one trained with another is refused (request.json records what was asked)."""
+    with the same tokenizer), one trained with another is refused (request.json records what was asked, the
+    stream's `source` name included when given)."""
     import bpe
     tok_dir = Path(tok_dir)
-    request = {"vocab_size": vocab_size, "max_bytes": max_bytes}
+    request = {"vocab_size": vocab_size, "max_bytes": max_bytes, "source": source}
     if (tok_dir / "vocab.json").is_file():
         old = json.loads((tok_dir / "request.json").read_text()) if (tok_dir / "request.json").is_file() else request
+        old.setdefault("source", source)  # a request.json written before sources were recorded
         if old != request:
-            raise ValueError(f"{tok_dir}: holds a tokenizer trained with vocab_size {old['vocab_size']}, "
-                             f"bpe_train_bytes {old['max_bytes'] or 0}, not {vocab_size}, {max_bytes or 0}: "
+            def asked(r):
+                return f"vocab_size {r['vocab_size']}, bpe_train_bytes {r['max_bytes'] or 0}" + \
+                    (f" on {r['source']}" if r["source"] else "")
+            raise ValueError(f"{tok_dir}: holds a tokenizer trained with {asked(old)}, not {asked(request)}: "
                              "choose another --out_dir, or delete that folder and its shards")
         log(f"tokenizer: reusing {tok_dir}")
         return str(tok_dir)
@@ -705,7 +709,7 @@ def main():
         out_dir = args.out_dir or default_dir
         if args.vocab_size:
             args.tokenizer = train_tokenizer_on_docs(docs, args.vocab_size, Path(out_dir) / "tokenizer",
-                                                     args.bpe_train_bytes or None, args.num_workers)
+                                                     args.bpe_train_bytes or None, args.num_workers, source=source)
             docs = open_docs()
         if args.shuffle_docs:
             docs, source = buffer_shuffle(docs, args.shuffle_buffer, args.seed), f"{source}|buffer {args.shuffle_buffer}"

@@ -2795,6 +2795,12 @@ def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatc
     assert f"on {first5:,} bytes" in capsys.readouterr().out
     ids, _, meta = _fw_read_shards(tmp_path / "out")
     assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
+    # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
+    monkeypatch.setattr(sys, "argv", [a.replace("--max_docs=5", "--max_docs=6") for a in sys.argv])
+    with pytest.raises(SystemExit, match=r"tokenizer: holds a tokenizer trained with vocab_size 280, bpe_train_bytes "
+                                         r"\d+ on file:.*\[:5\], not vocab_size 280, bpe_train_bytes \d+ on file:.*\[:6\]: "
+                                         r"choose another --out_dir"):
+        fineweb.main()
 
 
 # ============================================================================
