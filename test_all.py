@@ -1802,20 +1802,45 @@ def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _train_main_args(data, out):
+    return [f"--data_dir={data}", f"--out_dir={out}", "--vocab_size=64", "--context_length=16", "--d_model=32",
+            "--num_layers=1", "--num_heads=2", "--batch_size=4", "--max_iters=2", "--time_budget=", "--num_samples=0",
+            "--device=cpu", "--compile=false"]
+
+
 def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, capsys):
     # checkpointed but cut short: a script running train.py (experiments.py) must not take it as a finished run
     real_train = train.train
     monkeypatch.setattr(train, "train", lambda cfg: real_train(cfg, on_step=lambda step: step == 2 and
                                                                train._Stop.handler(None, None)))
-    args = [f"--data_dir={_train_data}", f"--out_dir={tmp_path / 'o'}", "--vocab_size=64", "--context_length=16",
-            "--d_model=32", "--num_layers=1", "--num_heads=2", "--batch_size=4", "--max_iters=6", "--time_budget=",
-            "--num_samples=0", "--device=cpu", "--compile=false"]
+    args = _train_main_args(_train_data, tmp_path / "o") + ["--max_iters=6"]
     with pytest.raises(SystemExit) as e:
         train.main(args)
     assert e.value.code == 130 and "stopped by ctrl-c" in capsys.readouterr().out
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 2
     train.main(args)  # resumed to the end: a normal exit
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
+
+
+def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, _train_data):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "o" / "log.jsonl").mkdir(parents=True)
+    for out, problem in [(tmp_path / "a_file", r"\[Errno 17\] File exists: '.*a_file'"),
+                         (tmp_path / "a_file" / "sub", r"\[Errno 20\] Not a directory: '.*a_file/sub'"),
+                         (tmp_path / "o", r"\[Errno 21\] Is a directory: '.*log\.jsonl'")]:
+        with pytest.raises(SystemExit, match=f"^train.py: {problem}$"):
+            train.main(_train_main_args(_train_data, out))
+
+
+def test_train_main_ctrl_c_before_the_loop_is_one_line(tmp_path, _train_data, monkeypatch, capsys):
+    # Ctrl-C while the model is being built (the loop's own handler is not installed yet): no traceback, exit 130
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train.model_lib, "build_model", interrupted)
+    with pytest.raises(SystemExit) as e:
+        train.main(_train_main_args(_train_data, tmp_path / "o"))
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "\ntrain.py: interrupted; nothing written since the last checkpoint\n"
 
 
 def test_train_gpt2_model_with_padded_vocab_trains(tmp_path, _train_data):
@@ -4165,6 +4190,34 @@ def test_train_sidecar_without_vocab_size_or_with_a_different_one(tmp_path, _tra
     assert not (tmp_path / "o").exists()
 
 
+def test_train_sidecar_that_is_not_an_object_or_has_a_bad_vocab_size(tmp_path, _train_data):
+    data = _train_data
+    side = data / "val.bin.json"
+    meta = json.loads(side.read_text())
+    for content, problem in [([1, 2], "expected a JSON object (the token file's format, dtype, vocab_size ...)"),
+                             (dict(meta, vocab_size="abc"), "\"vocab_size\" must be a positive integer, got 'abc'"),
+                             (dict(meta, vocab_size=0), "\"vocab_size\" must be a positive integer, got 0")]:
+        side.write_text(json.dumps(content))
+        with pytest.raises(ValueError) as e:
+            train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+        assert str(e.value) == f"{side}: {problem}"
+    assert not (tmp_path / "o").exists()
+
+
+@needs_gpt2_files
+def test_train_sidecar_naming_a_tokenizer_of_another_size_is_refused(tmp_path, _train_data):
+    # 64-id token files whose sidecars name GPT-2's 50,257-token tokenizer: bits/byte, samples and HellaSwag would
+    # all go through the wrong tokenizer, so the run stops before it starts
+    data = _train_data
+    for name in ("train.bin", "val.bin"):
+        _train_write_tokens(data / name, np.fromfile(data / name, dtype=np.uint16), 64, tokenizer="gpt2")
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    assert str(e.value) == (f"{data / 'train.bin'}.json: vocab_size 64, but its tokenizer 'gpt2' has 50257 tokens: "
+                            "the token files and the tokenizer do not belong together")
+    assert not (tmp_path / "o").exists()
+
+
 def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_data):
     data = _train_data
     _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)                # one batch needs 4*16+1 = 65 tokens
@@ -4196,6 +4249,7 @@ def test_train_short_validation_file_is_refused_before_a_resumed_run_trains(tmp_
     ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2\n', "line 2: not JSON"),
     ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n[1, 2]\n', "line 2: not a JSON object"),
     (b"\x80\x81\xfe binary", "not a text file (expected a log.jsonl)"),
+    ('{"type": "train", "step": 1}\n{"type": "eval", "step": 1, "elapsed": 0.1}\n', "no training records to plot"),
 ])
 def test_train_plot_of_a_bad_log_is_one_line(tmp_path, content, msg):
     log = tmp_path / "log.jsonl"
@@ -4206,8 +4260,23 @@ def test_train_plot_of_a_bad_log_is_one_line(tmp_path, content, msg):
     sep = " " if msg.startswith("line") else ": "
     with pytest.raises(SystemExit) as e:
         train.main([f"--plot={log}"])
-    assert str(e.value) == f"train.py: --plot {log}{sep}{msg}"
+    assert str(e.value) == (f"train.py: {log}: {msg}" if msg.startswith("no training") else
+                            f"train.py: --plot {log}{sep}{msg}")
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_train_plot_leaves_out_records_missing_a_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2}\n'
+                   '{"type": "eval", "step": 2, "val_loss": 1.9}\n')
+    assert train.plot_log(log) == [str(tmp_path / "loss_vs_steps.png"), str(tmp_path / "loss_vs_time.png")]
+
+
+def test_train_resume_drops_torn_and_non_object_log_lines():
+    assert train._kept_on_resume('{"type": "train", "step": 4}', 4)
+    for line in ('{"type": "train", "step": 5}', '{"type": "train", "step": 3, "lo', "[1, 2]", "7"):
+        assert not train._kept_on_resume(line, 4), line
 
 
 # ---- sample.py, flops.py, hellaswag.py -------------------------------------------------------------------

@@ -250,6 +250,8 @@ def load_tokens(path):
         raise ValueError(f"{path}: missing sidecar {side.name} (write token files with bpe.py --encode or fineweb.py)")
     except json.JSONDecodeError as e:
         raise ValueError(f"{side}: not valid JSON ({e})")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{side}: expected a JSON object (the token file's format, dtype, vocab_size ...)")
     if meta.get("format") != "tokens-v1" or meta.get("dtype") not in ("uint16", "uint32"):
         raise ValueError(f"{side}: expected format tokens-v1 with dtype uint16|uint32, got "
                          f"{meta.get('format')!r}/{meta.get('dtype')!r}")
@@ -635,9 +637,10 @@ def _kept_on_resume(line, step):
     """Whether a log.jsonl line stays when a run resumes at `step`: the records up to it, not a line that a crash
     tore mid-write."""
     try:
-        return json.loads(line).get("step", 0) <= step
+        record = json.loads(line)
     except ValueError:
         return False
+    return isinstance(record, dict) and record.get("step", 0) <= step
 
 
 def bytes_per_token(tokenizer, ids, eot_id):
@@ -773,6 +776,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     for path, _, m in train_shards + val_shards:
         if "vocab_size" not in m:
             raise ValueError(f'{path}.json: missing "vocab_size"')
+        if type(m["vocab_size"]) is not int or m["vocab_size"] < 1:
+            raise ValueError(f'{path}.json: "vocab_size" must be a positive integer, got {m["vocab_size"]!r}')
         if first is None:
             first = (f"{path}.json", m["vocab_size"])
         elif m["vocab_size"] != first[1]:
@@ -791,6 +796,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             tokenizer = bpe.load_tokenizer(ref)
         except Exception as e:
             say(f"train.py: tokenizer {tok_ref!r} could not be loaded ({e}): no bits/byte or samples")
+        if tokenizer is not None and tokenizer.vocab_size != data_vocab:   # bits/byte, samples, HellaSwag: all wrong
+            raise ValueError(f"{first[0]}: vocab_size {data_vocab}, but its tokenizer {tok_ref!r} has "
+                             f"{tokenizer.vocab_size} tokens: the token files and the tokenizer do not belong together")
 
     # ---- batch arithmetic ------------------------------------------------------------------------------------------
     B, T = cfg["batch_size"], cfg["context_length"]
@@ -1086,8 +1094,9 @@ def plot_log(log_path):
             raise SystemExit(f"train.py: --plot {log_path} line {n}: not JSON") from None
         if not isinstance(rows[-1], dict):
             raise SystemExit(f"train.py: --plot {log_path} line {n}: not a JSON object")
-    tr = [r for r in rows if r.get("type") == "train"]
-    ev = [r for r in rows if r.get("type") == "eval"]
+    # (records missing a figure, as hand-edited logs may, are left out rather than failing the plot)
+    tr = [r for r in rows if r.get("type") == "train" and all(k in r for k in ("step", "elapsed", "loss"))]
+    ev = [r for r in rows if r.get("type") == "eval" and all(k in r for k in ("step", "elapsed", "val_loss"))]
     if not tr:
         raise SystemExit(f"train.py: {log_path}: no training records to plot")
     try:
@@ -1148,8 +1157,11 @@ def main(argv=None):
         cfg["prepare_data"] = cfg["prepare_data"] and old.get("prepare_data", True)
     try:
         summary = train(cfg)
-    except ValueError as e:
+    except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
         raise SystemExit(f"train.py: {e}") from None
+    except KeyboardInterrupt:   # before the loop's own Ctrl-C handling starts, or a second Ctrl-C inside it
+        print("\ntrain.py: interrupted; nothing written since the last checkpoint", file=sys.stderr)
+        raise SystemExit(130) from None
     if int(os.environ.get("RANK", "0")) != 0:
         return
     print()
