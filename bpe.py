@@ -692,7 +692,7 @@ class Tokenizer:
         try:
             with open(vocab_path, encoding="utf-8") as f:
                 raw = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:   # ValueError: not JSON, or not UTF-8 text
             raise ValueError(f"{vocab_path}: cannot read a JSON vocabulary: {e}") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{vocab_path}: expected a JSON object {{token: id}}")
@@ -719,6 +719,8 @@ class Tokenizer:
                     merges.append((_str_to_token(parts[0], merges_path), _str_to_token(parts[1], merges_path)))
         except OSError as e:
             raise ValueError(f"{merges_path}: cannot read: {e}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{merges_path}: not UTF-8 text (expected one merge per line)") from None
         try:
             return cls(vocab, merges, special_tokens, name=name)
         except ValueError as e:
@@ -1052,7 +1054,7 @@ def main():
             raise SystemExit("bpe.py: --encode needs --out FILE.bin")
         try:
             meta = encode_file(args.encode, args.tokenizer, args.out, args.workers, progress=True)
-        except ValueError as e:
+        except (ValueError, OSError) as e:   # OSError: an --out that is a folder, a full disk, ...
             raise SystemExit(f"bpe.py: {e}")
         mb = os.path.getsize(args.encode) / 1e6
         own, kids = peak_rss_mb()
@@ -1069,6 +1071,9 @@ def main():
         print(f"no --input given: training on {args.input}")
     specials = [s for s in (args.special if args.special is not None else [EOT]) if s]
     out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")
+    blocker = next(p for p in (out, *out.parents) if p.exists())   # checked now, not after the training
+    if not blocker.is_dir():
+        raise SystemExit(f"bpe.py: --out {out}: {blocker} is a file; the tokenizer is saved as a folder")
     stats = {}
     t0 = time.perf_counter()
     try:
@@ -1077,7 +1082,10 @@ def main():
         raise SystemExit(f"bpe.py: {e}")
     wall = time.perf_counter() - t0
     tok = Tokenizer(vocab, merges, specials, name=str(out))
-    tok.save_dir(out)
+    try:
+        tok.save_dir(out)
+    except OSError as e:
+        raise SystemExit(f"bpe.py: --out {out}: cannot save the tokenizer ({e})")
     learned = [vocab[i] for i in range(len(specials), len(vocab))]
     longest = max(len(b) for b in learned)
     longest_toks = [b for b in learned if len(b) == longest]

@@ -4485,6 +4485,30 @@ def test_bpe_input_directory_says_it_is_a_directory(tmp_path, monkeypatch):
     assert "is a directory" in msg and not (tmp_path / "x.bin").exists()
 
 
+def test_bpe_binary_vocab_or_merges_file_is_named(tmp_path):
+    d = _bad_tok_dir(tmp_path)
+    (d / "merges.txt").write_bytes(b"#version: 0.2\n\x97\xff \x80\n")
+    with pytest.raises(ValueError) as e:
+        bpe.load_tokenizer(str(d))
+    assert str(e.value) == f"{d / 'merges.txt'}: not UTF-8 text (expected one merge per line)"
+    (d / "vocab.json").write_bytes(b'{"\x97": 0}')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(d / 'vocab.json'))}: cannot read a JSON vocabulary: "):
+        bpe.load_tokenizer(str(d))
+
+
+def test_bpe_output_paths_that_cannot_be_written_give_one_line(tmp_path, monkeypatch):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    (tmp_path / "a_file").write_text("x")
+    for out in (tmp_path / "a_file", tmp_path / "a_file" / "sub"):   # refused before training, not after
+        msg = _bad_exit(monkeypatch, bpe, "--input", corpus, "--vocab", "300", "--out", out, "--workers", "1")
+        assert msg == f"bpe.py: --out {out}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
+    d = _bad_tok_dir(tmp_path)
+    (tmp_path / "a_dir").mkdir()
+    for out in (tmp_path / "a_dir", tmp_path / "a_file" / "x.bin"):   # the OS's reason, naming the path
+        msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", d, "--out", out, "--workers", "1")
+        assert re.match(rf"^bpe.py: \[Errno \d+\] [\w ]+: '{re.escape(str(tmp_path))}/a_(dir|file)", msg), msg
+
+
 # ---- stories.py --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR")])
