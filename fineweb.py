@@ -449,8 +449,15 @@ def _resume_or_start(out, config):
     """Read out/meta.json if this configuration wrote it; refuse a directory written with anything else."""
     meta_path = out / "meta.json"
     if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        old = meta.get("config", {})
+        try:
+            meta = json.loads(meta_path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{meta_path}: not valid JSON ({e}): empty the directory and start again") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or \
+                not isinstance(meta.get("shards"), list):
+            raise ValueError(f"{meta_path}: not a fineweb.py meta.json (no config and shards): empty the directory "
+                             "and start again")
+        old = meta["config"]
         same = ("tokenizer", "tokenizer_fingerprint")
         if [old.get(k) for k in same] != [config[k] for k in same]:
             raise ValueError(f"{out}: holds shards made with tokenizer {old.get('tokenizer')!r} "
@@ -542,7 +549,13 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
             p.unlink(missing_ok=True)
         shutil.rmtree(tok_dir, ignore_errors=True)
     d.mkdir(parents=True, exist_ok=True)
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    try:
+        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    except ValueError:   # not JSON (or not text): a record of what was done that cannot be trusted
+        state = None
+    if not isinstance(state, dict):
+        log(f"{state_path}: unreadable, so the data is prepared again")
+        state = {}
     t0 = time.time()
 
     # 1. corpus
@@ -715,7 +728,7 @@ def main():
             docs, source = buffer_shuffle(docs, args.shuffle_buffer, args.seed), f"{source}|buffer {args.shuffle_buffer}"
         write_shards(docs, out_dir, args.tokenizer, args.shard_size, args.num_workers,
                      args.dtype, source=source, shuffle_docs=args.shuffle_docs, seed=args.seed)
-    except ValueError as e:
+    except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
         raise SystemExit(f"fineweb.py: {e}")
     except KeyboardInterrupt:
         raise SystemExit("\nfineweb.py: interrupted; rerun the same command to resume after the last complete shard")

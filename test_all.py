@@ -2679,6 +2679,15 @@ def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, mon
     (tmp_path / "other/train.bin").write_bytes(b"\0\0")
     with pytest.raises(ValueError, match="no meta.json"):
         fineweb.write_shards(iter(docs), tmp_path / "other", "gpt2", **kw)
+    # a meta.json that is not JSON, or not fineweb.py's, is named
+    good = (tmp_path / "out/meta.json").read_text()
+    for broken, problem in [("{oops", "not valid JSON"), ("[1]", "not a fineweb.py meta.json"),
+                            ('{"complete": false}', "not a fineweb.py meta.json")]:
+        (tmp_path / "out/meta.json").write_text(broken)
+        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'out/meta.json'))}: {problem}.*: "
+                                             "empty the directory and start again$"):
+            fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    (tmp_path / "out/meta.json").write_text(good)
     # a listed shard that was truncated afterwards is not silently trusted
     (tmp_path / "out/meta.json").write_text((tmp_path / "out/meta.json").read_text().replace('"complete": true', '"complete": false'))
     (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0")
@@ -2721,6 +2730,13 @@ def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
     fineweb.prepare_tinystories(tmp_path / "ts", fresh=True, **kw)
     assert not any("reusing" in line for line in logs)
     assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
+    # a prepared.json that is not JSON, or not an object, is a record that cannot be trusted: prepared again
+    for broken in ("{oops", "[1]"):
+        (d / "prepared.json").write_text(broken)
+        logs.clear()
+        assert fineweb.prepare_tinystories(tmp_path / "ts", **kw) == got
+        assert logs[0] == f"{d / 'prepared.json'}: unreadable, so the data is prepared again"
+        assert not any("reusing" in line for line in logs)
 
 
 def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
@@ -4536,6 +4552,14 @@ def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
     with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
         fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
     assert not (tmp_path / "d").exists()
+
+
+def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
+    (tmp_path / "a_file").write_text("x")
+    for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
+                  [f"--input={_bad_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
+        msg = _bad_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
+        assert msg == f"fineweb.py: [Errno 17] File exists: '{tmp_path / 'a_file'}'"
 
 
 # ---- experiments.py ----------------------------------------------------------------------------------------------
