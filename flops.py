@@ -382,8 +382,9 @@ def main():
     parser = argparse.ArgumentParser(description="Parameter, FLOP, memory and training-time accounting.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="gpt2-xl", help=f"preset shape: {', '.join(PRESETS)} (ignored with --ckpt)")
-    parser.add_argument("--arch", default="llama", choices=["llama", "gpt2"],
-                        help="llama (RMSNorm/SwiGLU/RoPE, untied head: the spec's reference) or gpt2 (the real GPT-2)")
+    parser.add_argument("--arch", default=None, choices=["llama", "gpt2"],
+                        help="llama (RMSNorm/SwiGLU/RoPE, untied head: the spec's reference; None = llama) or gpt2 "
+                             "(the real GPT-2)")
     parser.add_argument("--ckpt", default=None, help="read the shape from this checkpoint's model_config instead")
     parser.add_argument("--num_layers", "--n_layer", dest="num_layers", type=int, default=None, help="override layers")
     parser.add_argument("--d_model", "--n_embd", dest="d_model", type=int, default=None, help="override d_model")
@@ -392,8 +393,8 @@ def main():
                         help="override the model's context length (also the default --context)")
     parser.add_argument("--vocab_size", type=int, default=None, help="override vocabulary size")
     parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; None = 8/3*d rounded to 64)")
-    parser.add_argument("--ffn_type", default="swiglu", choices=["swiglu", "silu"], help="llama FFN type")
-    parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=1, help="gpt2 vocabulary padding")
+    parser.add_argument("--ffn_type", default=None, choices=["swiglu", "silu"], help="llama FFN type (None = swiglu)")
+    parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=None, help="gpt2 vocabulary padding (None = 1)")
     parser.add_argument("--context", nargs="+", default=None,
                         help="context lengths to report, e.g. --context 1024 16384 (None = the model's)")
     parser.add_argument("--gpu_mem", type=float, default=80.0, help="GPU memory budget in GB for the largest batch")
@@ -414,6 +415,12 @@ def main():
         raise SystemExit(f"flops.py: --train_tokens must be a finite number >= 1, got {args.train_tokens:g}")
     if not 0 < args.mfu <= 1:
         raise SystemExit(f"flops.py: --mfu must be in (0, 1], got {args.mfu}")
+    shape_flags = ("arch", "num_layers", "d_model", "num_heads", "context_length", "vocab_size", "d_ff", "ffn_type",
+                   "pad_vocab_to_multiple_of")
+    given = [f"--{flag}" for flag in shape_flags if getattr(args, flag) is not None]
+    if args.ckpt and given:
+        raise SystemExit(f"flops.py: --ckpt reads the shape from the checkpoint: leave out {', '.join(given)} "
+                         "(or --ckpt, to describe the shape with flags)")
     if args.ckpt:
         cfg = _load_config(args.ckpt)
     else:
@@ -421,10 +428,10 @@ def main():
             raise SystemExit(f"flops.py: --model {args.model!r}: expected one of {', '.join(PRESETS)}")
         L, d, h, T, V = PRESETS[args.model]
         pick = lambda value, preset: preset if value is None else value  # an override of 0 was rejected above
-        cfg = make_config(args.arch, num_layers=pick(args.num_layers, L), d_model=pick(args.d_model, d),
+        cfg = make_config(args.arch or "llama", num_layers=pick(args.num_layers, L), d_model=pick(args.d_model, d),
                           num_heads=pick(args.num_heads, h), context_length=pick(args.context_length, T),
-                          vocab_size=pick(args.vocab_size, V), d_ff=args.d_ff, ffn_type=args.ffn_type,
-                          pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of)
+                          vocab_size=pick(args.vocab_size, V), d_ff=args.d_ff, ffn_type=args.ffn_type or "swiglu",
+                          pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of or 1)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     for g in gpus:
         if g not in GPU_PEAK:

@@ -371,7 +371,8 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
     try:
         tokenizer = bpe.load_tokenizer(ref)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"sample.py: {where}: cannot load {whose} {ref!r} ({e})")
+        hint = "" if tokenizer_ref else " (if it moved, or the path is relative to another folder: pass --tokenizer)"
+        raise SystemExit(f"sample.py: {where}: cannot load {whose} {ref!r} ({e}){hint}")
     if tokenizer.vocab_size > model.vocab_size:  # else its ids would index past the embedding table
         raise SystemExit(f"sample.py: {where}: {whose} {ref!r} has {tokenizer.vocab_size} tokens but the model "
                          f"only {model.vocab_size}: not the tokenizer this model was trained with")
@@ -381,7 +382,8 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
 def main():
     parser = argparse.ArgumentParser(description="Generate text from a checkpoint or GPT-2 weights.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--ckpt", default=os.path.join("out", "ckpt.pt"), help="checkpoint written by train.py")
+    parser.add_argument("--ckpt", default=None, help="checkpoint written by train.py (out/ckpt.pt when neither "
+                                                      "--ckpt nor --init_from is given)")
     parser.add_argument("--init_from", default=None,
                         help="released weights instead of --ckpt: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF dir")
     parser.add_argument("--tokenizer", default=None, help="instead of the checkpoint's tokenizer: gpt2 or a bpe.py "
@@ -401,6 +403,9 @@ def main():
                         help="weights dtype for generation")
     args = parser.parse_args()
 
+    if args.ckpt and args.init_from:
+        raise SystemExit("sample.py: give one of --ckpt PATH or --init_from NAME, not both")
+    args.ckpt = args.ckpt or (None if args.init_from else os.path.join("out", "ckpt.pt"))
     if not args.temperature >= 0:  # NaN too
         raise SystemExit(f"sample.py: --temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:

@@ -4385,6 +4385,33 @@ def test_sample_count_errors_name_the_wrong_flag_and_value(monkeypatch, flag, ex
     assert _bad_exit(monkeypatch, sample, flag) == f"sample.py: {expect}"
 
 
+def test_sample_ckpt_and_init_from_together_are_refused(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    assert _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--init_from=gpt2") == (
+        "sample.py: give one of --ckpt PATH or --init_from NAME, not both")
+
+
+def test_sample_checkpoint_tokenizer_that_cannot_load_suggests_the_flag(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    (tmp_path / "tok").rename(tmp_path / "moved")
+    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}")
+    assert message.startswith(f"sample.py: --ckpt {ckpt}: cannot load its tokenizer {str(tmp_path / 'tok')!r} (")
+    assert message.endswith("(if it moved, or the path is relative to another folder: pass --tokenizer)")
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", f"--tokenizer={tmp_path / 'moved'}",
+                                      "--max_new_tokens=2", "--num_samples=1"])
+    sample.main()   # the flag it suggests works
+
+
+@pytest.mark.parametrize("flags", [["--d_model=512"], ["--arch=gpt2"], ["--num_layers=2", "--ffn_type=silu"]])
+def test_flops_ckpt_with_shape_flags_is_refused(tmp_path, monkeypatch, flags):
+    # the checkpoint's shape would win in silence: say so instead
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    given = ", ".join(f.split("=")[0] for f in flags)
+    assert _bad_exit(monkeypatch, flops, f"--ckpt={ckpt}", *flags) == (
+        f"flops.py: --ckpt reads the shape from the checkpoint: leave out {given} (or --ckpt, to describe the "
+        "shape with flags)")
+
+
 # -----------------------------------------------------------------------------
 # flops.py
 
