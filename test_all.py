@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+import warnings
 
 import bench
 import bpe
@@ -5113,9 +5114,8 @@ def test_bpe_encode_file_dtype_at_the_uint16_boundary(tmp_path, n_vocab, dtype):
     assert np.fromfile(tmp_path / "o.bin", dtype=dtype).tolist() == [104, 105, n_vocab - 1, 121, 111]
 
 
-def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
-    # one token per byte and 0 bytes per end-of-text token: bytes/token is counted by hand over the scored targets,
-    # and every logged evaluation (not only the summary) reports val_loss / ln 2 / bytes_per_token
+def _train_byte_data(tmp_path):
+    """Token files of random lowercase words under a byte-level bpe.py tokenizer (257 ids, eot 256) in data/tok."""
     d = tmp_path / "data"
     d.mkdir()
     tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [bpe.EOT])
@@ -5129,8 +5129,16 @@ def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
             out += [eot] + r.integers(97, 123, size=r.integers(3, 20)).tolist()
         return out[:n]
     _train_write_tokens(d / "train.bin", docs(20000, 0), 257, eot_id=eot, tokenizer=str(d / "tok"))
-    val = docs(3000, 1)
-    _train_write_tokens(d / "val.bin", val, 257, eot_id=eot, tokenizer=str(d / "tok"))
+    _train_write_tokens(d / "val.bin", docs(3000, 1), 257, eot_id=eot, tokenizer=str(d / "tok"))
+    return d, tok
+
+
+def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
+    # one token per byte and 0 bytes per end-of-text token: bytes/token is counted by hand over the scored targets,
+    # and every logged evaluation (not only the summary) reports val_loss / ln 2 / bytes_per_token
+    d, tok = _train_byte_data(tmp_path)
+    eot = tok.eot_id
+    val = np.fromfile(d / "val.bin", dtype=np.uint16).tolist()
     n = 2 * 4 * 16                                   # eval_iters x batch_size x context_length targets
     assert val[0] == eot != val[n]                   # inputs val[:n] and targets val[1:n+1] differ by one eot
     targets = val[1:n + 1]
@@ -5143,6 +5151,18 @@ def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
     for r in evals:
         assert r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2) / bpt, rel=1e-9)
     assert s["val_bpb"] == pytest.approx(s["val_loss"] / math.log(2) / bpt, rel=1e-9)
+
+
+def test_train_sample_prompt_longer_than_the_context_is_said_once_and_cut(tmp_path):
+    d, tok = _train_byte_data(tmp_path)
+    lines = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no Python warning (two lines, with a source line) from generate()
+        s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, num_samples=1,
+                                   sample_tokens=2, sample_prompt="abcdefghijklmnopqrstuvwxyz"), log=lines.append)
+    assert [line for line in lines if "--sample_prompt" in line] == [
+        "train.py: --sample_prompt is 26 tokens, the context is 16: the samples keep its last 16"]
+    assert len(s["samples"]) == 1 and s["samples"][0].startswith("klmnopqrstuvwxyz")
 
 
 def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train_data):

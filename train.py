@@ -672,6 +672,7 @@ def estimate_val_loss(model, shards, cfg, arch, device, autocast, rank, world, e
 def generate_samples(model, tokenizer, cfg, device, autocast, seed):
     """A few samples from the plain (uncompiled) module: generation's changing shapes would recompile."""
     prompt = tokenizer.encode(cfg["sample_prompt"]) if cfg["sample_prompt"] else [tokenizer.eot_id or 0]
+    prompt = prompt[-model.context_length:]   # (the run said so once, at its start)
     g = torch.Generator(device=device).manual_seed(seed)
     model.eval()
     with autocast:
@@ -966,6 +967,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if tokenizer is None and (cfg["hellaswag"] or cfg["lambada"]):
         say("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
     hellaswag_examples, lambada_examples = task_examples("hellaswag", hellaswag), task_examples("lambada", lambada)
+    if tokenizer is not None and cfg["num_samples"] > 0 and cfg["sample_prompt"]:
+        n = len(tokenizer.encode(cfg["sample_prompt"]))
+        if n > raw.context_length:
+            say(f"train.py: --sample_prompt is {n} tokens, the context is {raw.context_length}: the samples keep "
+                f"its last {raw.context_length}")
 
     # ---- the loop ----------------------------------------------------------------------------------------------------------
     ckpt_every = cfg["ckpt_interval"] or cfg["eval_interval"]
