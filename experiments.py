@@ -156,11 +156,17 @@ def train_args(flags, data_dir, out_dir):
 # -----------------------------------------------------------------------------------------------------------------------
 # step 1: data
 
+def data_dir_of(preset_name, scratch, data_dir=None):
+    """Where a preset's runs read their tokens: --data_dir, the preset's own folder, or one made in scratch."""
+    named = data_dir or PRESETS[preset_name]["data_dir"]
+    return ROOT / named if named else scratch / "data"
+
+
 def prepare_data(preset_name, scratch, data_dir=None, log=print):
     """Tokenizer + train.bin / val.bin for the cpu preset (reused when present); returns the data dir."""
     p = PRESETS[preset_name]
     if data_dir or p["data_dir"]:
-        d = ROOT / (data_dir or p["data_dir"])
+        d = data_dir_of(preset_name, scratch, data_dir)
         if not any(d.glob("train*.bin")):
             raise SystemExit(f"experiments.py: --preset={preset_name}: no train*.bin in {d}; prepare it first "
                              f"(`python train.py --preset=tinystories` prints the commands)")
@@ -169,7 +175,7 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print):
     for path in (p["train_text"], p["val_text"]):
         if not Path(path).is_file():
             raise SystemExit(f"experiments.py: {path}: training/validation text not found (../shared/data is needed)")
-    data_dir = scratch / "data"
+    data_dir = data_dir_of(preset_name, scratch)
     tok_dir = scratch / f"tokenizer-{p['vocab_size']}"
     if not (tok_dir / "vocab.json").is_file():
         t0 = time.perf_counter()
@@ -513,10 +519,11 @@ def main(argv=None):
             scratch = scratch.with_name(RESULTS.name)
     LOGS = RESULTS / "logs"
 
-    if args.command == "list":
+    if args.command == "list":   # the commands `run` gives train.py, from the repository root
+        data_dir = _rel(data_dir_of(args.preset, scratch, args.data_dir))
         for r in runs:
             print(f"{r['name']:<12} {','.join(r['groups']):<22} {r['change']}{'  (extra)' if r.get('extra') else ''}")
-            print(f"    python train.py {' '.join(train_args(r['flags'], '<data_dir>', '<out_dir>'))}")
+            print(f"    python train.py {' '.join(train_args(r['flags'], data_dir, _rel(scratch / 'runs' / r['name'])))}")
         return
     if args.command == "run":
         data_dir = prepare_data(args.preset, scratch, args.data_dir)

@@ -4647,6 +4647,17 @@ def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, 
         assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
 
 
+def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _bad_results, capsys):
+    # real folders, not placeholders: the data folder and each run's out_dir, as run_one passes them to train.py
+    experiments.main(["list"])
+    out = capsys.readouterr().out
+    assert ("python train.py --data_dir=data/experiments/cpu/data --prepare_data=false "
+            "--out_dir=data/experiments/cpu/runs/baseline --fresh") in out and "<" not in out
+    experiments.main(["list", f"--data_dir={tmp_path / 'mine'}"])
+    assert (f"python train.py --data_dir={tmp_path / 'mine'} --prepare_data=false "
+            "--out_dir=data/experiments/cpu-mine/runs/nope --fresh") in capsys.readouterr().out
+
+
 def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _bad_results):
     # the best run's ckpt.pt must be the run in results/logs (same final step and val loss), not one left by an
     # interrupted --rerun, another --steps or other data
