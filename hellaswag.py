@@ -76,7 +76,7 @@ def parse_example(line, where):
         raise ValueError(f"{where}: 'ctx' must be a non-empty string")
     if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS and all(isinstance(e, str) for e in endings)):
         raise ValueError(f"{where}: 'endings' must be a list of {NUM_ENDINGS} strings")
-    if isinstance(label, str) and label.strip().isdigit():
+    if isinstance(label, str) and label.strip().isascii() and label.strip().isdigit():  # ("²".isdigit() too)
         label = int(label)  # the Hugging Face copies store labels as strings
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < NUM_ENDINGS:
         raise ValueError(f"{where}: 'label' must be an integer in 0..{NUM_ENDINGS - 1}, got {row.get('label')!r}")
@@ -88,7 +88,7 @@ def read_jsonl(path, parse, kind):
     ValueError naming the file (kind: what the file should hold, e.g. HellaSwag). lambada.py reads through this too."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: no such file (expected a {kind} jsonl file)")
+        raise ValueError(f"{path}: {'a folder' if path.is_dir() else 'no such file'} (expected a {kind} jsonl file)")
     rows = []
     try:
         with open(path, encoding="utf-8") as f:

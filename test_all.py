@@ -2956,14 +2956,17 @@ def test_hs_load_examples_reads_rowanz_format(tmp_path):
     (json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), "list of 4 strings"),
     (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), "label"),
     (json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), "ctx"),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}), "label"),  # a digit to isdigit
 ])
 def test_hs_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, expect):
     path = tmp_path / "val.jsonl"
     path.write_text(json.dumps(_hs_row(0, *_HS_ROWS[0])) + "\n" + bad + "\n")
     with pytest.raises(ValueError, match=rf"val.jsonl:2: .*{expect}"):
         hellaswag.load_examples(path)
-    with pytest.raises(ValueError, match="no such file"):
+    with pytest.raises(ValueError, match="missing.jsonl: no such file"):
         hellaswag.load_examples(tmp_path / "missing.jsonl")
+    with pytest.raises(ValueError, match=f"{tmp_path}: a folder \\(expected a HellaSwag jsonl file\\)"):
+        hellaswag.load_examples(tmp_path)
 
 
 def test_hs_load_examples_uses_cached_download(tmp_path):
@@ -3459,7 +3462,7 @@ def test_lambada_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, b
 def test_lambada_load_examples_rejects_missing_empty_and_non_utf8_files(tmp_path):
     with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'missing.jsonl'))}: no such file"):
         lambada.load_examples(tmp_path / "missing.jsonl")
-    with pytest.raises(ValueError, match="no such file"):
+    with pytest.raises(ValueError, match=r"a folder \(expected a LAMBADA jsonl file\)"):
         lambada.load_examples(tmp_path)  # a directory is no file
     for content in (b"", b"\n  \n\n"):
         (tmp_path / "empty.jsonl").write_bytes(content)
@@ -4207,17 +4210,21 @@ def test_train_sidecar_without_vocab_size_or_with_a_different_one(tmp_path, _tra
     assert not (tmp_path / "o").exists()
 
 
-def test_train_sidecar_that_is_not_an_object_or_has_a_bad_vocab_size(tmp_path, _train_data):
+def test_train_sidecar_that_is_not_an_object_or_has_a_bad_vocab_size_or_eot_id(tmp_path, _train_data):
     data = _train_data
-    side = data / "val.bin.json"
-    meta = json.loads(side.read_text())
-    for content, problem in [([1, 2], "expected a JSON object (the token file's format, dtype, vocab_size ...)"),
-                             (dict(meta, vocab_size="abc"), "\"vocab_size\" must be a positive integer, got 'abc'"),
-                             (dict(meta, vocab_size=0), "\"vocab_size\" must be a positive integer, got 0")]:
-        side.write_text(json.dumps(content))
+    for name, change, problem in [
+            ("val", lambda meta: [1, 2], "expected a JSON object (the token file's format, dtype, vocab_size ...)"),
+            ("val", lambda meta: dict(meta, vocab_size="abc"), "\"vocab_size\" must be a positive integer, got 'abc'"),
+            ("val", lambda meta: dict(meta, vocab_size=0), "\"vocab_size\" must be a positive integer, got 0"),
+            ("train", lambda meta: dict(meta, eot_id=99999),
+             "\"eot_id\" must be a token id in [0, 64) or null, got 99999")]:
+        side = data / f"{name}.bin.json"
+        good = side.read_text()
+        side.write_text(json.dumps(change(json.loads(good))))
         with pytest.raises(ValueError) as e:
             train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
         assert str(e.value) == f"{side}: {problem}"
+        side.write_text(good)
     assert not (tmp_path / "o").exists()
 
 

@@ -786,6 +786,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                              f"{path}.json: {m['vocab_size']})")
     data_vocab = first[1]
     eot_id = metas[0].get("eot_id")
+    if eot_id is not None and (type(eot_id) is not int or not 0 <= eot_id < data_vocab):
+        raise ValueError(f'{train_shards[0][0]}.json: "eot_id" must be a token id in [0, {data_vocab}) or null, '
+                         f"got {eot_id!r}")
     if (cfg["prepare_data"] or cfg["preset"]) and cfg["vocab_size"] < data_vocab:
         say(f"train.py: the data's vocabulary is {data_vocab} (--vocab_size={cfg['vocab_size']}): using {data_vocab}")
     tokenizer = None
