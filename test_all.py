@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+import types
 import warnings
 
 import bench
@@ -1594,6 +1595,28 @@ def test_train_resume_log_has_each_record_once_and_survives_a_torn_line(tmp_path
         assert [r.get("loss", r.get("val_loss")) for r in b if r["type"] == kind] == \
             [r.get("loss", r.get("val_loss")) for r in a if r["type"] == kind]
     assert [r["resumed_at_step"] for r in b if r["type"] == "config"] == [None, 4]
+
+
+def test_train_resume_rewrites_the_log_atomically_and_clears_stale_checkpoint_temps(tmp_path, _train_data, monkeypatch):
+    # a hard kill (SIGKILL: no Python cleanup) right after a resumed run starts must not leave log.jsonl empty, as
+    # truncating it and writing the kept lines through a buffer did; and the temp files of saves cut short by such
+    # kills are removed
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
+    before = (out / "log.jsonl").read_text()
+    (out / "ckpt.pt.tmp4242").write_bytes(b"half a checkpoint")
+    on_disk = []
+
+    class FakeWandb:   # wandb.init runs after the log is set up and before anything is recorded: look at the disk
+        @staticmethod
+        def init(**kw):
+            on_disk.append((out / "log.jsonl").read_text())
+            return types.SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb)
+    train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True, wandb=True),
+                log=_train_quiet)
+    assert on_disk == [before] and before.count("\n") >= 6   # the config, 4 train and 2 eval records
+    assert not list(out.glob("*.tmp*"))
 
 
 def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_path, _train_data):

@@ -913,11 +913,19 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     logf, run = None, None
     if master:
         out_dir.mkdir(parents=True, exist_ok=True)
-        kept = []
+        for stale in out_dir.glob(f"{ckpt_path.name}.tmp*"):   # a save cut short by a hard kill (SIGKILL skips the
+            stale.unlink(missing_ok=True)                        # cleanup): gigabytes at GPT-2 scale
         if step > 0 and log_path.exists():   # drop what a crashed run logged after its last checkpoint
             kept = [line for line in log_path.read_text().splitlines() if _kept_on_resume(line, step)]
-        logf = open(log_path, "w")
-        logf.writelines(l + "\n" for l in kept)
+            tmp = log_path.with_name(log_path.name + ".tmp")   # renamed over the log: a crash now leaves the old
+            with open(tmp, "w") as f:                           # log or the new one, never an empty file
+                f.writelines(line + "\n" for line in kept)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, log_path)
+            logf = open(log_path, "a")
+        else:
+            logf = open(log_path, "w")
         if cfg["wandb"]:
             try:
                 import wandb
