@@ -984,8 +984,11 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
         pool = ctx.Pool(min(num_workers, len(tasks)), initializer=_encode_worker_init, initargs=(str(tokenizer_ref),))
         results = pool.imap(_encode_chunk, tasks)  # ordered: chunks are written in file order
+    # the ids go to a temp file renamed at the end, when an older sidecar goes: however the run ends, the output
+    # folder holds the old pair, the new one, or ids without a sidecar (refused by train.py), never a mismatch
+    side_path, tmp = Path(str(out_path) + ".json"), out_path.with_name(out_path.name + ".tmp")
     try:
-        with open(out_path, "wb") as f:
+        with open(tmp, "wb") as f:
             for data, n, nbytes, nbad, err in results:
                 if err is not None:
                     raise ValueError(f"{path}: encoding failed: {err}")
@@ -1003,7 +1006,10 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
                     dt = time.perf_counter() - t0
                     print(f"\rencode {done / 1e6:.1f}/{size / 1e6:.1f} MB  {num_tokens:,} tokens  {done / 1e6 / max(dt, 1e-9):.1f} MB/s",
                           end="", file=sys.stderr, flush=True)
+        side_path.unlink(missing_ok=True)
+        os.replace(tmp, out_path)
     finally:
+        tmp.unlink(missing_ok=True)
         if pool is not None:
             pool.terminate()
     if progress:
@@ -1012,8 +1018,9 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     meta = {"format": "tokens-v1", "dtype": np.dtype(dtype).name, "vocab_size": tok.vocab_size,
             "num_tokens": num_tokens, "num_docs": num_docs if tok.eot_id is not None else None,
             "tokenizer": str(tokenizer_ref), "eot_id": tok.eot_id}
-    with open(str(out_path) + ".json", "w") as f:
+    with open(side_path.with_name(side_path.name + ".tmp"), "w") as f:
         json.dump(meta, f, indent=1)
+    os.replace(f.name, side_path)
     meta["seconds"] = time.perf_counter() - t0
     return meta
 

@@ -533,6 +533,27 @@ def test_bpe_encode_file_matches_encode_and_writes_sidecar(tmp_path):
     assert meta["num_tokens"] == len(ids)
 
 
+def test_bpe_encode_file_cut_short_keeps_the_old_pair_and_no_temp(tmp_path, monkeypatch):
+    # the ids are written to a temp file renamed at the end: an encoding that fails halfway (as a kill would) leaves
+    # the previous out.bin and its sidecar untouched, never new ids under an old sidecar
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
+    (tmp_path / "b.txt").write_text(_bpe_synthetic_text(300, seed=11), encoding="utf-8")
+    kw = dict(num_workers=1, chunk_bytes=4000, min_chunk_bytes=1000)
+    bpe.encode_file(tmp_path / "a.txt", str(tmp_path / "tok"), tmp_path / "out.bin", **kw)
+    old = {p.name: p.read_bytes() for p in tmp_path.glob("out.bin*")}
+    real, calls = bpe._encode_chunk, []
+
+    def fails_on_the_third_chunk(task):
+        calls.append(task)
+        return (b"", 0, 0, 0, "simulated failure") if len(calls) == 3 else real(task)
+    monkeypatch.setattr(bpe, "_encode_chunk", fails_on_the_third_chunk)
+    with pytest.raises(ValueError, match="simulated failure"):
+        bpe.encode_file(tmp_path / "b.txt", str(tmp_path / "tok"), tmp_path / "out.bin", **kw)
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("out.bin*")} == old and len(old) == 2
+
+
 def test_bpe_encode_file_uint32_above_65536(tmp_path):
     vocab = {i: bytes([i]) for i in range(256)}
     vocab.update({i: f"<filler{i}>".encode() for i in range(256, 70_000)})
