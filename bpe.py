@@ -1018,9 +1018,10 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     meta = {"format": "tokens-v1", "dtype": np.dtype(dtype).name, "vocab_size": tok.vocab_size,
             "num_tokens": num_tokens, "num_docs": num_docs if tok.eot_id is not None else None,
             "tokenizer": str(tokenizer_ref), "eot_id": tok.eot_id}
-    with open(side_path.with_name(side_path.name + ".tmp"), "w") as f:
+    side_tmp = side_path.with_name(side_path.name + ".tmp")
+    with open(side_tmp, "w") as f:
         json.dump(meta, f, indent=1)
-    os.replace(f.name, side_path)
+    os.replace(side_tmp, side_path)
     meta["seconds"] = time.perf_counter() - t0
     return meta
 
