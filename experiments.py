@@ -99,7 +99,9 @@ def plan(preset_name, steps=None):
     """The ordered list of runs: dict(name, groups, change, flags). The baseline comes first, then by priority."""
     p = PRESETS[preset_name]
     base = dict(p["base"])
-    if steps:
+    if steps:   # the schedule keeps its shape: warmup and evaluations at the same fractions of the run
+        base["warmup_iters"] = base["warmup_iters"] * steps // base["max_iters"]
+        base["eval_interval"] = max(1, base["eval_interval"] * steps // base["max_iters"])
         base["max_iters"] = steps
     B0, lr0, S0 = base["batch_size"], base["learning_rate"], base["max_iters"]
     base["eval_iters"] = max(1, p["eval_tokens"] // (B0 * base["context_length"]))
@@ -221,10 +223,18 @@ def write_setup(preset_name, data_dir, tok_ref, meta, p):
 def read_log(path):
     rows = []
     with open(path) as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             if line.strip():
                 rows.append(json.loads(line))
+                if not isinstance(rows[-1], dict):
+                    raise ValueError(f"line {n} is not a JSON object")
     return rows
+
+
+def finished(summary):
+    """Whether a run's log reaches its end: the last evaluation at max_iters (a time-budget run ends earlier)."""
+    cfg = summary["cfg"]   # train.py's config record
+    return summary["val_loss"] is not None and (bool(cfg.get("time_budget")) or summary["step"] == cfg.get("max_iters"))
 
 
 def experiment_record(rows):
@@ -238,11 +248,15 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
     out_dir = scratch / "runs" / run["name"]
     args = train_args(run["flags"], _rel(data_dir), _rel(out_dir))
     if dest.is_file() and not rerun:
-        rec = experiment_record(read_log(dest))
-        if rec and rec.get("args") == args:
+        try:
+            rows = read_log(dest)
+        except ValueError:
+            rows = []
+        rec = experiment_record(rows)
+        if rec and rec.get("args") == args and finished(summarize(rows)):
             log(f"[{run['name']}] done before: {_rel(dest)} (--rerun to train again)")
             return dest
-        log(f"[{run['name']}] {_rel(dest)} was made with other flags: training again")
+        log(f"[{run['name']}] {_rel(dest)} was made with other flags, or is unfinished: training again")
     cmd = [sys.executable, "train.py", *args]
     log(f"[{run['name']}] {' '.join(cmd[1:])}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -268,9 +282,11 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
     rec = dict(type="experiment", name=run["name"], groups=run["groups"], change=run["change"], preset=preset_name,
                flags=run["flags"], args=args, wall=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
-    with open(dest, "w") as f:   # only the small log travels to results/; the checkpoint stays in scratch
+    tmp = dest.with_name(dest.name + ".tmp")
+    with open(tmp, "w") as f:   # only the small log travels to results/; the checkpoint stays in scratch
         for r in [rec] + rows:
             f.write(json.dumps(r) + "\n")
+    os.replace(tmp, dest)   # all or nothing: a log in results/ is a finished run
     log(f"[{run['name']}] {last.split('|')[1].strip() if '|' in last else ''} | wall {wall:.0f}s -> "
         f"{_rel(dest)}")
     return dest
@@ -302,8 +318,11 @@ def _ckpt_matches(path, summary):
     if not path.is_file():
         return False
     import torch
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    return ckpt.get("iteration") == summary["step"] and ckpt.get("val_loss") == summary["val_loss"]
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:   # truncated or not a checkpoint: not the one the log describes
+        return False
+    return isinstance(ckpt, dict) and ckpt.get("iteration") == summary["step"] and ckpt.get("val_loss") == summary["val_loss"]
 
 
 def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, log=print):
@@ -331,8 +350,8 @@ def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, l
 def summarize(rows):
     rec = experiment_record(rows) or {}
     cfg = next((r for r in rows if r.get("type") == "config"), {})
-    train = [r for r in rows if r.get("type") == "train"]
-    evals = [r for r in rows if r.get("type") == "eval"]
+    train = [r for r in rows if r.get("type") == "train" and all(k in r for k in ("elapsed", "tokens", "loss"))]
+    evals = [r for r in rows if r.get("type") == "eval" and "val_loss" in r]
     final = evals[-1] if evals else {}
     tps = sorted(r["tokens_per_sec"] for r in train if r.get("tokens_per_sec"))
     return dict(name=rec.get("name"), groups=rec.get("groups", []), change=rec.get("change", ""),
@@ -379,17 +398,30 @@ def report(log=print):
     for f in files:
         try:
             r = summarize(read_log(f))
-        except ValueError as e:   # json.JSONDecodeError: a truncated or hand-edited log
+        except (ValueError, OSError) as e:   # a truncated or hand-edited log, or not a file
             log(f"experiments.py: report: skipping {_rel(f)}: not a JSON-lines log ({e})")
             continue
-        if r["name"] and (not r["train"] or r["val_loss"] is None):
-            log(f"experiments.py: report: skipping {_rel(f)}: incomplete run (no training step or no validation loss); "
-                f"rerun it with `python experiments.py run --only={r['name']} --rerun`")
+        if not r["name"]:
+            log(f"experiments.py: report: skipping {_rel(f)}: no experiment record (not written by experiments.py run)")
+        elif not r["train"] or not finished(r):
+            log(f"experiments.py: report: skipping {_rel(f)}: incomplete run (it does not reach its last step's "
+                f"validation loss); rerun it with `python experiments.py run --only={r['name']} --rerun`")
         elif r["name"]:
             runs.append(r)
     by_name = {r["name"]: r for r in runs}
     base = by_name.get("baseline")
-    setup = json.loads((RESULTS / "setup.json").read_text()) if (RESULTS / "setup.json").is_file() else {}
+    setup = {}
+    if (RESULTS / "setup.json").exists():
+        try:
+            setup = json.loads((RESULTS / "setup.json").read_text())
+        except (ValueError, OSError):
+            setup = None
+        needed = ("preset", "train_text", "train_bytes", "train_tokens", "val_text", "val_bytes", "val_tokens",
+                  "vocab_size", "unigram_val_loss")
+        if not isinstance(setup, dict) or not all(k in setup for k in needed) or setup["preset"] not in PRESETS:
+            log(f"experiments.py: report: {_rel(RESULTS / 'setup.json')} is unreadable or incomplete: the data "
+                f"figures are left out (`python experiments.py run` writes it again)")
+            setup = {}
     unigram = setup.get("unigram_val_loss")
     preset = setup.get("preset", "cpu")
     planned = plan(preset)
@@ -505,6 +537,8 @@ def main(argv=None):
     names = {r["name"] for r in runs}
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        if not wanted:
+            raise SystemExit(f"experiments.py: --only {args.only!r}: expected run names, e.g. --only=baseline,nope")
         bad = [n for n in wanted if n not in names]
         if bad:
             raise SystemExit(f"experiments.py: --only: unknown run(s) {bad}; known: {sorted(names)}")
@@ -512,28 +546,34 @@ def main(argv=None):
     else:
         selected = [r for r in runs if args.all or not r.get("extra")]
     scratch = (ROOT / args.scratch / args.preset).resolve()
-    RESULTS = RESULTS_ROOT   # results/ holds the write-up's cpu runs: never mix other data in
-    if args.preset != "cpu" or args.data_dir:
-        RESULTS = RESULTS_ROOT / (args.preset + (f"-{Path(args.data_dir).resolve().name}" if args.data_dir else ""))
-        if args.data_dir:
+    RESULTS = RESULTS_ROOT   # results/ holds the write-up's cpu runs: never mix other data or step counts in
+    if args.preset != "cpu" or args.data_dir or args.steps:
+        RESULTS = RESULTS_ROOT / (args.preset + (f"-{Path(args.data_dir).resolve().name}" if args.data_dir else "")
+                                  + (f"-{args.steps}steps" if args.steps else ""))
+        if args.data_dir or args.steps:
             scratch = scratch.with_name(RESULTS.name)
     LOGS = RESULTS / "logs"
 
     if args.command == "list":   # the commands `run` gives train.py, from the repository root
         data_dir = _rel(data_dir_of(args.preset, scratch, args.data_dir))
-        for r in runs:
+        for r in (selected if args.only else runs):
             print(f"{r['name']:<12} {','.join(r['groups']):<22} {r['change']}{'  (extra)' if r.get('extra') else ''}")
             print(f"    python train.py {' '.join(train_args(r['flags'], data_dir, _rel(scratch / 'runs' / r['name'])))}")
         return
-    if args.command == "run":
-        data_dir = prepare_data(args.preset, scratch, args.data_dir)
-        t0 = time.perf_counter()
-        for i, r in enumerate(selected):
-            print(f"---- run {i + 1}/{len(selected)} ({time.perf_counter() - t0:.0f}s so far)")
-            run_one(r, args.preset, data_dir, scratch, rerun=args.rerun)
-        if not args.no_samples:
-            write_samples(runs, scratch)
-    report()
+    try:
+        if args.command == "run":
+            data_dir = prepare_data(args.preset, scratch, args.data_dir)
+            t0 = time.perf_counter()
+            for i, r in enumerate(selected):
+                print(f"---- run {i + 1}/{len(selected)} ({time.perf_counter() - t0:.0f}s so far)")
+                run_one(r, args.preset, data_dir, scratch, rerun=args.rerun)
+            if not args.no_samples:
+                write_samples(runs, scratch)
+        report()
+    except OSError as e:   # a --scratch or results folder that is a file, a full disk, ...
+        raise SystemExit(f"experiments.py: {e}") from None
+    except KeyboardInterrupt:   # train.py got the Ctrl-C too and checkpointed; finished runs are in results/logs
+        raise SystemExit("\nexperiments.py: interrupted; `python experiments.py run` again trains what is missing")
 
 
 if __name__ == "__main__":

@@ -4675,14 +4675,20 @@ def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_re
     _bad_fake_log(_bad_results / "logs" / "baseline.jsonl", "baseline", steps=(), evals=((0, 7.69),))   # what --steps=-5 left
     _bad_fake_log(_bad_results / "logs" / "post_norm.jsonl", "post_norm", evals=())                    # never evaluated
     _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope")
+    _bad_fake_log(_bad_results / "logs" / "lr_1e-2.jsonl", "lr_1e-2", evals=((0, 7.6), (5, 5.0)))     # cut short
     (_bad_results / "logs" / "silu_ffn.jsonl").write_text('{"type": "train", "step": 1\nnot json\n')
+    (_bad_results / "logs" / "lr_3e-3.jsonl").write_text('{"type": "experiment"}\n[1, 2]\n')
+    (_bad_results / "logs" / "folder.jsonl").mkdir()
+    (_bad_results / "setup.json").write_text('{"preset": "foo"}')
     said = []
     experiments.report(log=said.append)
     notes = [s for s in said if "skipping" in s]
-    assert len(notes) == 3 and all("\n" not in s for s in said)
-    assert any("baseline.jsonl: incomplete run" in s for s in notes)
-    assert any("post_norm.jsonl: incomplete run" in s for s in notes)
-    assert any("silu_ffn.jsonl: not a JSON-lines log" in s for s in notes)
+    assert len(notes) == 6 and all("\n" not in s for s in said)
+    for name in ("baseline", "post_norm", "lr_1e-2"):
+        assert any(f"{name}.jsonl: incomplete run" in s for s in notes), name
+    for name in ("silu_ffn", "lr_3e-3", "folder"):
+        assert any(f"{name}.jsonl: not a JSON-lines log" in s for s in notes), name
+    assert any("setup.json is unreadable or incomplete: the data figures are left out" in s for s in said)
     md = (_bad_results / "results.md").read_text()
     assert "| nope |" in md and "| baseline |" not in md
 
@@ -4696,6 +4702,34 @@ def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, 
                        (["list"], _bad_results)]:
         experiments.main(argv)
         assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
+
+
+def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(tmp_path, _bad_results, capsys):
+    # another step count never shares a table with the preset's runs, and its warmup and evaluations keep their
+    # fractions of the run (20 of 200 warmup steps stayed 20 before, so --steps=10 never reached the peak lr)
+    experiments.main(["list", "--steps=50", "--only=baseline,nope"])
+    assert (experiments.RESULTS, experiments.LOGS) == (_bad_results / "cpu-50steps", _bad_results / "cpu-50steps" / "logs")
+    out = capsys.readouterr().out
+    assert out.count("python train.py") == 2 and "--out_dir=data/experiments/cpu-50steps/runs/nope " in out
+    base = experiments.plan("cpu")[0]["flags"]
+    small = experiments.plan("cpu", 50)[0]["flags"]
+    assert (small["max_iters"], small["warmup_iters"], small["eval_interval"]) == (
+        50, base["warmup_iters"] * 50 // base["max_iters"], base["eval_interval"] * 50 // base["max_iters"])
+    with pytest.raises(SystemExit, match=r"^experiments.py: --only ',': expected run names"):
+        experiments.main(["run", "--only=,"])
+
+
+def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _bad_results, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(experiments, "prepare_data", interrupted)
+    with pytest.raises(SystemExit, match=r"^\nexperiments.py: interrupted; `python experiments.py run` again"):
+        experiments.main(["run", "--only=baseline"])
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "a_file")
+    with pytest.raises(SystemExit, match=r"^experiments.py: \[Errno 20\] Not a directory"):
+        experiments.main(["run", "--only=baseline"])
 
 
 def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _bad_results, capsys):
@@ -4898,6 +4932,8 @@ def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss
         assert experiments.best_run(runs, require_ckpt_in=scratch) is None
     torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
     assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
+    (scratch / "nope" / "ckpt.pt").write_bytes(b"garbage")   # unreadable: not the checkpoint the log describes
+    assert experiments.best_run(runs, require_ckpt_in=scratch) is None
 
 
 def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, monkeypatch):
