@@ -14,6 +14,7 @@ Format: every story is followed by SEPARATOR = "\\n<|endoftext|>\\n" (as in Tiny
 file is SEPARATOR-terminated documents; paragraphs inside a story are separated by a single "\\n".
 """
 import argparse
+import os
 import random
 import re
 import time
@@ -398,12 +399,18 @@ def write_corpus(path, num_bytes, seed=0):
         raise ValueError(f"stories.write_corpus: num_bytes must be positive, got {num_bytes}")
     r = random.Random(seed)
     n = written = 0
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        while written < num_bytes:
-            doc = make_story(r) + SEPARATOR
-            fh.write(doc)
-            written += len(doc.encode("utf-8"))
-            n += 1
+    tmp = f"{path}.tmp"   # renamed at the end: a run cut short never leaves a file that looks complete
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            while written < num_bytes:
+                doc = make_story(r) + SEPARATOR
+                fh.write(doc)
+                written += len(doc.encode("utf-8"))
+                n += 1
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return n, written
 
 
@@ -415,7 +422,8 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same corpus")
     p.add_argument("--print", type=int, default=0, metavar="N", help="print N stories instead of writing a file")
     args = p.parse_args()
-    import os
+    if args.seed < 0:   # random.Random(-5) is random.Random(5): two seeds, one corpus
+        raise SystemExit(f"stories.py: --seed {args.seed}: expected a seed >= 0")
     if args.print < 0:
         raise SystemExit(f"stories.py: --print {args.print}: expected a number of stories (0: write --out instead)")
     if args.num_bytes <= 0:
@@ -431,6 +439,8 @@ def main():
         n, nbytes = write_corpus(args.out, args.num_bytes, args.seed)
     except OSError as e:
         raise SystemExit(f"stories.py: --out {args.out}: cannot write {e.filename}: {e.strerror}")
+    except KeyboardInterrupt:
+        raise SystemExit(f"\nstories.py: interrupted; nothing written to {args.out}")
     print(f"wrote {n:,} stories, {nbytes:,} bytes to {args.out} in {time.time() - t0:.2f}s")
 
 

@@ -2516,6 +2516,21 @@ def test_stories_write_corpus_size_and_separator(tmp_path):
     assert (tmp_path / "t.txt").read_bytes() == data
 
 
+def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
+    # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
+    calls = []
+
+    def story_then_ctrl_c(r):
+        calls.append(1)
+        if len(calls) == 50:
+            raise KeyboardInterrupt
+        return "Tom had a red ball."
+    monkeypatch.setattr(stories, "make_story", story_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        stories.write_corpus(tmp_path / "s.txt", 50_000, seed=2)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_stories_variety_and_well_formed():
     docs = stories.generate_stories(3000, seed=0)
     assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
@@ -4606,7 +4621,8 @@ def test_bpe_output_paths_that_cannot_be_written_give_one_line(tmp_path, monkeyp
 
 # ---- stories.py --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR")])
+@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
+                                        ("--seed", "-5")])
 def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
     value = str(tmp_path) if value == "DIR" else value
     msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
