@@ -356,8 +356,10 @@ def main():
         examples = load_examples(args.data, args.data_dir)
         if ddp and rank == 0:
             dist.barrier()
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:   # OSError: a --data_dir that is a file, a full disk, ...
         raise SystemExit(f"hellaswag.py: {'--data ' if args.data else '(no --data) '}{e}")
+    except KeyboardInterrupt:
+        raise SystemExit("\nhellaswag.py: interrupted while reading the data")
     examples = examples[:args.limit]
 
     autocast = (torch.autocast(device_type, dtype=torch.bfloat16)
@@ -369,6 +371,8 @@ def main():
                               batch_examples=args.batch_examples, progress=rank == 0 and not args.verbose)
     except ValueError as e:
         raise SystemExit(f"hellaswag.py: {e}")
+    except KeyboardInterrupt:
+        raise SystemExit("\nhellaswag.py: interrupted before the last example: no score")
     if result["num_total"] == 0:
         raise SystemExit(f"hellaswag.py: no example fits the model's context ({model.context_length} tokens): all "
                          f"{result['num_skipped']} skipped (an ending too long for it, or an empty context)")

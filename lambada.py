@@ -216,16 +216,21 @@ def main():
         examples = load_examples(args.data, args.data_dir)
         if ddp and rank == 0:
             dist.barrier()
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:   # OSError: a --data_dir that is a file, a full disk, ...
         raise SystemExit(f"lambada.py: {'--data ' if args.data else '(no --data) '}{e}")
+    except KeyboardInterrupt:
+        raise SystemExit("\nlambada.py: interrupted while reading the data")
     examples = examples[:args.limit]
 
     autocast = (torch.autocast(device_type, dtype=torch.bfloat16)
                 if args.dtype == "bfloat16" and device_type == "cuda" else nullcontext())
     t0 = time.time()
-    with autocast:
-        result = evaluate(model, tokenizer, examples, device, rank, world_size, verbose=args.verbose,
-                          batch_size=args.batch_size, progress=rank == 0 and not args.verbose)
+    try:
+        with autocast:
+            result = evaluate(model, tokenizer, examples, device, rank, world_size, verbose=args.verbose,
+                              batch_size=args.batch_size, progress=rank == 0 and not args.verbose)
+    except KeyboardInterrupt:
+        raise SystemExit("\nlambada.py: interrupted before the last passage: no score")
     if result["num_total"] == 0:
         raise SystemExit(f"lambada.py: no passage fits the model's context ({model.context_length} tokens): all "
                          f"{result['num_skipped']} skipped")

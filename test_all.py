@@ -3923,6 +3923,26 @@ def test_lambada_bad_files_are_one_line(tmp_path, monkeypatch):
         f"lambada.py: --data {data}:2: 'text' must be a passage of several words ending in the word to predict")
 
 
+@pytest.mark.parametrize("script", [hellaswag, lambada])
+def test_eval_cli_data_dir_that_is_a_file_or_ctrl_c_is_one_line(tmp_path, monkeypatch, script):
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=64)
+    name = f"{script.__name__}.py"
+    (tmp_path / "a_file").write_text("x")   # where the download would be cached
+    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data_dir={tmp_path / 'a_file'}", "--device=cpu") == (
+        f"{name}: (no --data) [Errno 17] File exists: '{tmp_path / 'a_file'}'")
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sys, "argv", [name, f"--ckpt={ckpt}", "--device=cpu"])
+    monkeypatch.setattr(script, "load_examples", ctrl_c)
+    with pytest.raises(SystemExit, match=f"^\n{name}: interrupted while reading the data$"):
+        script.main()   # (the newline leaves the terminal's ^C line)
+    monkeypatch.setattr(script, "load_examples", lambda *a, **k: [])
+    monkeypatch.setattr(script, "evaluate", ctrl_c)
+    with pytest.raises(SystemExit, match=f"^\n{name}: interrupted before the last (example|passage): no score$"):
+        script.main()
+
+
 def test_lambada_fails_when_no_passage_fits_the_context(tmp_path, monkeypatch):
     # byte-level tokens: " extraordinarily" is 16 tokens, longer than the 8-token context: every passage skipped
     ckpt = _tiny_llama_ckpt(tmp_path, context_length=8)
