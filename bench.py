@@ -750,6 +750,23 @@ def main():
         value = getattr(args, name, None)  # checked before any model is built
         if value is not None and value < least:
             raise SystemExit(f"bench.py: --{name} {value}: expected at least {least}")
+    known = {(bench_tokenizer, "parts"): ("train", "encode", "encode_file"), (bench_model, "parts"): ("train", "generate",
+             "compile"), (bench_train, "dtypes"): ("float32", "bfloat16"), (bench_sample, "modes"): ("greedy", "top_p")}
+    for (section, name), choices in known.items():   # a typo would time nothing, or mislabel a row
+        if args.run is section:
+            bad = [v for v in getattr(args, name).split(",") if v not in choices]
+            if bad or not getattr(args, name):
+                raise SystemExit(f"bench.py: --{name} {getattr(args, name)!r}: expected a comma list of "
+                                 f"{', '.join(choices)}")
+    if args.run is bench_sample and args.prompt_len + args.max_new_tokens > 1024:
+        raise SystemExit(f"bench.py: --prompt_len {args.prompt_len} + --max_new_tokens {args.max_new_tokens}: the "
+                         f"benchmark's GPT-2 has 1,024 positions")
+    if args.run is bench_gpu and args.device is not None:
+        import model as model_lib
+        try:
+            model_lib.resolve_device(args.device)
+        except ValueError as e:
+            raise SystemExit(f"bench.py: {e}")
     args.run(args)
 
 

@@ -4057,10 +4057,19 @@ def _bench_gpu_args(**kw):
     (["train", "--batch_size", "-2"], "bench.py: --batch_size -2: expected at least 1"),
     (["sample", "--max_new_tokens", "0"], "bench.py: --max_new_tokens 0: expected at least 1"),
     (["sample", "--prompt_len", "0"], "bench.py: --prompt_len 0: expected at least 1"),
-    (["sample", "--prompt_len", "-3"], "bench.py: --prompt_len -3: expected at least 1")])
+    (["sample", "--prompt_len", "-3"], "bench.py: --prompt_len -3: expected at least 1"),
+    (["sample", "--modes", "foo"], "bench.py: --modes 'foo': expected a comma list of greedy, top_p"),
+    (["tokenizer", "--parts", "trian"], "bench.py: --parts 'trian': expected a comma list of train, encode, encode_file"),
+    (["model", "--parts", ""], "bench.py: --parts '': expected a comma list of train, generate, compile"),
+    (["train", "--dtypes", "float32,float16"], "bench.py: --dtypes 'float32,float16': expected a comma list of "
+                                               "float32, bfloat16"),
+    (["sample", "--prompt_len", "1020", "--max_new_tokens", "10"],
+     "bench.py: --prompt_len 1020 + --max_new_tokens 10: the benchmark's GPT-2 has 1,024 positions"),
+    (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'")])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    monkeypatch.setattr(bench, "bench_sample", lambda args: pytest.fail("ran"))
+    for section in ("tokenizer", "model", "train", "gpu", "sample"):
+        monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
     with pytest.raises(SystemExit) as e:
         bench.main()
     assert str(e.value) == message
