@@ -322,7 +322,8 @@ def _ckpt_matches(path, summary):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:   # truncated or not a checkpoint: not the one the log describes
         return False
-    return isinstance(ckpt, dict) and ckpt.get("iteration") == summary["step"] and ckpt.get("val_loss") == summary["val_loss"]
+    return isinstance(ckpt, dict) and (ckpt.get("iteration"), ckpt.get("val_loss")) == (summary["step"],
+                                                                                         summary["val_loss"])
 
 
 def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, log=print):
@@ -406,7 +407,7 @@ def report(log=print):
         elif not r["train"] or not finished(r):
             log(f"experiments.py: report: skipping {_rel(f)}: incomplete run (it does not reach its last step's "
                 f"validation loss); rerun it with `python experiments.py run --only={r['name']} --rerun`")
-        elif r["name"]:
+        else:
             runs.append(r)
     by_name = {r["name"]: r for r in runs}
     base = by_name.get("baseline")
