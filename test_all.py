@@ -2174,17 +2174,25 @@ def test_sample_temperature_zero_is_argmax():
         assert got == [_sample_greedy_reference(m, [1, 2, 3], 10)]
 
 
-def test_sample_greedy_equals_argmax_with_ties_tails_and_strided_rows(monkeypatch):
+@pytest.mark.parametrize("numpy_max_batch", [32, 0])  # NumPy for contiguous rows, or the two passes for all
+def test_sample_greedy_equals_argmax_with_ties_tails_and_strided_rows(monkeypatch, numpy_max_batch):
     # many exact ties (the first maximum wins), a ragged tail after the last full block, a tail maximum that only
     # ties an earlier block (the block wins), rows that are slices of a wider buffer (GPT's padded vocabulary)
     monkeypatch.setattr(sample, "GREEDY_TWO_PASS_MIN_BATCH", 1)  # the two passes at every batch size
+    monkeypatch.setattr(sample, "GREEDY_NUMPY_MAX_BATCH", numpy_max_batch)
+    via_numpy, np_argmax = [], np.argmax
+    monkeypatch.setattr(sample.np, "argmax", lambda *a, **k: via_numpy.append(1) or np_argmax(*a, **k))
     g = torch.Generator().manual_seed(0)
+    single_rows = 0
     for _ in range(200):
         B, V = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 3000, (1,), generator=g))
         tied = torch.randint(-3, 4, (B, V), generator=g).float()
         assert torch.equal(sample.greedy(tied, block=64), tied.argmax(-1)), (B, V)
         strided = torch.randn(B, 1, V + 9, generator=g)[:, -1, :V]
         assert torch.equal(sample.greedy(strided, block=128), strided.argmax(-1)), (B, V)
+        single_rows += B == 1
+    # every contiguous batch went through NumPy, strided ones only as a single row (contiguous whatever its stride)
+    assert len(via_numpy) == (200 + single_rows if numpy_max_batch else 0) and single_rows > 0
     x = torch.zeros(2, 300)
     x[0, 10], x[0, 290] = 5.0, 5.0  # equal maxima in block 0 and the tail: block 0's comes first
     x[1, 10], x[1, 290] = 5.0, 6.0  # the tail's is larger
@@ -2193,8 +2201,13 @@ def test_sample_greedy_equals_argmax_with_ties_tails_and_strided_rows(monkeypatc
     nan[:, 5] = 1.0
     nan[0, 290] = nan[1, 100] = nan[2, 200] = nan[2, 290] = float("nan")
     assert sample.greedy(nan, block=128).tolist() == nan.argmax(-1).tolist() == [290, 100, 200, 5]
+    inf = torch.full((3, 300), -float("inf"))  # all -inf: index 0; +inf ties: the first
+    inf[1, 7] = inf[1, 250] = inf[2, 299] = float("inf")
+    assert sample.greedy(inf, block=128).tolist() == inf.argmax(-1).tolist() == [0, 7, 299]
     big = torch.randn(8, 50257, generator=g)  # the default block at GPT-2's vocabulary
-    assert torch.equal(sample.greedy(big), big.argmax(-1))
+    for t in (big, big.double(), big.bfloat16(), big.requires_grad_()):  # bf16 is not NumPy's: torch's argmax
+        got = sample.greedy(t)
+        assert got.dtype == torch.long and torch.equal(got, t.argmax(-1)), t.dtype
 
 
 @pytest.mark.usefixtures("_sample_single_thread")
