@@ -960,7 +960,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     Chunks are cut at special tokens (else at a whitespace boundary), encoded in worker processes,
     and written in file order, so the output equals tokenizer.encode(whole text).
     """
-    import numpy as np  # only here: training and encoding never need it, and it costs ~15 MB per process
+    import numpy as np  # only in file encoding: training and Tokenizer.encode never need it (~15 MB per process)
     path, size = _input_file(input_path)
     tok = load_tokenizer(tokenizer_ref)
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32

@@ -27,7 +27,8 @@ Documents are stripped of surrounding whitespace; empty ones are dropped.
 --prepare_tinystories (prepare_tinystories(), called by train.py) writes DATA_DIR/train.txt, val.txt (the
 stories, each followed by "\n<|endoftext|>\n"), DATA_DIR/tokenizer/ (bpe.py), DATA_DIR/train.bin, val.bin
 (+ sidecars, eot before every story) and DATA_DIR/prepared.json, the record that lets a second call reuse
-every step. Without network (or with HF_HUB_OFFLINE=1) it says so in one line and uses stories.py instead.
+every step. Without network (or with HF_HUB_OFFLINE=1) it says so in one line and uses stories.py instead
+(except with --corpus_bytes 0, all of TinyStories, which needs the download).
 """
 import argparse
 import hashlib
@@ -314,7 +315,7 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# writing token files: atomic (write .tmp, then rename), with the CONTRACT's sidecar
+# writing token files: atomic (write .tmp, then rename), with the sidecar train.py's load_tokens checks
 
 
 def _atomic_write(path, data: bytes):

@@ -10,14 +10,15 @@ Parameter, FLOP and memory accounting for both Transformer variants, and MFU.
 
 Conventions (the ones that reproduce the reference figures exactly):
 * FLOPs count matrix multiplies only, 2 per multiply-add. Norms, softmax, activations, RoPE and the
-  residual adds are left out (they are O(T*d) and below 1% at these shapes).
+  residual adds are left out (O(T*d), softmax O(h*T^2): below 1% at these shapes).
 * Attention scores (Q K^T) and the weighted sum (P V) are counted over the full T x T square, as a plain
   matmul computes them; a causal flash kernel skips the masked half, so its real work is a bit lower.
 * Training = 3 x forward (the backward pass is two matmuls per forward matmul: input and weight grads).
 * Memory: fp32 parameters, gradients and AdamW's two moments (16 bytes per parameter), plus fp32
-  activations per layer of 8*T*d + 4*T*d_ff + 2*h*T^2 floats and T*d + 2*T*V at the end (per sequence).
+  activations per layer of 8*T*d + 4*T*d_ff + 2*h*T^2 floats (SwiGLU; 2*T*d_ff for the SiLU / GELU FFN)
+  and T*d + 2*T*V at the end (per sequence).
   GB means 1e9 bytes.
-`count_params`, `forward_flops`, `train_flops_per_token`, `peak_flops` and `mfu` are what train.py uses for
+`mfu` (through `forward_flops`, `train_flops_per_token` and `peak_flops`) is what train.py uses for
 its MFU column, so this file is the single source of truth for the accounting.
 """
 import argparse
@@ -392,7 +393,7 @@ def main():
     parser.add_argument("--context_length", "--block_size", dest="context_length", type=int, default=None,
                         help="override the model's context length (also the default --context)")
     parser.add_argument("--vocab_size", type=int, default=None, help="override vocabulary size")
-    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; None = 8/3*d rounded to 64)")
+    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; None = 8/3*d rounded to 64 for swiglu, 4*d for silu)")
     parser.add_argument("--ffn_type", default=None, choices=["swiglu", "silu"], help="llama FFN type (None = swiglu)")
     parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=None, help="gpt2 vocabulary padding (None = 1)")
     parser.add_argument("--context", nargs="+", default=None,

@@ -110,7 +110,8 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     """LAMBADA accuracy and perplexity of model on examples -> dict(acc, ppl, num_correct, num_total, num_skipped,
     nll), plus num_cut when some contexts lost tokens from their start to fit the model's context.
 
-    Passages the model cannot score (a target longer than its context) are skipped and counted, not fatal.
+    Passages the model cannot score (a target longer than its context, a target that encodes to no tokens, an
+    empty context) are skipped and counted, not fatal.
     Rank r scores passages r, r + world_size, ...; the sums are all-reduced, so all ranks must call this
     together and all get the totals. batch_size passages go through one padded forward. Runs under no_grad
     in eval mode and restores the previous mode, so it can be called mid-training (wrappers are stripped).

@@ -308,7 +308,7 @@ class TransformerLM(nn.Module):
             TransformerBlock(d_model, num_heads, d_ff, context_length, theta, remove_rmsnorm, use_post_norm,
                              ffn_type, attn_impl, device, dtype) for _ in range(num_layers))
         # with use_post_norm the last block already ends in a norm; ln_final stays anyway (a learned rescale),
-        # so every ablation keeps the same state-dict keys except remove_rmsnorm
+        # so every ablation keeps the same state-dict keys except remove_rmsnorm and ffn_type="silu" (no w3)
         self.ln_final = None if remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
         self.lm_head = Linear(d_model, vocab_size, device, dtype)
 
@@ -644,7 +644,7 @@ class GPT(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The common surface used by train.py, sample.py, hellaswag.py and flops.py
+# The common surface used by train.py, sample.py and hellaswag.py (flops.py reads model_config() dicts)
 
 def build_model(cfg):
     """Rebuild a model from its model_config() dict (as stored in checkpoints)."""

@@ -13,8 +13,8 @@ topk, far cheaper than sorting a 50k vocabulary. Top-p looks at the 256 most lik
 mass is short of p (a flat distribution), it finds its cut-off by a radix select over the vocabulary (see
 `_nucleus`), still without a sort. A token is drawn by inverse CDF from one uniform number per row, so a
 seeded torch.Generator gives the same tokens with and without the KV cache. Generation stops at
-<|endoftext|> unless --no_stop. Speed on CPU: from batch 4, greedy takes the argmax in two cheap passes (`greedy`) and
-decodes through the LM head packed once for MKL (`packed_lm_head`).
+<|endoftext|> unless --no_stop. Speed on CPU: greedy avoids PyTorch's slow CPU argmax (`greedy`), and from batch 4
+decoding goes through the LM head packed once for MKL (`packed_lm_head`).
 `generate()` is the library function train.py and the tests use.
 
 Context: a prompt longer than the model's context keeps its last `context_length` tokens (with a warning).
@@ -158,8 +158,9 @@ def greedy(logits, block=1024):
 
     PyTorch's CPU argmax over a 50k vocabulary is slow here: ~0.1 ms a row, ~15x NumPy's vectorised argmax and
     ~8x amax. So on CPU, float32/float64 logits go through NumPy's argmax (same ties, same NaN rule) while they are
-    contiguous: 6 against 95 us at batch 1, 62 against 191 us at batch 8, about even by batch 64. NumPy over
-    strided rows (a padded vocabulary sliced off, batch 2+) is slower, so those take two cheaper passes instead:
+    contiguous, up to GREEDY_NUMPY_MAX_BATCH rows: 6 against 95 us at batch 1, 62 against 191 us at batch 8, about
+    even with the two passes below by batch 64. NumPy over strided rows (a padded vocabulary sliced off, batch 2+)
+    is slower, so those (and larger batches) take two cheaper passes instead:
     the maximum of each block of `block` logits (amax), the first block holding the row's maximum, then argmax
     inside that block only; a ragged tail past the last full block is checked on its own. Its six small ops only
     pay from batch 4 (batch 8: 0.12-0.35 ms against 0.5 ms for argmax)."""

@@ -2577,7 +2577,7 @@ def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
     assert names[0] == "val_000000.bin" and names[1:] == [f"train_{i:06d}.bin" for i in range(1, len(names))]
     assert [len(a) for a in arrays[:-1]] == [5000] * (len(arrays) - 1) and 0 < len(arrays[-1]) <= 5000
     assert len(arrays) == -(-len(ref) // 5000)
-    # metadata: directory record and CONTRACT sidecars
+    # metadata: directory record and tokens-v1 sidecars
     assert meta["complete"] and meta["num_tokens"] == len(ref) and meta["num_docs"] == len(docs)
     assert meta["config"]["tokenizer"] == "gpt2" and meta["config"]["vocab_size"] == 50257 and meta["config"]["dtype"] == "uint16"
     for s, a in zip(meta["shards"], arrays):

@@ -19,8 +19,9 @@ Two nodes (run on each node, node_rank 0 and 1; master = the first node's addres
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 train.py ...
 
 Every name in the CONFIG block is a flag (`--name=value`); a preset changes a few of them (and writes to
-out/PRESET) and any flag still overrides it. Only rank 0 prints, logs and writes checkpoints. Ctrl-C finishes the current step, writes a
-checkpoint and stops; `--resume` then continues bit for bit (on CPU) as if nothing happened.
+out/PRESET) and any flag still overrides it. Only rank 0 prints, logs and writes checkpoints. In a single process
+Ctrl-C finishes the current step, writes a checkpoint and stops; `--resume` then continues bit for bit (on CPU) as
+if nothing happened. Under torchrun Ctrl-C stops every rank and the last periodic checkpoint is what remains.
 """
 import argparse
 import contextlib
@@ -58,7 +59,7 @@ CONFIG = [
     ("corpus_bytes", 4_000_000, "with --prepare_data: bytes of TinyStories (or generated stories) to prepare"),
     ("download", True, "with --prepare_data: try TinyStories from the Hugging Face hub before generating stories"),
     ("preset", "", "tinystories | tinystories-cpu | owt | gpt2-124m (sets the documented values; flags still override)"),
-    ("resume", "auto", "continue out_dir/ckpt.pt: auto = when it exists and matches this run, true = must, false = never"),
+    ("resume", "auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the run: use --fresh), true = must, false = never"),
     ("fresh", False, "start over: ignore an existing checkpoint (and re-prepare the data of the main job)"),
     ("init_from", "scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights, --model=gpt2)"),
     ("plot", "", "path of a log.jsonl: draw loss-vs-steps and loss-vs-time PNGs beside it and exit"),
@@ -961,7 +962,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     def lr_at(step):
         # under a time budget the schedule follows whichever is further along, steps or the clock (elapsed time
-        # mapped onto the step axis 0..max_iters), so it reaches its end exactly when the run stops
+        # mapped onto the step axis 0..max_iters), so with the default lr_decay_iters it ends when the run stops
         it = step if budget is None else max(step, min(elapsed / budget, 1.0) * max_iters)
         return get_lr_cosine_schedule(it, cfg["learning_rate"], cfg["learning_rate"] * cfg["min_lr_ratio"],
                                       cfg["warmup_iters"], decay_iters)
