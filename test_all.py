@@ -41,12 +41,17 @@ import train
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
 DATA = SHARED / "data"
-TIKTOKEN_CACHE = SHARED / "tiktoken_cache"
+# GPT-2's tokenizer files offline: tiktoken's cache named by TIKTOKEN_CACHE_DIR, else ../shared's copy
+TIKTOKEN_CACHE = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or SHARED / "tiktoken_cache")
 if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
+_GPT2_FILES = [TIKTOKEN_CACHE / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",   # encoder.json = vocab.json
+               TIKTOKEN_CACHE / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"]   # vocab.bpe = merges.txt
+HAVE_GPT2_FILES = all(f.is_file() for f in _GPT2_FILES)
 
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent (fresh machine): real-text test skipped")
-needs_gpt2_files = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(), reason="../shared/tiktoken_cache is absent: GPT-2 tokenizer files unavailable offline")
+needs_gpt2_files = pytest.mark.skipif(not HAVE_GPT2_FILES, reason=f"GPT-2's tokenizer files are not in {TIKTOKEN_CACHE} "
+                                      "(../shared/tiktoken_cache or TIKTOKEN_CACHE_DIR): unavailable offline")
 
 # ==== merged sections ====
 
@@ -57,8 +62,7 @@ needs_gpt2_files = pytest.mark.skipif(not TIKTOKEN_CACHE.is_dir(), reason="../sh
 
 
 _BPE_EOT = "<|endoftext|>"
-_BPE_GPT2_VOCAB = TIKTOKEN_CACHE / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6"   # encoder.json = vocab.json
-_BPE_GPT2_MERGES = TIKTOKEN_CACHE / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"  # vocab.bpe = merges.txt
+_BPE_GPT2_VOCAB, _BPE_GPT2_MERGES = _GPT2_FILES
 _BPE_EDGE_TEXTS = [
     "", "a", " ", "\n", "hello world", "Hello, World!  ", "  leading and trailing  ", "tabs\tand\t\ttabs",
     "line\nbreaks\n\n\nand \n \n spaces", "\r\nwindows\r\nlines", "emoji 🙂🚀 and 👍🏽 skin tone",
@@ -2364,7 +2368,7 @@ def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, 
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match=r"^sample.py: --ckpt .*ckpt.pt: the checkpoint names no tokenizer .*--tokenizer"):
         sample.main()
-    if TIKTOKEN_CACHE.is_dir():  # (GPT-2's files offline) the error says where the tokenizer came from
+    if HAVE_GPT2_FILES:  # (GPT-2's files offline) the error says where the tokenizer came from
         monkeypatch.setattr(sys, "argv", argv + ["--tokenizer=gpt2"])
         with pytest.raises(SystemExit, match=r"the --tokenizer 'gpt2' has 50257 tokens but the model only \d+: "):
             sample.main()
