@@ -162,21 +162,25 @@ def max_batch_size(cfg, context_length, gpu_mem_gb):
 # Matched in torch.cuda.get_device_name() as a name not followed by another digit (L4 is not L40), first match
 # wins, so longer names come first.
 GPU_PEAK = {
+    "GB200": (2.5e15, 1.25e15, 80e12),        # the Grace-Blackwell module's GPU: higher clocks than B200
     "B200": (2.25e15, 1.125e15, 75e12),
     "H200 NVL": (835e12, 417.5e12, 60e12),
     "H200": (989.4e12, 494.7e12, 66.9e12),
     "H100 PCIe": (756e12, 378e12, 51.2e12),
     "H100 NVL": (835e12, 417.5e12, 60e12),
     "H100": (989.4e12, 494.7e12, 66.9e12),   # SXM
+    "H800 PCIe": (756e12, 378e12, 51.2e12),
     "H800": (989.4e12, 494.7e12, 66.9e12),   # the H100 SXM chip with less interconnect
     "H20": (148e12, 74e12, 44e12),
     "A100": (312e12, 156e12, 19.5e12),
+    "A800": (312e12, 156e12, 19.5e12),      # the A100 chip with less interconnect
     "A10": (125e12, 62.5e12, 31.2e12),      # also matches A10G (the same chip at lower clocks: an upper bound)
     "A40": (149.7e12, 74.8e12, 37.4e12),
     "L40S": (362e12, 183e12, 91.6e12),
     "L40": (181e12, 90.5e12, 90.5e12),
     "L4": (121e12, 60e12, 30.3e12),
     "RTX 4090": (165.2e12, 82.6e12, 82.6e12),
+    "RTX 3090 Ti": (80e12, 40e12, 40e12),
     "RTX 3090": (71e12, 35.6e12, 35.6e12),
     "V100": (125e12, 15.7e12, 15.7e12),      # fp16 only; no bf16 or tf32 tensor cores
     "T4": (65e12, 8.1e12, 8.1e12),

@@ -361,7 +361,7 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
             raise SystemExit(f"sample.py: {where}: no such checkpoint (train one with `python train.py`, "
                              f"or use --init_from=gpt2)")
         try:
-            ckpt = model_lib.read_checkpoint(ckpt_path, map_location=device)
+            ckpt = model_lib.read_checkpoint(ckpt_path)   # on the CPU: only the weights go to the device
         except ValueError as e:
             raise SystemExit(f"sample.py: --ckpt {e}")
         if "model_config" not in ckpt or "model" not in ckpt:

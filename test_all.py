@@ -6,6 +6,7 @@ Tests that need ../shared/data (real text) skip with a reason when it is absent.
 from collections import Counter
 from pathlib import Path
 import argparse
+import atexit
 import functools
 import io
 import json
@@ -13,6 +14,7 @@ import math
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -48,6 +50,17 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
 _GPT2_FILES = [TIKTOKEN_CACHE / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",   # encoder.json = vocab.json
                TIKTOKEN_CACHE / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"]   # vocab.bpe = merges.txt
 HAVE_GPT2_FILES = all(f.is_file() for f in _GPT2_FILES)
+
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """train.main(--num_threads=N) sets the process's thread count, as it should: not for the tests after it."""
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
 
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent (fresh machine): real-text test skipped")
 needs_gpt2_files = pytest.mark.skipif(not HAVE_GPT2_FILES, reason=f"GPT-2's tokenizer files are not in {TIKTOKEN_CACHE} "
@@ -2048,6 +2061,10 @@ def test_flops_mfu_and_peak_table():
     assert flops.peak_flops("NVIDIA H800", "bf16") == 989.4e12 and flops.peak_flops("NVIDIA H20", "bf16") == 148e12
     assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
     assert flops.peak_flops("NVIDIA H200 NVL", "bf16") == 835e12 and flops.peak_flops("NVIDIA H200", "bf16") == 989.4e12
+    assert flops.peak_flops("NVIDIA H800 PCIe", "bf16") == 756e12 and flops.peak_flops("NVIDIA A800-SXM4-80GB", "bf16") == 312e12
+    assert flops.peak_flops("NVIDIA GB200", "bf16") == 2.5e15 and flops.peak_flops("NVIDIA B200", "bf16") == 2.25e15
+    assert flops.peak_flops("NVIDIA GeForce RTX 3090 Ti", "bf16") == 80e12
+    assert flops.peak_flops("NVIDIA GeForce RTX 3090", "bf16") == 71e12
     per_tok = flops.train_flops_per_token(cfg, 1024)
     assert flops.mfu(cfg, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
     with pytest.raises(ValueError, match="no peak"):
@@ -4099,11 +4116,17 @@ def test_bpe_cli_refuses_a_bad_sample_docs_before_training(tmp_path):
     assert not (tmp_path / "tok").exists()
 
 
-def test_bench_gpu_runs_every_check_on_cpu(capsys):
+def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
+    removed_at_exit, register = [], atexit.register
+    monkeypatch.setattr(atexit, "register", lambda f, *a, **k: removed_at_exit.append(a[0]) if f is shutil.rmtree
+                        else register(f, *a, **k))
     bench.bench_gpu(_bench_gpu_args())
     out = capsys.readouterr().out
     assert out.count("\nOK ") == 9 and "FAIL" not in out and out.rstrip().endswith("all checks passed")
     assert "\ncompiled " in out and "\neager " in out  # both timed training runs printed their figures
+    (tmp,) = removed_at_exit  # the data and both checkpoints (GPT-2-sized on a GPU) go when bench.py exits
+    assert tmp.name.startswith("bench_gpu_") and (tmp / "compiled" / "ckpt.pt").is_file()
+    shutil.rmtree(tmp)
 
 
 def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch):
@@ -4111,8 +4134,8 @@ def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch
     with pytest.raises(SystemExit) as e:
         bench.bench_gpu(_bench_gpu_args(steps=2))
     out = capsys.readouterr().out
-    assert e.value.code == 1 and "FAIL  flash attention (bf16 on CUDA) vs from scratch" in out
-    assert out.rstrip().endswith("FAILED: flash attention (bf16 on CUDA) vs from scratch")
+    assert e.value.code == 1 and "FAIL  SDPA (no flash kernel here) vs from scratch" in out
+    assert out.rstrip().endswith("FAILED: SDPA (no flash kernel here) vs from scratch")
 
 
 # ============================================================================
@@ -5414,6 +5437,48 @@ def test_train_time_budget_resume_continues_the_clock(tmp_path, _train_data):
     assert resumed["step"] == 8 and resumed["elapsed"] == pytest.approx(8.0)
     a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, compiled):
+    # torch.compile compiles inside the first step (a minute for GPT-2 on a GPU): that is not training, so it
+    # neither spends the budget nor moves the clock-driven schedule past its warmup. The fake clock's step 1
+    # takes 61 s, every other step 1 s (clock calls: the run's start, then a step's start and end)
+    t, calls = [0.0], [0]
+
+    def clock():
+        calls[0] += 1
+        t[0] += 61.0 if calls[0] == 3 else 1.0
+        return t[0]
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=10,
+                     learning_rate=1e-3, log_interval=1, compile=compiled, compile_backend="eager")
+    s = train.train(cfg, clock=clock, log=_train_quiet)
+    rows = [json.loads(l) for l in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
+    lr = {r["step"]: r["lr"] for r in rows if r["type"] == "train"}
+    if compiled:   # 20 one-second steps after the first; step 2 still warming up (the schedule at step 1)
+        assert s["step"] == 21 and s["elapsed"] == pytest.approx(20.0)
+        assert lr[2] == pytest.approx(train.get_lr_cosine_schedule(1, 1e-3, 1e-4, 10, 1000))
+    else:          # eager: the slow first step is training time like any other, and spends the whole budget
+        assert s["step"] == 1 and s["elapsed"] == pytest.approx(61.0)
+
+
+def test_train_cuda_rng_state_is_this_processs_gpu_only(monkeypatch):
+    # checkpoints keep the current GPU's generator only: a resume that sees fewer GPUs (or is another rank) still
+    # loads; older checkpoints with every visible GPU's state give the current GPU its own, or none if it was unseen
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state.tolist()))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's state saved"))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("every GPU's state set"))
+    state = train.rng_state()
+    assert state["cuda"].tolist() == [7]
+    train.set_rng_state(state)
+    old = [torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)]
+    train.set_rng_state(dict(state, cuda=old))
+    train.set_rng_state(dict(state, cuda=old[:1]))
+    assert restored == [[7], [2]]
 
 
 def test_train_time_budget_schedule_follows_steps_when_they_are_ahead_of_the_clock(tmp_path, _train_data):

@@ -25,6 +25,7 @@ if nothing happened. Under torchrun Ctrl-C stops every rank and the last periodi
 """
 import argparse
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -482,8 +483,8 @@ def rng_state():
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss],
              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():   # this process's GPU only: a resume may see fewer GPUs (or another rank's)
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -494,7 +495,11 @@ def set_rng_state(state):
     np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda_state = state["cuda"]
+        if isinstance(cuda_state, (list, tuple)):   # older checkpoints held every visible GPU's state
+            cuda_state = cuda_state[torch.cuda.current_device()] if torch.cuda.current_device() < len(cuda_state) else None
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state)
 
 
 # -----------------------------------------------------------------------------
@@ -725,22 +730,22 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     device = model_lib.resolve_device(cfg["device"])
     if cfg["num_threads"]:
         torch.set_num_threads(cfg["num_threads"])
+    rank, local_rank, world = 0, 0, 1
     if ddp:
-        import torch.distributed as dist
         rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-        if device.type == "cuda":
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    else:
-        rank, local_rank, world = 0, 0, 1
+        if device.type == "cuda":   # (a launcher may show each process only its own GPU: then it is cuda:0)
+            device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
+        torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
+    if ddp and not torch.distributed.is_initialized():   # the other ranks may wait on rank 0's data preparation
+        timeout = datetime.timedelta(hours=2) if cfg["prepare_data"] else None   # None: torch's default
+        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
     master = rank == 0
     say = log if master else (lambda *a, **k: None)
     cuda = device.type == "cuda"
     if _auto(cfg["tf32"], cuda):
         torch.set_float32_matmul_precision("high")
-    dtype_name = cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32")
+    dtype_name = cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if cuda and torch.cuda.is_bf16_supported(including_emulation=False) else "float32")
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype_name == "bfloat16" else contextlib.nullcontext())
     cfg["_pad_vocab"] = 64 if _auto(cfg["pad_vocab"], cuda) else 1
     random.seed(cfg["seed"])
@@ -818,7 +823,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     ckpt_path = out_dir / "ckpt.pt"
     resume_ckpt = cfg.pop("_resume_ckpt", None)
     if resume_ckpt is None and _parse_bool(cfg["resume"]) is True and not cfg["fresh"]:
-        resume_ckpt = read_checkpoint(ckpt_path, map_location=device)
+        resume_ckpt = read_checkpoint(ckpt_path)   # on the CPU: the RNG states must stay there
     if resume_ckpt is not None:
         try:   # one clear line when the weights do not fit the model_config (another architecture or shape)
             raw = model_lib.model_from_checkpoint(resume_ckpt)
@@ -864,9 +869,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     step, elapsed, best_val, val_step = 0, 0.0, None, None   # val_step: the step val_loss was measured at
     if resume_ckpt is not None:
         ckpt = resume_ckpt
-        if fused:   # torch places each state's "step" by the loaded groups' flags (our AdamW saves none): on the
-            for group in ckpt["optimizer"]["param_groups"]:   # device, as fused AdamW needs, only if set first
-                group["fused"] = True
+        for group in ckpt["optimizer"]["param_groups"]:   # torch places each state's "step" by the loaded groups'
+            group["fused"] = fused   # flags: on the device for fused AdamW, on the CPU (no sync per .item()) for ours
         step = load_checkpoint(None, raw, optimizer, ckpt=ckpt)
         saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
         if saved_world != world:
@@ -886,10 +890,12 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     cfg.pop("_resume_ckpt", None)
 
     model = raw
-    if _auto(cfg["compile"], cuda):
+    compiled = _auto(cfg["compile"], cuda)
+    if compiled:
         model = torch.compile(raw, backend=cfg["compile_backend"])
-    if ddp:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
+    if ddp:   # (the only buffers, RoPE's sin/cos, are constants: nothing to broadcast every forward)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
+                                                    broadcast_buffers=False)
     lm_loss = model_lib.lm_loss
 
     # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
@@ -945,7 +951,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {cfg['data_dir']}: "
         f"{sum(len(a) for _, a, _ in train_shards):,} train / {val_len:,} val tokens | {tokens_per_step:,} tokens/step "
         f"= {B} x {T} x {accum} accum x {world} procs | {device} {dtype_name}"
-        f"{' | compiled' if _auto(cfg['compile'], cuda) else ''}")
+        f"{' | compiled' if compiled else ''}")
     if master:
         record("config", **{k: v for k, v in cfg.items() if not k.startswith("_")}, model_config=mcfg,
                tokenizer=tok_ref, world_size=world, params=n_params, resumed_at_step=step if step else None)
@@ -1053,7 +1059,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             if cuda:
                 torch.cuda.synchronize()
             dt = clock() - t0
-            elapsed += dt
+            if not (compiled and step == start_step + 1):   # a compiled run's first step is mostly compilation: it
+                elapsed += dt                                  # neither spends the budget nor skips the warmup
             if ddp and budget is not None:   # every rank must agree on when the budget is spent: rank 0's clock
                 t = torch.tensor([elapsed], dtype=torch.float64, device=device)
                 torch.distributed.broadcast(t, 0)
