@@ -1812,6 +1812,23 @@ def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data):
     assert len(ck["loader"]) == 2                                       # every rank's loader position
 
 
+def test_train_ddp_main_job_prepares_the_data_once_while_the_other_rank_waits(tmp_path):
+    # under torchrun rank 0 prepares (stories -> tokenizer -> token files) while rank 1 waits on a gloo group of
+    # its own (NCCL's 10-minute watchdog would end a long wait); both then train on the same files
+    args = [f"--data_dir={tmp_path}/data", "--prepare_data=true", f"--out_dir={tmp_path}/out", "--download=false",
+            "--corpus_bytes=60000", "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2",
+            "--context_length=32", "--batch_size=4", "--max_iters=2", "--eval_interval=2", "--eval_iters=2",
+            "--num_samples=0", "--time_budget=", "--num_threads=1", "--device=cpu", "--compile=false"]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        f"--master_port={_train_free_port()}", "train.py", *args],
+                       cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("data ready in") == 1 and "1 accum x 2 procs" in r.stdout, r.stdout[-2000:]
+    assert (tmp_path / "data" / "prepared.json").is_file()
+    ck = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 2 and len(ck["loader"]) == 2
+
+
 def test_train_plot_writes_pngs(tmp_path, _train_data):
     pytest.importorskip("matplotlib")
     train.train(_train_cfg(_train_data, tmp_path / "o", log_interval=1, max_iters=3), log=_train_quiet)

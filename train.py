@@ -734,12 +734,14 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if ddp:
         rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
         if device.type == "cuda":   # (a launcher may show each process only its own GPU: then it is cuda:0)
-            device = torch.device("cuda", local_rank % torch.cuda.device_count())
+            device = torch.device("cuda", 0 if torch.cuda.device_count() == 1 else local_rank)
+            if device.index >= torch.cuda.device_count():
+                raise ValueError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} GPUs are visible "
+                                 "(torchrun --nproc_per_node at most the GPU count)")
     if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
         torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
-    if ddp and not torch.distributed.is_initialized():   # the other ranks may wait on rank 0's data preparation
-        timeout = datetime.timedelta(hours=2) if cfg["prepare_data"] else None   # None: torch's default
-        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+    if ddp and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     master = rank == 0
     say = log if master else (lambda *a, **k: None)
     cuda = device.type == "cuda"
@@ -757,12 +759,16 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     data_dir = Path(cfg["data_dir"])
     # prepare only a folder that prepare_tinystories made (or an empty one): never overwrite someone's own data
     if cfg["prepare_data"] and ((data_dir / "prepared.json").exists() or not any(data_dir.glob("train*.bin"))):
+        # the other ranks wait for rank 0 on a gloo group of their own: preparing all of TinyStories takes longer
+        # than the 10 minutes NCCL allows one collective (if rank 0 fails, torchrun stops them all)
+        wait = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(hours=3)) if ddp else None
         if master:
             fineweb.prepare_tinystories(
                 data_dir=cfg["data_dir"], vocab_size=cfg["vocab_size"], allow_download=cfg["download"],
                 fresh=cfg["fresh"], log=say, corpus_bytes=cfg["corpus_bytes"])
         if ddp:
-            torch.distributed.barrier()
+            torch.distributed.barrier(group=wait)
+            torch.distributed.destroy_process_group(wait)
     train_shards, val_shards = find_shards(cfg["data_dir"], "train"), find_shards(cfg["data_dir"], "val")
     if not train_shards:
         cmd = PREPARE_COMMANDS.get(cfg["preset"])
@@ -893,9 +899,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     compiled = _auto(cfg["compile"], cuda)
     if compiled:
         model = torch.compile(raw, backend=cfg["compile_backend"])
-    if ddp:   # (the only buffers, RoPE's sin/cos, are constants: nothing to broadcast every forward)
+    if ddp:   # (the only buffers, RoPE's sin/cos, are constants: nothing to sync every forward)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
-                                                    broadcast_buffers=False)
+                                                    forward_sync_buffers=False)
     lm_loss = model_lib.lm_loss
 
     # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
