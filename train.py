@@ -899,9 +899,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     compiled = _auto(cfg["compile"], cuda)
     if compiled:
         model = torch.compile(raw, backend=cfg["compile_backend"])
-    if ddp:   # (the only buffers, RoPE's sin/cos, are constants: nothing to sync every forward)
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
-                                                    forward_sync_buffers=False)
+    if ddp:   # (it broadcasts Llama's constant RoPE buffers every forward: small. The switch against that,
+        # broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     lm_loss = model_lib.lm_loss
 
     # ---- bits per byte: UTF-8 bytes of exactly the validation tokens that are scored ---------------------------------
