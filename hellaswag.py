@@ -306,19 +306,18 @@ def setup_device(device, prog):
     on CUDA, as the reference figures were measured. lambada.py uses this too."""
     ddp = "RANK" in os.environ
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    from model import resolve_device
+    from model import rank_gpu, resolve_device
     try:
         resolve_device(device)
     except ValueError as e:
         raise SystemExit(f"{prog}: {e}")
     rank, world_size = 0, 1
     if ddp:
-        if device.startswith("cuda"):   # (a launcher may show each process only its own GPU: then it is cuda:0)
-            local_rank, visible = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
-            if visible > 1 and local_rank >= visible:
-                raise SystemExit(f"{prog}: LOCAL_RANK {local_rank}: only {visible} GPUs are visible "
-                                 "(torchrun --nproc_per_node at most the GPU count)")
-            device = f"cuda:{0 if visible == 1 else local_rank}"
+        if device.startswith("cuda"):
+            try:
+                device = str(rank_gpu(int(os.environ["LOCAL_RANK"])))
+            except ValueError as e:
+                raise SystemExit(f"{prog}: {e}")
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
         rank, world_size = dist.get_rank(), dist.get_world_size()

@@ -9,7 +9,7 @@
 Both share one small surface so train.py, sample.py and hellaswag.py treat them alike:
     model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict),
     model_from_checkpoint(ckpt), get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss(),
-    and resolve_device(name) for the scripts' --device flag.
+    resolve_device(name) for the scripts' --device flag, and rank_gpu(local_rank) for torchrun's processes.
 
     python -c "import model; m = model.GPT.from_pretrained('gpt2'); print(m.get_num_params())"
 """
@@ -699,6 +699,16 @@ def resolve_device(name):
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {name}: MPS is not available on this machine")
     return device
+
+
+def rank_gpu(local_rank):
+    """The GPU of torchrun's process LOCAL_RANK: cuda:LOCAL_RANK, or cuda:0 when a launcher shows each process only
+    its own GPU; a ValueError when there are fewer GPUs than processes."""
+    visible = torch.cuda.device_count()
+    if visible > 1 and local_rank >= visible:
+        raise ValueError(f"LOCAL_RANK {local_rank}: only {visible} GPUs are visible "
+                         "(torchrun --nproc_per_node at most the GPU count)")
+    return torch.device("cuda", 0 if visible == 1 else local_rank)
 
 
 def read_checkpoint(src, map_location="cpu"):

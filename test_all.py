@@ -5479,6 +5479,16 @@ def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_p
         assert s["step"] == 1 and s["elapsed"] == pytest.approx(61.0)
 
 
+def test_model_rank_gpu_maps_local_rank_to_a_visible_gpu(monkeypatch):
+    # torchrun's LOCAL_RANK is the GPU's index, unless the launcher shows each process only its own GPU
+    for visible, local_rank, index in ((8, 3, 3), (1, 3, 0), (2, 0, 0), (2, 1, 1)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+        assert M.rank_gpu(local_rank) == torch.device("cuda", index)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(ValueError, match=r"^LOCAL_RANK 5: only 4 GPUs are visible \(torchrun --nproc_per_node"):
+        M.rank_gpu(5)
+
+
 def test_train_cuda_rng_state_is_this_processs_gpu_only(monkeypatch):
     # checkpoints keep the current GPU's generator only: a resume that sees fewer GPUs (or is another rank) still
     # loads; older checkpoints with every visible GPU's state give the current GPU its own, or none if it was unseen

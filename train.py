@@ -733,11 +733,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     rank, local_rank, world = 0, 0, 1
     if ddp:
         rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-        if device.type == "cuda":   # (a launcher may show each process only its own GPU: then it is cuda:0)
-            device = torch.device("cuda", 0 if torch.cuda.device_count() == 1 else local_rank)
-            if device.index >= torch.cuda.device_count():
-                raise ValueError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} GPUs are visible "
-                                 "(torchrun --nproc_per_node at most the GPU count)")
+        if device.type == "cuda":
+            device = model_lib.rank_gpu(local_rank)
     if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
         torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
     if ddp and not torch.distributed.is_initialized():
