@@ -160,17 +160,17 @@ def greedy(logits, block=1024):
     ~8x amax. So on CPU, float32/float64 logits go through NumPy's argmax (same ties, same NaN rule) while they are
     contiguous, up to GREEDY_NUMPY_MAX_BATCH rows: 6 against 95 us at batch 1, 62 against 191 us at batch 8, about
     even with the two passes below by batch 64. NumPy over strided rows (a padded vocabulary sliced off, batch 2+)
-    is slower, so those (and larger batches) take two cheaper passes instead:
-    the maximum of each block of `block` logits (amax), the first block holding the row's maximum, then argmax
-    inside that block only; a ragged tail past the last full block is checked on its own. Its six small ops only
-    pay from batch 4 (batch 8: 0.12-0.35 ms against 0.5 ms for argmax)."""
+    is slower, so those (and larger batches) take two cheaper passes instead: the maximum of each block of `block`
+    logits (amax), the first block holding the row's maximum, then argmax inside that block only; a ragged tail
+    past the last full block is checked on its own. Its six small ops only pay from batch 4 (batch 8: 0.12-0.35 ms
+    against 0.5 ms for argmax)."""
     B, V = logits.shape
     n = V // block
-    if logits.device.type != "cpu":
-        return logits.argmax(-1)
-    if logits.is_contiguous() and B <= GREEDY_NUMPY_MAX_BATCH and logits.dtype in (torch.float32, torch.float64):
+    cpu = logits.device.type == "cpu"
+    numpy_ok = logits.is_contiguous() and logits.dtype in (torch.float32, torch.float64)
+    if cpu and numpy_ok and B <= GREEDY_NUMPY_MAX_BATCH:
         return torch.from_numpy(np.argmax(logits.detach().numpy(), axis=-1)).long()
-    if n < 2 or B < GREEDY_TWO_PASS_MIN_BATCH:
+    if not cpu or n < 2 or B < GREEDY_TWO_PASS_MIN_BATCH:
         return logits.argmax(-1)
     blocks = logits[:, :n * block].unflatten(-1, (n, block))  # a view: rows are contiguous
     top = blocks.amax(-1).max(-1)  # (values, first block with the maximum)
