@@ -5889,3 +5889,84 @@ def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path,
     assert new != old
     with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
         fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+
+
+# ---- bpe.py, hellaswag.py, flops.py: gaps found by mutation testing (round 3; each test fails on its mutant) ---------
+
+def test_bpe_train_repeated_overlapping_pairs_match_brute_force(tmp_path):
+    # words with several sites of the merged pair ("ababab", "aaaaaa") take the rebuild path of the incremental
+    # update: the (new, new) pairs between adjacent sites must be counted once, with no phantom (new, a) pair
+    # left behind (too many) or taken away (too few); "aba" / " aaa" make (ab, a) / (aa, a) real pairs elsewhere
+    for text in ["ababab\n" * 10 + "aba " * 8 + "abab " * 3, "aaaaaa\n" * 10 + " aaa" * 7 + " aaaaa" * 4]:
+        path = tmp_path / "o.txt"
+        path.write_text(text, encoding="utf-8")
+        _, merges = bpe.train_bpe(path, 256 + 5, [], num_workers=1)
+        assert merges == _bpe_naive_train(text, 256 + 5, []), text
+        assert len(merges) == 5
+
+
+def test_bpe_appended_special_token_gets_an_unused_id_when_the_vocab_has_a_hole():
+    # ids 0-255 and 257 (no 256): "appended with new ids" means past the largest id, never onto a taken one
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[257] = b"ab"
+    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], ["<|x|>"])
+    assert tok.special_to_id["<|x|>"] == 258 and tok.vocab_size == 259 and tok.vocab[257] == b"ab"
+    assert tok.encode("ab<|x|>") == [257, 258] and tok.decode([257, 258]) == "ab<|x|>"
+
+
+def test_bpe_cli_reports_the_true_compression_ratio_and_longest_token(tmp_path):
+    # the printed figures, recomputed from the saved tokenizer: with --sample_docs above the number of documents
+    # every document is sampled, so bytes/token is all the documents' UTF-8 bytes over their tokens
+    text = _bpe_synthetic_text(30, seed=14)
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    r = _bpe_cli("--vocab", 350, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1,
+                 "--sample_docs", 1000)
+    assert r.returncode == 0, r.stderr
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    docs = [d for d in text.split(_BPE_EOT) if d.strip()]
+    ratio = sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
+    assert f"compression on {len(docs)} sampled documents: {ratio:.2f} bytes/token" in r.stdout
+    longest = max(len(v) for i, v in tok.vocab.items() if i != tok.eot_id)
+    assert longest > 3 and f"longest token ({longest} bytes): " in r.stdout
+
+
+def test_hs_ties_go_to_the_lowest_ending_index():
+    # a model with no preference (every logit equal) gives all 4 endings of equal length the same summed and mean
+    # loss: both acc and acc_norm must pick ending 0 (the documented tie rule), so only the rows labelled 0 count
+    endings = ["ran home", "sat down", "ate fish", "was sad"]
+    rows = [_hs_row(i, ctx, label, endings) for i, (ctx, label) in enumerate([("The cat", 0), ("The dog", 2),
+                                                                             ("A cow", 0)])]
+    tok = _HsWordTokenizer([r["ctx"] for r in rows] + endings)
+    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    for batch_examples in (1, 3):
+        r = hellaswag.evaluate(model, tok, rows, "cpu", batch_examples=batch_examples)
+        assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (2, 2, 3)
+
+
+def test_flops_report_6n_figures_and_a_given_token_budget():
+    # 6*N per token with N = all parameters and with N = the matmul ones (no input embeddings: Llama's untied
+    # table; GPT-2's position table, its tied token table being the LM head), and --train_tokens replacing 20 x N
+    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
+    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
+    out = flops.report(_FLOPS_XL, [1024], train_tokens=10**9, gpus=("H100",))
+    assert f"6*N = {6 * N / 1e9:.3f} GFLOPs with N = all 1.64B params, {6 * (N - V * d) / 1e9:.3f} with N = the 1.56B" in out
+    assert (f"time to train 1.00B tokens at context 1,024: {3 * fwd * 10**9:.3e} FLOPs (6*N*D = {6 * N * 10**9:.3e})"
+            in out) and "Chinchilla" not in out
+    hours = 3 * fwd * 10**9 / (0.5 * 989.4e12) / 3600
+    assert f"1 x H100   bf16 peak   989.4 TFLOP/s at 50% MFU: {hours:.1f} h" in out
+    gpt2 = dict(arch="gpt2", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    n, n_matmul = 124_439_808, 124_439_808 - 1024 * 768
+    assert f"6*N = {6 * n / 1e9:.3f} GFLOPs with N = all 124.44M params, {6 * n_matmul / 1e9:.3f} with" in flops.report(gpt2, [1024])
+
+
+def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_load_back(tmp_path):
+    # vocab.json stores special tokens as their own text, not in the bytes-to-unicode alphabet: reading them back
+    # must not push them through that alphabet (" " is not a GPT-2 byte character; "ü" stands for byte 0xFC there)
+    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
+    tok.save_dir(tmp_path / "d")
+    for again in (bpe.Tokenizer.from_dir(tmp_path / "d"),
+                  bpe.Tokenizer.from_files(tmp_path / "d" / "vocab.json", tmp_path / "d" / "merges.txt", specials)):
+        assert again.vocab == tok.vocab and again.special_to_id == {specials[0]: 256, specials[1]: 257, specials[2]: 258}
+        text = "a<|end of text|>ü<|ü|>b" + _BPE_EOT
+        assert again.encode(text) == tok.encode(text) == [97, 257, 0xC3, 0xBC, 258, 98, 256]
