@@ -5970,3 +5970,178 @@ def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_load_back(tmp_path):
         assert again.vocab == tok.vocab and again.special_to_id == {specials[0]: 256, specials[1]: 257, specials[2]: 258}
         text = "a<|end of text|>ü<|ü|>b" + _BPE_EOT
         assert again.encode(text) == tok.encode(text) == [97, 257, 0xC3, 0xBC, 258, 98, 256]
+
+
+# ---- model.py, train.py: gaps found by mutation testing (round 3) ---------------------------------------------------
+
+def test_model_rmsnorm_normalises_in_float32_for_16_bit_inputs():
+    # fp16 activations of a few hundred: their squares (1e5) overflow fp16, so a norm computed in the input dtype
+    # gives zeros (rsqrt(inf)); in float32 it is the float32 result rounded to fp16
+    norm = M.RMSNorm(32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(32) + 0.5)
+    x = torch.randn(4, 6, 32) * 300
+    for dtype in (torch.float16, torch.bfloat16):
+        xl = x.to(dtype)
+        out = norm(xl)
+        assert out.dtype == dtype
+        want = F.rms_norm(xl.float(), (32,), norm.weight, eps=1e-5).to(dtype)
+        torch.testing.assert_close(out, want, atol=0, rtol=2 ** -10 if dtype == torch.float16 else 2 ** -7)
+
+
+def test_model_gpt_init_scales_every_residual_projection():
+    # GPT-2 scales both residual projections, the attention's c_proj and the MLP's, by 1/sqrt(2 n_layer)
+    m = _model_gpt(n_layer=8, n_embd=128)
+    want = 0.02 / math.sqrt(16)
+    for block in m.transformer.h:
+        for w in (block.attn.c_proj.weight, block.mlp.c_proj.weight):
+            assert abs(w.std().item() / want - 1) < 0.05
+        assert abs(block.attn.c_attn.weight.std().item() / 0.02 - 1) < 0.05
+
+
+def test_model_nope_takes_no_positions_at_all():
+    # remove_rope: no rotary tables, so even positions that are not a shift of 0..T-1 change nothing (RoPE's
+    # scores depend only on offsets, so a shift alone cannot tell NoPE from RoPE)
+    ids = _model_ids(97, (2, 12))
+    nope, rope = _model_llama(remove_rope=True), _model_llama()
+    assert all(layer.attn.rope is None for layer in nope.layers)
+    scrambled = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(nope(ids, token_positions=scrambled), nope(ids))
+    assert not torch.allclose(rope(ids, token_positions=scrambled), rope(ids), atol=1e-4)
+
+
+def test_model_post_norm_switch_reaches_every_block():
+    # TransformerLM(use_post_norm=True) is the post-norm block stacked, not the pre-norm model with the same keys
+    pre, post = _model_llama(), _model_llama(use_post_norm=True)
+    post.load_state_dict(pre.state_dict())
+    with torch.no_grad():
+        for layer in pre.layers:   # non-trivial gains so that pre and post norm cannot agree by accident
+            layer.ln1.weight.uniform_(0.5, 1.5)
+            layer.ln2.weight.uniform_(0.5, 1.5)
+        post.load_state_dict(pre.state_dict())
+    assert all(layer.use_post_norm for layer in post.layers) and not any(layer.use_post_norm for layer in pre.layers)
+    ids = _model_ids(97)
+    x = post.token_embeddings(ids)
+    for layer in post.layers:
+        h = layer.ln1(x + layer.attn(x))
+        x = layer.ln2(h + layer.ffn(h))
+    torch.testing.assert_close(post(ids), post.lm_head(post.ln_final(x)))
+    assert not torch.allclose(post(ids), pre(ids), atol=1e-3)
+
+
+def test_model_per_row_token_positions_rotate_each_row_by_its_own_positions():
+    # token_positions (batch, seq): each row of a batch at its own offsets, the same as that row alone. batch ==
+    # num_heads here, so positions broadcast against the head axis instead of the batch would still run
+    torch.manual_seed(0)
+    attn = M.MultiHeadSelfAttention(64, 4, 32, 10000.0, attn_impl="scratch")
+    x = torch.randn(4, 10, 64)
+    pos = torch.stack([torch.arange(10) * (b % 2 + 1) + b for b in range(4)])   # not all shifts of one another
+    out = attn(x, pos)
+    for b in range(4):
+        torch.testing.assert_close(out[b], attn(x[b:b + 1], pos[b])[0], atol=1e-5, rtol=1e-5)
+    m = _model_llama()
+    ids = _model_ids(97, (4, 10))
+    batched = m(ids, token_positions=pos)
+    for b in range(4):
+        torch.testing.assert_close(batched[b], m(ids[b:b + 1], token_positions=pos[b])[0], atol=1e-5, rtol=1e-5)
+
+
+def test_train_gradient_clipping_eps_matches_torch_at_tiny_norms():
+    # the 1e-6 in max_norm / (norm + 1e-6) matters only for norms near 1e-6: there it must still match torch
+    for norm in (5e-7, 2e-6):
+        g = torch.tensor([0.6, 0.8, 0.0]) * norm
+        a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+        a.grad, b.grad = g.clone(), g.clone()
+        n_ref = torch.nn.utils.clip_grad_norm_([a], 1e-7)
+        n_ours = train.gradient_clipping([b], 1e-7)
+        torch.testing.assert_close(torch.as_tensor(n_ours), n_ref)
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=0)
+        assert b.grad.norm() < 1e-7 * norm / (norm + 1e-6) * 1.001
+
+
+def test_train_optimizer_steps_with_the_scheduled_lr_and_the_clipped_gradients(tmp_path, _train_data, monkeypatch):
+    # what the optimizer is handed at each step: group["lr"] set to the schedule's value (the logged lr is not
+    # enough: it is the schedule's output, whether or not it reached the optimizer), and gradients whose global
+    # norm is min(pre-clip norm, --grad_clip)
+    seen = []
+
+    class Spy(train.AdamW):
+        def step(self, closure=None):
+            grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+            seen.append(([g["lr"] for g in self.param_groups], norm))
+            return super().step(closure)
+    monkeypatch.setattr(train, "AdamW", Spy)
+    clip = 0.05
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=5, warmup_iters=2, log_interval=1,
+                           learning_rate=1e-2, min_lr_ratio=0.1, grad_clip=clip), log=_train_quiet)
+    logged = _train_records(tmp_path / "o", "train")
+    assert len(seen) == len(logged) == 5
+    for i, ((lrs, norm), r) in enumerate(zip(seen, logged)):
+        want = train.get_lr_cosine_schedule(i, 1e-2, 1e-3, 2, 5)
+        assert lrs == pytest.approx([want, want]) and r["lr"] == pytest.approx(want)
+        assert norm == pytest.approx(min(r["grad_norm"], clip), rel=1e-4)
+    assert any(r["grad_norm"] > clip for r in logged)   # the clip was reached (else this proves nothing)
+
+
+def test_train_random_sampler_ranks_draw_different_windows():
+    # DDP with the random sampler: every rank has its own stream (seeded by seed and rank), else all ranks train
+    # on the same windows and the world size buys nothing
+    arr = np.arange(10000, dtype=np.uint16)
+    draw = lambda seed, rank: train.RandomSampler([("f", arr, {})], 8, 16, seed=seed, rank=rank).next_batch("cpu")[0]
+    assert torch.equal(draw(0, 1), draw(0, 1))
+    assert not torch.equal(draw(0, 0), draw(0, 1))
+    assert not torch.equal(draw(0, 0), draw(1, 0))
+
+
+def test_train_rng_state_round_trip_restores_python_numpy_and_torch():
+    # a checkpoint's rng entry puts every generator back where it was (nothing in today's loop draws from torch's
+    # global generator after the init, so the resume tests alone cannot see a generator left unrestored)
+    state = train.rng_state()
+    want = (random.random(), np.random.rand(), torch.rand(3))
+    train.set_rng_state(state)
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[0] == want[0] and got[1] == want[1] and torch.equal(got[2], want[2])
+
+
+def test_train_estimate_val_loss_scores_the_first_tokens_of_the_validation_file_in_order(tmp_path, _train_data):
+    # the bits/byte figure counts the bytes of the first eval_iters*B*T targets of the scored file: the loss must
+    # be taken on exactly those windows, read in order (never a shuffled or rotated copy), averaged over batches
+    import contextlib
+    m = _model_llama(vocab_size=64, context_length=16)
+    shards = train.find_shards(_train_data, "val")
+    cfg = dict(batch_size=4, context_length=16)
+    got = train.estimate_val_loss(m, shards, cfg, "llama", torch.device("cpu"), contextlib.nullcontext(), 0, 1, 3)
+    val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16)[:3 * 64 + 1].astype(np.int64))
+    with torch.no_grad():
+        want = np.mean([M.lm_loss(m, val[i * 64:(i + 1) * 64].view(4, 16), val[i * 64 + 1:(i + 1) * 64 + 1].view(4, 16))
+                        .item() for i in range(3)])
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_train_model_config_from_passes_every_architecture_flag():
+    # the ablation flags and rope_theta reach the model config (and so the model) that train() builds
+    base = dict(train.DEFAULTS, _pad_vocab=1)
+    for kw in (dict(remove_rope=True), dict(use_post_norm=True), dict(remove_rmsnorm=True),
+               dict(ffn_type="silu"), dict(rope_theta=500.0), dict(attn_impl="scratch")):
+        cfg = train.model_config_from(dict(base, **kw), 100)
+        assert all(cfg[k] == v for k, v in kw.items()), (kw, cfg)
+        m = M.build_model(cfg)
+        assert all(m.model_config()[k] == v for k, v in kw.items())
+    assert M.build_model(train.model_config_from(dict(base, remove_rope=True), 100)).layers[0].attn.rope is None
+    gpt = train.model_config_from(dict(base, model="gpt2", attn_impl="scratch", _pad_vocab=64), 100)
+    assert (gpt["n_layer"], gpt["n_head"], gpt["n_embd"], gpt["block_size"], gpt["attn_impl"],
+            gpt["pad_vocab_to_multiple_of"]) == (4, 4, 128, 128, "scratch", 64)
+
+
+def test_train_bytes_per_token_counts_utf8_bytes_not_characters():
+    # bits/byte divides by UTF-8 bytes: a multi-byte character counts for each of its bytes
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [bpe.EOT])
+    text = "héllo wörld €"
+    ids = list(text.encode("utf-8")) + [tok.eot_id]
+    assert train.bytes_per_token(tok, ids, tok.eot_id) == pytest.approx(len(text.encode("utf-8")) / len(ids))
+    assert len(text) < len(text.encode("utf-8"))
+    # a character cut at either end of the scored window counts only its bytes inside the window, not the 3 bytes
+    # of the U+FFFD that decoding would put in its place (each token below is one byte)
+    assert train.bytes_per_token(tok, [0xA9, 97, 0xE2], tok.eot_id) == pytest.approx(1.0)
+    assert train.bytes_per_token(tok, [0xC3, 0xA9, 0xE2, 0x82], tok.eot_id) == pytest.approx(1.0)

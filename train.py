@@ -650,10 +650,10 @@ def _kept_on_resume(line, step):
 
 
 def bytes_per_token(tokenizer, ids, eot_id):
-    """UTF-8 bytes per token of ids decoded with the tokenizer (eot tokens count as tokens with 0 bytes)."""
+    """Bytes per token: the tokens' own bytes, so a UTF-8 character cut at either end of the window counts only the
+    bytes inside it (eot tokens count as tokens with 0 bytes)."""
     ids = [int(t) for t in ids]
-    text = tokenizer.decode([t for t in ids if t != eot_id])
-    return len(text.encode("utf-8")) / max(1, len(ids))
+    return len(tokenizer.decode_bytes([t for t in ids if t != eot_id])) / max(1, len(ids))
 
 
 @torch.no_grad()
