@@ -196,8 +196,8 @@ def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None)
 
 
 def _check_sampling_args(temperature, top_k, top_p):
-    if temperature is None or not temperature >= 0:  # written so that NaN fails too
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature is None or not 0 <= temperature < float("inf"):  # written so that NaN fails too
+        raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k is not None and top_k < 1:
@@ -414,8 +414,8 @@ def main():
     if args.ckpt and args.init_from:
         raise SystemExit("sample.py: give one of --ckpt PATH or --init_from NAME, not both")
     args.ckpt = args.ckpt or (None if args.init_from else os.path.join("out", "ckpt.pt"))
-    if not args.temperature >= 0:  # NaN too
-        raise SystemExit(f"sample.py: --temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 <= args.temperature < float("inf"):  # NaN too
+        raise SystemExit(f"sample.py: --temperature must be finite and >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise SystemExit(f"sample.py: --top_p must be in (0, 1], got {args.top_p}")
     if args.top_k is not None and args.top_k < 1:

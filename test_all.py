@@ -2360,6 +2360,8 @@ def test_sample_bad_input_and_long_prompts():
         sample.generate(m, [[1]], 3, temperature=-0.5)
     with pytest.raises(ValueError, match="temperature"):
         sample.generate(m, [[1]], 3, temperature=float("nan"))
+    with pytest.raises(ValueError, match="temperature must be finite"):   # inf would be uniform, NaN on -inf logits
+        sample.generate(m, [[1]], 3, temperature=float("inf"))
     # a temperature so small that logits / temperature overflows: still the argmax, never an id past the vocabulary
     logits = torch.randn(3, 50) * 5
     for t in (1e-6, 1e-38, 1e-45):
@@ -2429,7 +2431,8 @@ def test_sample_cli_streams_from_checkpoint(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", argv)
     sample.main()
     assert capsys.readouterr().out == out  # seeded: identical text
-    for bad, msg in (("--temperature=-1", "--temperature"), ("--temperature=nan", "--temperature"), ("--top_p=0", "--top_p"),
+    for bad, msg in (("--temperature=-1", "--temperature"), ("--temperature=nan", "--temperature"),
+                     ("--temperature=inf", "--temperature must be finite"), ("--top_p=0", "--top_p"),
                      ("--top_p=1.5", "--top_p"),
                      (f"--ckpt={tmp_path / 'missing.pt'}", "no such checkpoint")):
         monkeypatch.setattr(sys, "argv", argv + [bad])
@@ -4247,7 +4250,8 @@ TRAIN_BAD_FLAGS = [("batch_size", 0, ">= 1"), ("batch_size", -4, ">= 1"), ("cont
              ("weight_decay", -1.0, ">= 0"), ("warmup_iters", -10, ">= 0"), ("grad_clip", -1.0, ">= 0"),
              ("eval_tokens", -100, ">= 0"), ("ckpt_interval", -1, ">= 0"), ("num_samples", -1, ">= 0"),
              ("learning_rate", -1.0, ">= 0"), ("learning_rate", float("nan"), ">= 0"), ("beta1", 1.5, "in [0, 1)"),
-             ("min_lr_ratio", -2.0, "in [0, 1]"), ("top_p", 2.0, "in (0, 1]"), ("temperature", -1.0, ">= 0"),
+             ("min_lr_ratio", -2.0, "in [0, 1]"), ("top_p", 2.0, "in (0, 1]"),
+             ("temperature", -1.0, "finite and >= 0 (0 = greedy)"), ("temperature", float("inf"), "finite and >= 0 (0 = greedy)"),
              ("sample_tokens", -3, ">= 0"), ("time_budget", "-5m", "> 0 ('' = none)")]
 
 
