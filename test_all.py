@@ -6149,3 +6149,282 @@ def test_train_bytes_per_token_counts_utf8_bytes_not_characters():
     # of the U+FFFD that decoding would put in its place (each token below is one byte)
     assert train.bytes_per_token(tok, [0xA9, 97, 0xE2], tok.eot_id) == pytest.approx(1.0)
     assert train.bytes_per_token(tok, [0xC3, 0xA9, 0xE2, 0x82], tok.eot_id) == pytest.approx(1.0)
+
+
+# ---- fineweb.py, stories.py, experiments.py, train.py: gaps found by mutation testing (round 3) ------------------
+
+def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
+    # a shuffle buffer that always evicted the same slot would keep the stream in order (doc i, i+1, ...) and start
+    # every seed with doc 0: the "unshuffled documents" weakness the spec names
+    docs = list(range(1000))
+    out = list(fineweb.buffer_shuffle(iter(docs), 64, seed=0))
+    assert sorted(out) == docs
+    in_order = sum(b == a + 1 for a, b in zip(out, out[1:]))
+    assert in_order < 60, in_order                       # ~1000/64 expected; an in-order stream gives ~1000
+    firsts = {next(iter(fineweb.buffer_shuffle(iter(docs), 64, seed=s))) for s in range(10)}
+    assert len(firsts) > 5
+
+
+def test_fw_shards_sidecars_and_meta_are_renamed_into_place(tmp_path, monkeypatch, _fw_bpe_dir):
+    # "written to a .tmp file and renamed": a kill mid-write never leaves a file that looks complete
+    real, renamed = os.replace, []
+    monkeypatch.setattr(fineweb.os, "replace", lambda src, dst: (renamed.append((str(src), str(dst))), real(src, dst)))
+    _, docs = _fw_corpus(tmp_path, n=30, seed=1)
+    out = tmp_path / "out"
+    meta = fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=1500, num_workers=1, progress=False,
+                                log=lambda *a: None)
+    files = [s["file"] for s in meta["shards"]]
+    assert len(files) >= 2
+    for name in files + [f"{f}.json" for f in files] + ["meta.json"]:
+        assert (f"{out / name}.tmp", str(out / name)) in renamed, name
+    renamed.clear()
+    fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    for name in ("one.bin", "one.bin.json"):
+        assert (f"{tmp_path / name}.tmp", str(tmp_path / name)) in renamed, name
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
+    kw = dict(num_workers=1)
+    with pytest.raises(ValueError, match="no documents to tokenise"):
+        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
+                             log=lambda *a: None, **kw)
+    assert not list((tmp_path / "shards").glob("*.bin"))
+    blank = tmp_path / "blank.txt"
+    blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
+    with pytest.raises(ValueError, match="one.bin: no documents to tokenise"):
+        fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
+    assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
+
+
+def test_fw_file_docs_streams_across_chunk_boundaries_and_drops_blank_documents(tmp_path):
+    # the file is read in chunks: a document (or a separator) cut by a chunk boundary is joined again, the last
+    # document needs no separator after it, and whitespace-only documents are dropped
+    text = (f"  first doc \n{_FW_EOT}\n \n\t{_FW_EOT}second{_FW_EOT}a third one, longer than any chunk below"
+            f"{_FW_EOT}{_FW_EOT}  last, without a separator after it \n")
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    want = ["first doc", "second", "a third one, longer than any chunk below", "last, without a separator after it"]
+    for chunk_chars in (1, 3, 7, 16, 1 << 20):
+        assert list(fineweb.file_docs(path, chunk_chars=chunk_chars)) == want, chunk_chars
+
+
+def test_fw_folder_docs_skips_hidden_files_and_folders(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "a.txt").write_text("Doc A\n")
+    (tmp_path / "sub" / "b.txt").write_text("  Doc B ")
+    (tmp_path / "empty.txt").write_text(" \n")
+    (tmp_path / ".hidden.txt").write_text("secret")
+    (tmp_path / ".git" / "config").write_text("[core]")
+    assert list(fineweb.folder_docs(tmp_path)) == ["Doc A", "Doc B"]
+
+
+def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path):
+    logs = []
+    kw = dict(vocab_size=280, allow_download=False, log=logs.append, num_workers=1)
+    d = tmp_path / "ts"
+    fineweb.prepare_tinystories(d, corpus_bytes=12_000, **kw)
+    small = (d / "train.txt").read_bytes()
+    # another corpus size: a new corpus, not the old one reused
+    logs.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert not any(line.startswith("corpus: reusing") for line in logs)
+    assert (d / "train.txt").stat().st_size > 1.5 * len(small)
+    big = (d / "train.txt").read_bytes()
+    # a corpus file edited (or cut short) after it was recorded: made again, not trusted
+    (d / "train.txt").write_bytes(big[:5000])
+    logs.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert not any(line.startswith("corpus: reusing") for line in logs)
+    assert (d / "train.txt").read_bytes() == big
+    # a tokenizer changed on disk after it was recorded: trained again, and the tokens encoded again
+    merges = (d / "tokenizer" / "merges.txt").read_text(encoding="utf-8").splitlines()
+    (d / "tokenizer" / "merges.txt").write_text("\n".join(merges[:-5]) + "\n", encoding="utf-8")
+    logs.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert logs[0].startswith("corpus: reusing") and logs[1].startswith("tokenizer: trained BPE")
+    assert logs[2].startswith("tokens: ") and "reusing" not in logs[2]
+
+
+def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_path, monkeypatch):
+    calls = []
+    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)],
+            "validation": [f"Val story {i}." for i in range(200)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
+    for split, path, limit in (("train", "train.txt", 5700), ("validation", "val.txt", 300)):
+        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
+        n = len(list(fineweb.file_docs(tmp_path / "dl" / path)))
+        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
+        last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
+        assert limit <= len(text.encode()) < limit + last, (split, len(text))      # 95 % / 5 % of corpus_bytes
+
+
+def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
+    # what the command line hands on: --shuffle_docs shuffles the stream, --fresh reaches prepare_tinystories, and
+    # the default folders are the ones --help names
+    got = []
+    monkeypatch.setattr(fineweb, "prepare_tinystories", lambda *a, **k: got.append((a, k)))
+    monkeypatch.setattr(fineweb, "write_shards", lambda docs, out_dir, *a, **k: got.append((list(docs), out_dir, k)))
+    monkeypatch.chdir(tmp_path)
+    path, docs = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
+
+    def run(*argv):
+        got.clear()
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
+        fineweb.main()
+        return got[0]
+    a, k = run("--prepare_tinystories", "--fresh")
+    assert a == ("data/tinystories", 2048) and k["fresh"] is True and k["corpus_bytes"] == 4_000_000
+    a, k = run("--prepare_tinystories", "--corpus_bytes=0")
+    assert k["fresh"] is False and k["corpus_bytes"] is None
+    shuffled, out_dir, k = run(f"--input={path}", f"--tokenizer={_fw_bpe_dir}", "--shuffle_docs", "--shuffle_buffer=8",
+                               "--seed=3", "--num_workers=1")
+    assert shuffled == list(fineweb.buffer_shuffle(iter(docs), 8, 3)) and shuffled != docs
+    assert (out_dir, k["shuffle_docs"], k["seed"]) == ("data/c-bpe", True, 3)
+    plain, out_dir, k = run(f"--input={path}", "--num_workers=1")
+    assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
+
+
+def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["stories.py", "--print", "3", "--seed", "1"])
+    stories.main()
+    assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
+
+
+def test_experiments_run_selection_only_in_the_order_given_and_extras_with_all(tmp_path, _bad_results, monkeypatch,
+                                                                               capsys):
+    extras = {"batch_128", "batch_16_lr0", "batch_64_lr0", "baseline_seed2", "nope_lr_1e-2", "post_norm_lr_1e-2",
+              "no_rmsnorm_lr_1e-2", "silu_ffn_lr_1e-2"}
+    runs = experiments.plan("cpu")
+    assert {r["name"] for r in runs if r.get("extra")} == extras
+    ran = []
+    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(experiments, "run_one", lambda r, *a, **k: ran.append(r["name"]))
+    monkeypatch.setattr(experiments, "report", lambda *a, **k: None)
+    for argv, want in [(["run"], [r["name"] for r in runs if r["name"] not in extras]),
+                       (["run", "--all"], [r["name"] for r in runs]),
+                       (["run", "--only=silu_ffn,baseline,batch_128"], ["silu_ffn", "baseline", "batch_128"])]:
+        ran.clear()
+        experiments.main(argv + ["--no_samples"])
+        assert ran == want, argv
+    capsys.readouterr()
+    experiments.main(["list", "--only=nope,baseline"])
+    out = capsys.readouterr().out
+    assert out.index("nope ") < out.index("baseline ")
+
+
+def test_experiments_time_budget_and_batch_runs_keep_their_schedule_fractions():
+    runs = {r["name"]: r["flags"] for r in experiments.plan("cpu")}
+    base, t = runs["baseline"], runs["time_budget"]
+    # the clock ends the time-budget run, so its max_iters lies beyond what it can reach; the warmup keeps its share
+    assert t["time_budget"] and base["time_budget"] == "" and t["max_iters"] > base["max_iters"]
+    assert t["warmup_iters"] / t["max_iters"] == base["warmup_iters"] / base["max_iters"]
+    for B in (16, 64, 128):   # evaluations at the same token counts as the baseline's
+        f = runs[f"batch_{B}"]
+        assert f["eval_interval"] * B == base["eval_interval"] * base["batch_size"], B
+        assert f["warmup_iters"] * B == base["warmup_iters"] * base["batch_size"], B
+
+
+def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags(tmp_path, _bad_results, monkeypatch):
+    class Trained(Exception):
+        pass
+
+    def popen(*a, **k):
+        raise Trained
+    monkeypatch.setattr(experiments.subprocess, "Popen", popen)
+    run = experiments.plan("cpu")[0]
+    data, scratch = tmp_path / "data", tmp_path / "scratch"
+    args = experiments.train_args(run["flags"], data, scratch / "runs" / "baseline")
+    dest = _bad_results / "logs" / "baseline.jsonl"
+    dest.parent.mkdir(parents=True)
+
+    def write(args, last_eval):
+        rows = [dict(type="experiment", name="baseline", groups=run["groups"], change="baseline", flags=run["flags"],
+                     args=args, wall=3.0),
+                dict(type="config", max_iters=200, time_budget=""),
+                dict(type="train", step=200, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=9.0, tokens=819200),
+                dict(type="eval", step=last_eval, val_loss=2.1, val_bpb=0.8, elapsed=9.0)]
+        dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write([str(a) for a in args], 200)
+    assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest   # the same run: reused
+    for other_args, last_eval in [([*map(str, args[:-1]), "--seed=7"], 200), ([str(a) for a in args], 100)]:
+        write(other_args, last_eval)     # other flags, or a log that does not reach max_iters: trained again
+        with pytest.raises(Trained):
+            experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
+    write([str(a) for a in args], 200)   # --rerun: trained again even though the log matches
+    with pytest.raises(Trained):
+        experiments.run_one(run, "cpu", data, scratch, rerun=True, log=lambda *a: None)
+
+
+def test_experiments_a_time_budget_run_is_finished_before_max_iters():
+    def rows(time_budget):
+        return [dict(type="config", max_iters=1000, time_budget=time_budget),
+                dict(type="train", step=37, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=150.0, tokens=37 * 4096),
+                dict(type="eval", step=37, val_loss=2.1, val_bpb=0.8, elapsed=150.0)]
+    assert experiments.finished(experiments.summarize(rows("2.5m")))      # stopped by the clock: done
+    assert not experiments.finished(experiments.summarize(rows("")))      # stopped at 37 of 1000 steps: cut short
+
+
+def test_experiments_report_groups_runs_as_the_plan_does(tmp_path, monkeypatch):
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr"], 4.0)
+    _experiments_fake_log(tmp_path / "logs" / "nope.jsonl", "nope", ["lr"], 4.25)   # a log with a stale grouping
+    experiments.report(log=lambda *a: None)
+    sections = {s.split("\n", 1)[0]: s for s in (tmp_path / "results.md").read_text().split("## ")[1:]}
+    assert "| nope |" in sections["Ablations"] and "| nope |" not in sections["Learning-rate sweep"]
+    assert "| baseline |" in sections["Learning-rate sweep"] and "| baseline |" in sections["Ablations"]
+
+
+def test_train_context_longer_than_the_checkpoints_model_is_refused(tmp_path, _train_data):
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1), log=_train_quiet)
+    with pytest.raises(ValueError, match=r"^--context_length=32 is longer than the model's 16$"):
+        train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=2, context_length=32, resume=True),
+                    log=_train_quiet)
+
+
+def test_train_log_records_and_progress_line_figures(tmp_path, _train_data, monkeypatch):
+    # with the fake clock every step takes 1 s: tokens/s, tokens, elapsed and the MFU are exact figures
+    monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 3e7)   # a peak that puts MFU near 30 %
+    said = []
+    s = train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=6, log_interval=4), clock=_train_fake_clock(),
+                    log=said.append)
+    cfg = _train_records(tmp_path / "o", "config")[0]
+    n_params = sum(v.numel() for v in _train_weights(tmp_path / "o" / "ckpt.pt").values())
+    assert (cfg["params"], cfg["world_size"], cfg["resumed_at_step"]) == (n_params, 1, None) == (s["params"], 1, None)
+    rows = _train_records(tmp_path / "o", "train")
+    assert [r["step"] for r in rows] == [4, 6]               # every log_interval steps, and the last step
+    for r in rows:
+        assert (r["tokens"], r["tokens_per_sec"], r["dt"], r["elapsed"]) == (r["step"] * 64, 64.0, 1.0, r["step"])
+        assert set(r) >= {"loss", "lr", "grad_norm", "mfu"}
+        line = next(l for l in said if l.startswith(f"step {r['step']:>6}/6 | loss {r['loss']:.4f} | "))
+        assert " | 64 tok/s" in line and line.endswith(f" | 0m{r['step']:02d}s")
+        assert r["mfu"] == pytest.approx(flops.train_flops_per_token(cfg["model_config"], 16) * 64 / 3e7, rel=1e-12)
+        assert 0.05 < r["mfu"] < 5 and f" | mfu {100 * r['mfu']:.1f}% | " in line
+    ev = _train_records(tmp_path / "o", "eval")
+    assert [(e["step"], e["elapsed"]) for e in ev] == [(0, 0.0), (6, 6.0)] and ev[-1]["val_loss"] == s["val_loss"]
+
+
+def test_train_plot_draws_the_train_and_validation_curves(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **k: (drawn.append((list(a[0]), list(a[1]), k.get("label"))), real(self, *a, **k))[1])
+    rows = [dict(type="config"), dict(type="train", step=2, loss=3.0, elapsed=0.5),
+            dict(type="train", step=4, loss=2.5, elapsed=1.0), dict(type="eval", step=4, val_loss=2.7, elapsed=1.0)]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train.plot_log(tmp_path / "log.jsonl")
+    assert drawn == [([2, 4], [3.0, 2.5], "train"), ([4], [2.7], "validation"),
+                     ([0.5, 1.0], [3.0, 2.5], "train"), ([1.0], [2.7], "validation")]
+
+
+def test_train_tinystories_presets_use_the_reference_peak_lr():
+    # SPEC: the TinyStories baseline reaches 1.564 at lr_max 1e-3 (batch 32, 5,000 steps), 1.48 at batch 128
+    for name, batch in (("tinystories-cpu", 32), ("tinystories", 128)):
+        cfg, _ = train.get_config([f"--preset={name}"])
+        assert (cfg["learning_rate"], cfg["batch_size"], cfg["time_budget"]) == (1e-3, batch, ""), name
