@@ -6428,3 +6428,164 @@ def test_train_tinystories_presets_use_the_reference_peak_lr():
     for name, batch in (("tinystories-cpu", 32), ("tinystories", 128)):
         cfg, _ = train.get_config([f"--preset={name}"])
         assert (cfg["learning_rate"], cfg["batch_size"], cfg["time_budget"]) == (1e-3, batch, ""), name
+
+
+# ---- hellaswag.py, lambada.py, sample.py, model.py loading, bpe.py CLI: gaps found by mutation testing (round 4) ----
+
+def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_checks_its_size(tmp_path, monkeypatch):
+    # --tokenizer overrides the tokenizer a checkpoint names and, with --init_from, the default gpt2; one too large
+    # for the model (ids past its embedding table) is refused by both scripts at load time
+    import argparse
+    transformers = pytest.importorskip("transformers")
+    GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
+    ckpt = _tiny_llama_ckpt(tmp_path)  # names tmp_path/tok: 257 byte tokens with <|endoftext|>
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=[]).save_dir(str(tmp_path / "bytes"))
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        tmp_path / "hf")
+
+    def load(**kw):
+        args = argparse.Namespace(**{"ckpt": None, "init_from": None, "tokenizer": None, **kw})
+        return hellaswag.load_model(args, "cpu")
+    assert load(ckpt=str(ckpt))[1].vocab_size == 257
+    assert load(ckpt=str(ckpt), tokenizer=str(tmp_path / "bytes"))[1].vocab_size == 256
+    model, tok = load(init_from=str(tmp_path / "hf"), tokenizer=str(tmp_path / "bytes"))
+    assert model.vocab_size == 300 and tok.vocab_size == 256 and tok.eot_id is None
+    (tmp_path / "small").mkdir()
+    small = _tiny_llama_ckpt(tmp_path / "small", vocab_size=200)
+    for script in (hellaswag, lambada):
+        name = f"{script.__name__}.py"
+        assert _bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu") == (
+            f"{name}: the tokenizer stored in {small} ({str(tmp_path / 'small' / 'tok')!r}) has 257 tokens but the "
+            f"model only 200: not the tokenizer this model was trained with")
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--init_from=gpt2", "--limit=0"], "hellaswag.py: --limit must be a positive integer, got 0"),
+    (["--init_from=gpt2", "--limit=-3"], "hellaswag.py: --limit must be a positive integer, got -3"),
+    (["--init_from=gpt2", "--batch_examples=0"], "hellaswag.py: --batch_examples must be a positive integer, got 0"),
+])
+def test_hs_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
+    # (a --limit of -3 would otherwise drop the last 3 examples, and 0 end with "no example fits the context")
+    assert _bad_exit(monkeypatch, hellaswag, *argv) == expect
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tmp_path, monkeypatch, capsys):
+    # README: `python sample.py --top_p 0.9` samples the latest checkpoint of the default run, out/ckpt.pt
+    monkeypatch.chdir(tmp_path)
+    assert _bad_exit(monkeypatch, sample, "--device=cpu") == (
+        "sample.py: --ckpt out/ckpt.pt: no such checkpoint (train one with `python train.py`, or use --init_from=gpt2)")
+    (tmp_path / "out").mkdir()
+    _tiny_llama_ckpt(tmp_path / "out")
+    flags = ["--prompt=ab", "--num_samples=1", "--max_new_tokens=4", "--temperature=0", "--no_stop", "--device=cpu"]
+    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
+    sample.main()
+    default = capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt=out/ckpt.pt", *flags])
+    sample.main()
+    assert default == capsys.readouterr().out and default.startswith("---------- sample 1/1\nab")
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model_bin"])
+def test_model_from_pretrained_reads_openais_layout_unprefixed_keys_and_mask_buffers(tmp_path, safe):
+    # openai-community/gpt2's files hold GPT2Model keys (h.0..., wte.weight: no "transformer." prefix, no lm_head)
+    # and the causal-mask buffers attn.bias / attn.masked_bias, which carry no weights and are skipped
+    hf = _model_hf_gpt2()
+    hf.config.save_pretrained(tmp_path)
+    sd = {k[len("transformer."):]: v.clone().contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for i in range(hf.config.n_layer):
+        sd[f"h.{i}.attn.bias"] = torch.tril(torch.ones(32, 32, dtype=torch.bool)).view(1, 1, 32, 32)
+        sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    if safe:
+        from safetensors.torch import save_file
+        save_file(sd, tmp_path / "model.safetensors")
+    else:
+        torch.save(sd, tmp_path / "pytorch_model.bin")
+    ours = M.GPT.from_pretrained(str(tmp_path)).eval()
+    ids = _model_ids(97)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids)[0], hf(ids).logits, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
+def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script):
+    # a readable file that is not a train.py checkpoint: a bare state dict, weights without their model_config, a list
+    good = torch.load(_tiny_llama_ckpt(tmp_path), weights_only=True)
+    want = {sample: "not a train.py checkpoint (no model / model_config)",
+            hellaswag: "expected a train.py checkpoint (a dict with model, model_config, tokenizer)"}
+    for name, content in [("bare", good["model"]), ("no_config", {k: v for k, v in good.items() if k != "model_config"}),
+                          ("list", [1, 2])]:
+        path = tmp_path / f"{name}.pt"
+        torch.save(content, path)
+        message = _bad_exit(monkeypatch, script, f"--ckpt={path}", "--device=cpu")
+        if name == "list":
+            assert message == f"{script.__name__}.py: --ckpt {path}: not a checkpoint (expected a dict, found list)"
+        else:
+            assert message == f"{script.__name__}.py: --ckpt {path}: {want.get(script, want[hellaswag])}"
+
+
+def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, capsys):
+    # --help: training writes tokenizers/<input stem>-<vocab> by default; the lines printed by training and by
+    # --encode give the vocabulary, merge, token and document counts and the dtype of the .bin
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "300", "--workers", "1"])
+    bpe.main()
+    out = Path("tokenizers") / "corpus-300"
+    tok = bpe.load_tokenizer(out)
+    assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 - 1
+    assert f"trained 300 tokens (43 merges) on {corpus} -> {out}\n" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(corpus), "--tokenizer", str(out), "--out", "c.bin",
+                                      "--workers", "1"])
+    bpe.main()
+    meta = json.loads(Path("c.bin.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["num_docs"] == 60 and meta["tokenizer"] == str(out)
+    assert capsys.readouterr().out.startswith(f"wrote c.bin: {meta['num_tokens']:,} tokens (uint16), 60 docs, ")
+
+
+def test_model_rank_gpu_refuses_a_local_rank_equal_to_the_gpu_count(monkeypatch):
+    # GPUs are numbered 0..count-1: LOCAL_RANK 4 of 4 visible GPUs has none
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert M.rank_gpu(3) == torch.device("cuda", 3)
+    with pytest.raises(ValueError, match=r"^LOCAL_RANK 4: only 4 GPUs are visible"):
+        M.rank_gpu(4)
+
+
+def test_model_from_pretrained_refuses_missing_weights_and_unknown_overrides(tmp_path):
+    # a file lacking a weight would leave it at its random init: refused, naming it; so is an unknown override
+    hf = _model_hf_gpt2()
+    hf.config.save_pretrained(tmp_path)
+    torch.save({k: v for k, v in hf.state_dict().items() if k != "transformer.h.1.mlp.c_fc.bias"},
+               tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"lacks \['transformer\.h\.1\.mlp\.c_fc\.bias'\]$"):
+        M.GPT.from_pretrained(str(tmp_path))
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    assert M.GPT.from_pretrained(str(tmp_path), pad_vocab_to_multiple_of=64).config.pad_vocab_to_multiple_of == 64
+    with pytest.raises(ValueError, match=r"^GPT\.from_pretrained: unknown GPTConfig field 'pad_vocab'$"):
+        M.GPT.from_pretrained(str(tmp_path), pad_vocab=64)
+
+
+def test_bpe_cli_encode_without_out_is_one_line(tmp_path, monkeypatch):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    assert _bad_exit(monkeypatch, bpe, "--encode", corpus) == "bpe.py: --encode needs --out FILE.bin"
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path, monkeypatch, capsys):
+    # FILE:path prompts keep the file's text as it is (here its final newline) and --dtype sets the weights' dtype
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    m = M.model_from_checkpoint(torch.load(ckpt, weights_only=True))
+    (tmp_path / "p.txt").write_text("ab \n", encoding="utf-8")
+    dtypes, generate = [], sample.generate
+    monkeypatch.setattr(sample, "generate", lambda model, *a, **k: dtypes.append(
+        next(model.parameters()).dtype) or generate(model, *a, **k))
+    flags = [f"--ckpt={ckpt}", f"--prompt=FILE:{tmp_path / 'p.txt'}", "--num_samples=1", "--max_new_tokens=4",
+             "--temperature=0", "--no_stop", "--device=cpu"]
+    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
+    sample.main()
+    want = tok.decode(generate(m, [tok.encode("ab \n")], 4, temperature=0.0)[0])
+    assert capsys.readouterr().out == "---------- sample 1/1\nab \n" + want + "\n"
+    monkeypatch.setattr(sys, "argv", ["sample.py", *flags, "--dtype=bfloat16"])
+    sample.main()
+    assert dtypes == [torch.float32, torch.bfloat16]
