@@ -208,8 +208,9 @@ def _measure_cpu_peak(dtype_name, n=1024, repeats=5):
     """One-off measured matmul throughput of this CPU (best of a few runs), cached for the process."""
     import torch
     dtype = torch.bfloat16 if dtype_name in ("bfloat16", "bf16") else torch.float32
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)   # its own generator: measuring must not move the global RNG (resume)
+    a = torch.randn(n, n, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, dtype=dtype, generator=gen)
     a @ b  # warm-up
     best = float("inf")
     for _ in range(repeats):

@@ -5389,7 +5389,31 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
     flops.peak_flops = lambda device, dtype: 1e9   # a known peak: MFU becomes a number computed by hand
-    train.train(_train_cfg(data_dir, out_dir, **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=_train_quiet)
+    # first, in the same process group: the random sampler (a stream per rank) straight to step 4, and to step 2
+    # then resumed to 4 (each rank must get its own loader state back)
+    kw = dict(sampler="random", lr_decay_iters=4, num_threads=1, _destroy_pg=False)
+    for sub, more in (("rand_a", dict(max_iters=4)), ("rand_b", dict(max_iters=2)), ("rand_b", dict(max_iters=4, resume=True))):
+        train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet)
+        dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
+    # then the run compared with one process, watched: what each rank prints and saves, and how often the
+    # gradients are all-reduced (one bucket for this tiny model, so once per synchronised backward)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    said, saves, synced = [], [], []
+    real_save = train.save_checkpoint
+    train.save_checkpoint = lambda *a, **k: (saves.append(a[2]), real_save(*a, **k))[1]
+
+    class CountingDDP(torch.nn.parallel.DistributedDataParallel):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+
+            def hook(state, bucket):
+                synced.append(1)
+                return default_hooks.allreduce_hook(None, bucket)
+            self.register_comm_hook(None, hook)
+    torch.nn.parallel.DistributedDataParallel = CountingDDP
+    train.train(_train_cfg(data_dir, out_dir, **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=said.append)
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(dict(
+        said=len(said), saves=saves, synced=len(synced), initialized=dist.is_initialized())))
 
 
 def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_logged_figure(tmp_path, _train_data,
@@ -5417,6 +5441,18 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
             assert r["mfu"] == pytest.approx(per_token * 256 / world / 1e9, rel=1e-9)
     for r1, r2 in zip(tr1, tr2):
         assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-5)
+    # only rank 0 prints and writes checkpoints (at the evaluation step 2 and the end); gradients are all-reduced
+    # once per optimizer step, on the last of the 2 micro-steps (no_sync before); the process group is torn down
+    obs = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert obs[0]["said"] > 0 and obs[1]["said"] == 0
+    assert [o["saves"] for o in obs] == [[2, 3], []]
+    assert [o["synced"] for o in obs] == [3, 3]
+    assert [o["initialized"] for o in obs] == [False, False]
+    # random sampler under DDP: each rank's own loader state is saved and restored, so the resume is exact
+    ck = torch.load(tmp_path / "two" / "rand_b" / "ckpt.pt", weights_only=True)
+    assert len(ck["loader"]) == 2 and ck["loader"][0]["rng"] != ck["loader"][1]["rng"]
+    a, b = _train_weights(tmp_path / "two" / "rand_a" / "ckpt.pt"), _train_weights(tmp_path / "two" / "rand_b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_train_random_sampler_draws_every_window_of_every_shard_in_proportion():
@@ -6589,3 +6625,177 @@ def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path
     monkeypatch.setattr(sys, "argv", ["sample.py", *flags, "--dtype=bfloat16"])
     sample.main()
     assert dtypes == [torch.float32, torch.bfloat16]
+
+
+# ---- train.py resume, DDP, precision: gaps found by mutation testing (round 4) -----------------------------------
+
+def test_train_resume_restores_the_global_rngs_after_building_the_model(tmp_path, _train_data, monkeypatch):
+    # the checkpoint's python / numpy / torch generators are put back, and after the model is rebuilt (its init
+    # draws from torch's): whatever draws from them after a resume (here on_step) sees the uninterrupted run's numbers.
+    # Each run here stands for a new process, so the CPU peak behind MFU is measured again in each (its cache
+    # emptied): measuring must use its own generator, else the resumed run's draws are shifted
+    peaks = {}
+    monkeypatch.setattr(flops, "_cpu_peak_cache", peaks)
+
+    def drawing(out, crash_at=None):
+        def on_step(step):
+            out.append((step, random.random(), float(np.random.rand()), torch.rand(()).item()))
+            if step == crash_at:
+                raise RuntimeError("simulated crash")
+        return on_step
+    straight, crashed, resumed = [], [], []
+    kw = dict(max_iters=4, ckpt_interval=2, log_interval=1)   # MFU from the first step on
+    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), on_step=drawing(straight), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
+    peaks.clear()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=drawing(crashed, crash_at=3), log=_train_quiet)
+    peaks.clear()
+    train.train(dict(cfg, resume=True), on_step=drawing(resumed), log=_train_quiet)
+    assert peaks and crashed == straight[:3] and [s for s, *_ in resumed] == [3, 4]
+    assert resumed == straight[2:]
+
+
+def test_train_checkpoints_at_every_evaluation_when_ckpt_interval_is_0(tmp_path, _train_data):
+    # --ckpt_interval=0 (the default) writes ckpt.pt at every evaluation: a crash at step 7 with eval_interval 3
+    # leaves the step-6 checkpoint
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=8, eval_interval=3, ckpt_interval=0)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=_train_crash_at(7), log=_train_quiet)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
+
+
+def test_train_resume_with_another_number_of_processes_is_refused(tmp_path, _train_data):
+    # every rank continues its own data stream: a checkpoint written by 2 processes does not resume in 1
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=2)
+    train.train(cfg, log=_train_quiet)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    ck["loader"] = [ck["loader"], ck["loader"]]   # as rank 0 of a 2-process run writes it
+    torch.save(ck, tmp_path / "o" / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt\.pt was written by 2 process\(es\): resume it with the same number "
+                                         r"\(this run has 1\)"):
+        train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
+
+
+def test_train_resume_with_another_batch_size_or_accumulation_is_refused(tmp_path, _train_data):
+    # the batch is not among the settings a resume may change: another --batch_size or --total_batch_tokens would
+    # continue the data stream and the schedule as another run
+    args = _train_main_args(_train_data, tmp_path / "o")
+    train.main(args)
+    for flag, what in (("--batch_size=8", "batch_size 4 -> 8"), ("--total_batch_tokens=128", "total_batch_tokens 0 -> 128")):
+        with pytest.raises(SystemExit, match=rf"holds a run with other settings \({what}\): use --fresh"):
+            train.main(args + ["--max_iters=3", flag])
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
+def test_train_resume_true_needs_a_checkpoint_and_fresh_overrides_it(tmp_path, _train_data):
+    # --resume=true without a checkpoint is one line before any work; --fresh wins over --resume=true
+    args = _train_main_args(_train_data, tmp_path / "o")
+    with pytest.raises(SystemExit, match=r"^train\.py: --resume: no checkpoint at .*o/ckpt\.pt$"):
+        train.main(args + ["--resume=true"])
+    assert not (tmp_path / "o").exists()
+    train.main(args)
+    train.main(args + ["--resume=true", "--fresh", "--max_iters=1"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 1 and [r["resumed_at_step"] for r in _train_records(tmp_path / "o", "config")] == [None]
+
+
+def test_train_restores_the_sigint_handler_and_a_second_ctrl_c_aborts_without_a_checkpoint(tmp_path, _train_data):
+    # train() installs its Ctrl-C handler for the loop only (a caller's handler is back afterwards, even when the
+    # run is aborted); a second Ctrl-C interrupts at once, without writing a checkpoint
+    import signal
+    before = signal.getsignal(signal.SIGINT)
+    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1), log=_train_quiet)
+    assert signal.getsignal(signal.SIGINT) is before
+
+    def twice(step):
+        if step == 2:
+            train._Stop.handler(None, None)
+            train._Stop.handler(None, None)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=100), on_step=twice,
+                    log=_train_quiet)
+    assert not (tmp_path / "b" / "ckpt.pt").exists() and signal.getsignal(signal.SIGINT) is before
+
+
+def test_train_bf16_autocast_on_cpu_covers_training_and_evaluation(tmp_path, _train_data, monkeypatch):
+    # --dtype=bfloat16 on CPU: the training steps' and the evaluations' forwards all run under bf16 autocast. The
+    # CPU defaults (--dtype=auto, --tf32=auto) run in float32 and leave torch's float32 matmul precision alone
+    seen = []
+    real = M.lm_loss
+
+    def spy(model, x, y, arch=None):
+        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
+        return real(model, x, y, arch=arch)
+    monkeypatch.setattr(M, "lm_loss", spy)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=2, dtype="auto", tf32="auto"), log=_train_quiet)
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert sorted(set(seen)) == [(False, False), (True, False)]          # eval (no grad) and training, float32
+    seen.clear()
+    s = train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=2, dtype="bfloat16"), log=_train_quiet)
+    assert set(seen) == {(True, torch.bfloat16), (False, torch.bfloat16)} and math.isfinite(s["val_loss"])
+
+
+def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
+    # --compile=true: torch.compile (with --compile_backend) wraps the module the training steps run through;
+    # evaluation and the samples use the plain module, so the compiled one is only ever called with gradients on
+    d, _ = _train_byte_data(tmp_path)
+    compiled, calls = [], []
+
+    class FakeCompiled(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self._orig_mod = m
+
+        def forward(self, *a, **k):
+            calls.append(torch.is_grad_enabled())
+            return self._orig_mod(*a, **k)
+
+    def fake_compile(m, backend="inductor", **kw):
+        compiled.append((type(m).__name__, backend))
+        return FakeCompiled(m)
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = _train_cfg(d, tmp_path / "o", compile=True, compile_backend="mybackend", max_iters=3, eval_interval=2,
+                     num_samples=1, sample_tokens=4)
+    s = train.train(cfg, log=_train_quiet)
+    assert compiled == [("TransformerLM", "mybackend")]
+    assert calls == [True] * 3                       # the 3 training steps; no evaluation, no sample
+    assert len(s["samples"]) == 1 and len(_train_records(tmp_path / "o", "eval")) == 3
+
+
+def test_train_time_budget_leaves_a_resumed_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, monkeypatch):
+    # a resumed run compiles again in its first step: that step is off the clock too (not only a fresh run's step 1)
+    monkeypatch.setattr(torch, "compile", lambda m, **k: m)   # --compile=true without the compiler: only the clock matters
+
+    def slow_first_step_clock():   # clock calls: the run's start, then a step's start and end: step 1 takes 61 s
+        t, calls = [0.0], [0]
+
+        def clock():
+            calls[0] += 1
+            t[0] += 61.0 if calls[0] == 3 else 1.0
+            return t[0]
+        return clock
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=0, ckpt_interval=4,
+                     compile=True)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, clock=slow_first_step_clock(), on_step=_train_crash_at(5), log=_train_quiet)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 4 and ck["elapsed"] == pytest.approx(3.0)   # steps 2-4 counted, step 1 not
+    s = train.train(dict(cfg, resume=True), clock=slow_first_step_clock(), log=_train_quiet)
+    assert s["step"] == 4 + 1 + 17 and s["elapsed"] == pytest.approx(20.0)   # step 5 off the clock, 6-22 on it
+
+
+def test_train_resumed_checkpoint_of_another_vocabulary_names_the_checkpoint(tmp_path, _train_data):
+    # the data's vocabulary changed under a checkpoint: the one line names the checkpoint (not --init_from)
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=1)
+    train.train(cfg, log=_train_quiet)
+    for name in ("train.bin.json", "val.bin.json"):
+        meta = json.loads((_train_data / name).read_text())
+        (_train_data / name).write_text(json.dumps(dict(meta, vocab_size=80)))
+    with pytest.raises(ValueError, match=r"^\S*o/ckpt\.pt: the model has a vocabulary of 64 ids, the data in \S+ 80 "):
+        train.train(dict(cfg, resume=True, max_iters=2), log=_train_quiet)
