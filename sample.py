@@ -201,7 +201,7 @@ def _check_sampling_args(temperature, top_k, top_p):
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
 
 
 # -----------------------------------------------------------------------------
@@ -414,12 +414,10 @@ def main():
     if args.ckpt and args.init_from:
         raise SystemExit("sample.py: give one of --ckpt PATH or --init_from NAME, not both")
     args.ckpt = args.ckpt or (None if args.init_from else os.path.join("out", "ckpt.pt"))
-    if not 0 <= args.temperature < float("inf"):  # NaN too
-        raise SystemExit(f"sample.py: --temperature must be finite and >= 0 (0 = greedy), got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise SystemExit(f"sample.py: --top_p must be in (0, 1], got {args.top_p}")
-    if args.top_k is not None and args.top_k < 1:
-        raise SystemExit(f"sample.py: --top_k must be >= 1, got {args.top_k}")
+    try:   # generate()'s own checks, before any loading, worded as flags
+        _check_sampling_args(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise SystemExit(f"sample.py: --{e}") from None
     if args.num_samples < 1:
         raise SystemExit(f"sample.py: --num_samples must be >= 1, got {args.num_samples}")
     if args.max_new_tokens < 0:

@@ -2433,7 +2433,7 @@ def test_sample_cli_streams_from_checkpoint(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out == out  # seeded: identical text
     for bad, msg in (("--temperature=-1", "--temperature"), ("--temperature=nan", "--temperature"),
                      ("--temperature=inf", "--temperature must be finite"), ("--top_p=0", "--top_p"),
-                     ("--top_p=1.5", "--top_p"),
+                     ("--top_p=1.5", "--top_p"), ("--top_k=0", r"^sample\.py: --top_k must be >= 1, got 0$"),
                      (f"--ckpt={tmp_path / 'missing.pt'}", "no such checkpoint")):
         monkeypatch.setattr(sys, "argv", argv + [bad])
         with pytest.raises(SystemExit, match=msg):
