@@ -1812,6 +1812,39 @@ def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data):
     assert len(ck["loader"]) == 2                                       # every rank's loader position
 
 
+def test_train_torchrun_ctrl_c_checkpoints_every_rank_at_the_same_step(tmp_path, _train_data):
+    # Ctrl-C in a terminal signals torchrun and its workers together, and torchrun passes it on again: each worker
+    # gets SIGINT twice. The workers must still finish the step together and leave a checkpoint (before, they died
+    # at once and the run resumed from its last periodic checkpoint). The signal is sent once step 1 is logged.
+    import signal
+    args = [f"--data_dir={_train_data}", "--prepare_data=false", f"--out_dir={tmp_path}/o", "--vocab_size=64",
+            "--context_length=16", "--d_model=32", "--num_layers=1", "--num_heads=2", "--batch_size=4",
+            "--max_iters=3000", "--eval_interval=3000", "--eval_iters=2", "--log_interval=1", "--num_samples=0",
+            "--time_budget=", "--num_threads=1", "--device=cpu", "--compile=false"]
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={_train_free_port()}", "train.py", *args], cwd=ROOT, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)   # its own process group, as a terminal's foreground job
+    try:
+        out = []
+        for line in p.stdout:
+            out.append(line)
+            if line.startswith("step      1/"):
+                os.killpg(p.pid, signal.SIGINT)
+                break
+        out.extend(p.stdout)
+        err = p.stderr.read()
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    out = "".join(out)
+    assert p.returncode != 0 and "ctrl-c: stopping after this step" in out, (out[-2000:], err[-2000:])
+    assert "stopped by ctrl-c" in out and "KeyboardInterrupt" not in err, (out[-2000:], err[-2000:])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert 1 <= ck["iteration"] < 3000 and len(ck["loader"]) == 2
+
+
 def test_train_ddp_main_job_prepares_the_data_once_while_the_other_rank_waits(tmp_path):
     # under torchrun rank 0 prepares (stories -> tokenizer -> token files) while rank 1 waits on a gloo group of
     # its own (NCCL's 10-minute watchdog would end a long wait); both then train on the same files
@@ -1881,6 +1914,33 @@ def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_train_sigterm_checkpoints_without_an_extra_evaluation_and_resumes_exactly(tmp_path, _train_data):
+    # a scheduler's SIGTERM (sent for real, after step 3) is a stop request like Ctrl-C: the step finishes, the
+    # checkpoint is written at once, without the final evaluation (a preemption's grace period is short; the
+    # resumed run does not need it), so the resumed run's log evaluates at the same steps as a straight run's
+    import signal
+    before = signal.getsignal(signal.SIGTERM)
+    kw = dict(max_iters=6, eval_interval=2)
+    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
+    s = train.train(cfg, on_step=lambda step: step == 3 and os.kill(os.getpid(), signal.SIGTERM), log=_train_quiet)
+    assert s["interrupted"] and s["stopped_by"] == "SIGTERM" and s["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is before
+    ck = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 3 and ck["val_step"] == 2
+    assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == [0, 2]
+    s = train.train(dict(cfg, resume=True), log=_train_quiet)
+    assert not s["interrupted"] and s["stopped_by"] == "max_iters"
+    assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == \
+        [r["step"] for r in _train_records(tmp_path / "a", "eval")] == [0, 2, 4, 6]
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a stop request at the last step changes nothing: the run is finished, not cut short
+    s = train.train(_train_cfg(_train_data, tmp_path / "c", max_iters=2),
+                    on_step=lambda step: step == 2 and os.kill(os.getpid(), signal.SIGTERM), log=_train_quiet)
+    assert not s["interrupted"] and s["stopped_by"] == "max_iters"
+
+
 def _train_main_args(data, out):
     return [f"--data_dir={data}", f"--out_dir={out}", "--vocab_size=64", "--context_length=16", "--d_model=32",
             "--num_layers=1", "--num_heads=2", "--batch_size=4", "--max_iters=2", "--time_budget=", "--num_samples=0",
@@ -1895,10 +1955,12 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
     args = _train_main_args(_train_data, tmp_path / "o") + ["--max_iters=6"]
     with pytest.raises(SystemExit) as e:
         train.main(args)
-    assert e.value.code == 130 and "stopped by ctrl-c" in capsys.readouterr().out
+    out = capsys.readouterr().out   # no evaluation at the stop: the summary says where its val loss comes from
+    assert e.value.code == 130 and re.search(r"step 2 \(stopped by ctrl-c\) \| val loss [0-9.]+ nats/token .*\(at step 0\)\n", out)
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 2
-    train.main(args)  # resumed to the end: a normal exit
+    train.main(args)  # resumed to the end: a normal exit, evaluated at its last step
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
+    assert "(at step" not in capsys.readouterr().out
 
 
 def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, _train_data):
@@ -5395,6 +5457,19 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
     for sub, more in (("rand_a", dict(max_iters=4)), ("rand_b", dict(max_iters=2)), ("rand_b", dict(max_iters=4, resume=True))):
         train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet)
         dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
+    # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it at the end of the next step, so
+    # both stop after step 2 and the checkpoint is written; resumed to step 4 it ends where rand_a did
+    import signal
+    term = Path(out_dir) / "term"
+    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet,
+                          on_step=lambda step: rank == 1 and step == 1 and os.kill(os.getpid(), signal.SIGTERM))
+    dist.barrier()
+    stopped["ckpt_step"] = torch.load(term / "ckpt.pt", weights_only=True)["iteration"]
+    dist.barrier()
+    train.train(_train_cfg(data_dir, term, **kw, max_iters=4, resume=True), log=_train_quiet)
+    dist.barrier()
+    Path(out_dir, f"term{rank}.json").write_text(json.dumps(
+        {k: stopped[k] for k in ("step", "stopped_by", "interrupted", "ckpt_step")}))
     # then the run compared with one process, watched: what each rank prints and saves, and how often the
     # gradients are all-reduced (one bucket for this tiny model, so once per synchronised backward)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -5453,6 +5528,12 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
     assert len(ck["loader"]) == 2 and ck["loader"][0]["rng"] != ck["loader"][1]["rng"]
     a, b = _train_weights(tmp_path / "two" / "rand_a" / "ckpt.pt"), _train_weights(tmp_path / "two" / "rand_b" / "ckpt.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # a stop request on one rank stops every rank at the same step, with a checkpoint to resume from exactly
+    assert [json.loads((tmp_path / "two" / f"term{r}.json").read_text()) for r in (0, 1)] == [
+        dict(step=2, stopped_by="a stop request on another rank", interrupted=True, ckpt_step=2),
+        dict(step=2, stopped_by="SIGTERM", interrupted=True, ckpt_step=2)]
+    c = _train_weights(tmp_path / "two" / "term" / "ckpt.pt")
+    assert all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_train_random_sampler_draws_every_window_of_every_shard_in_proportion():

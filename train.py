@@ -19,9 +19,9 @@ Two nodes (run on each node, node_rank 0 and 1; master = the first node's addres
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 train.py ...
 
 Every name in the CONFIG block is a flag (`--name=value`); a preset changes a few of them (and writes to
-out/PRESET) and any flag still overrides it. Only rank 0 prints, logs and writes checkpoints. In a single process
-Ctrl-C finishes the current step, writes a checkpoint and stops; `--resume` then continues bit for bit (on CPU) as
-if nothing happened. Under torchrun Ctrl-C stops every rank and the last periodic checkpoint is what remains.
+out/PRESET) and any flag still overrides it. Only rank 0 prints, logs and writes checkpoints. Ctrl-C or SIGTERM
+(a scheduler's preemption notice; under torchrun, to any rank) finishes the current step on every rank, writes a
+checkpoint and stops; `--resume` then continues bit for bit (on CPU) as if nothing happened.
 """
 import argparse
 import contextlib
@@ -705,15 +705,24 @@ def _fmt_time(s):
 # the training run
 
 class _Stop:
-    """First Ctrl-C: finish the step, checkpoint, stop. A second one interrupts at once."""
-    requested = False
+    """A stop request, Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption notice; torchrun passes either on to its
+    workers): finish the step, write a checkpoint, stop. In one process a second request aborts at once. Under
+    torchrun a worker gets a terminal's Ctrl-C twice (from the terminal and again from torchrun), so repeats are
+    ignored there: torchrun kills its workers itself --shutdown_timeout seconds (30) after the first signal."""
+    requested = None      # None, or what asked: "ctrl-c" / "SIGTERM"
+    repeat_aborts = True
+    quiet = False
 
     @classmethod
     def handler(cls, signum, frame):
         if cls.requested:
-            raise KeyboardInterrupt
-        cls.requested = True
-        print("\ntrain.py: stopping after this step (Ctrl-C again to abort without a checkpoint)", flush=True)
+            if cls.repeat_aborts:
+                raise KeyboardInterrupt
+            return
+        cls.requested = "SIGTERM" if signum == getattr(signal, "SIGTERM", None) else "ctrl-c"
+        if not cls.quiet:
+            print(f"\ntrain.py: {cls.requested}: stopping after this step" +
+                  (" (Ctrl-C again to abort without a checkpoint)" if cls.repeat_aborts else ""), flush=True)
 
 
 def _print(*args, **kw):
@@ -997,19 +1006,22 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     # ---- the loop ----------------------------------------------------------------------------------------------------------
     ckpt_every = cfg["ckpt_interval"] or cfg["eval_interval"]
-    old_handler, _Stop.requested = None, False
-    if not ddp and hasattr(signal, "SIGINT") and _is_main_thread():
-        old_handler = signal.signal(signal.SIGINT, _Stop.handler)
+    stop_signals = [getattr(signal, n) for n in ("SIGINT", "SIGTERM") if hasattr(signal, n)] if _is_main_thread() else []
+    old_handlers = {sig: signal.signal(sig, _Stop.handler) for sig in stop_signals}
+    _Stop.requested, _Stop.repeat_aborts, _Stop.quiet = None, not ddp, not master
+    stop = None   # a stop request this loop acts on (under DDP: once every rank knows of it, see the end of a step)
     start_step, val_loss, samples, last_lr, loss_acc = step, best_val, [], lr_at(step), None
     resumed = resume_ckpt is not None
     t_run = clock()
     try:
         while True:
-            last = step >= max_iters or (budget is not None and elapsed >= budget)
-            last = last or _Stop.requested
+            done = step >= max_iters or (budget is not None and elapsed >= budget)
+            stop = None if done else stop if ddp else _Stop.requested
+            last = done or stop is not None
             # periodic duties (not counted in the time budget): eval, HellaSwag, LAMBADA, samples, checkpoint
-            # (not again at the step a run resumes from when the checkpoint was evaluated there: the log has it)
-            if (step % cfg["eval_interval"] == 0 or last) and not (resumed and step == start_step == val_step):
+            # (not again at the step a run resumes from when the checkpoint was evaluated there: the log has it;
+            # not at a stop request's step unless one is due there: stopping must fit a scheduler's grace period)
+            if (step % cfg["eval_interval"] == 0 or done) and not (resumed and step == start_step == val_step):
                 val_loss, val_step = estimate_val_loss(raw, val_shards, cfg, arch, device, autocast, rank, world,
                                                        eval_iters), step
                 bpb = val_loss / math.log(2) / bpt if bpt else None
@@ -1065,10 +1077,12 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             dt = clock() - t0
             if not (compiled and step == start_step + 1):   # a compiled run's first step is mostly compilation: it
                 elapsed += dt                                  # neither spends the budget nor skips the warmup
-            if ddp and budget is not None:   # every rank must agree on when the budget is spent: rank 0's clock
-                t = torch.tensor([elapsed], dtype=torch.float64, device=device)
-                torch.distributed.broadcast(t, 0)
-                elapsed = t.item()
+            if ddp:   # every rank must agree on when to stop: rank 0's clock (for the budget), and whether any rank
+                t = torch.tensor([elapsed if master else 0.0, _Stop.requested is not None],   # was asked to stop
+                                 dtype=torch.float64, device=device)
+                torch.distributed.all_reduce(t)
+                elapsed, asked = t.tolist()
+                stop = (_Stop.requested or "a stop request on another rank") if asked else None
             if step % cfg["log_interval"] == 0 or step == max_iters:
                 tps = tokens_per_step / dt
                 mfu = _mfu(mcfg, T, tps / world, device, dtype_name)
@@ -1081,8 +1095,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             if on_step is not None:
                 on_step(step)
     finally:
-        if old_handler is not None:
-            signal.signal(signal.SIGINT, old_handler)
+        for sig, old in old_handlers.items():
+            signal.signal(sig, old)
         if logf is not None:
             logf.close()
         if run is not None:
@@ -1092,11 +1106,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if ddp and cfg.get("_destroy_pg", True):
         torch.distributed.barrier()   # ranks tear gloo down together: one leaving early aborted its peer ~1 run in 20
         torch.distributed.destroy_process_group()
-    stopped_by = ("ctrl-c" if _Stop.requested else "max_iters" if step >= max_iters else
-                  f"time_budget={cfg['time_budget']} (pass --time_budget= to train by steps only)")
-    return dict(stopped_by=stopped_by, step=step, val_loss=val_loss, val_bpb=bpb, samples=samples, elapsed=elapsed, lr=final_lr,
+    stopped_by = stop or ("max_iters" if step >= max_iters else
+                          f"time_budget={cfg['time_budget']} (pass --time_budget= to train by steps only)")
+    return dict(stopped_by=stopped_by, step=step, val_loss=val_loss, val_step=val_step, val_bpb=bpb, samples=samples, elapsed=elapsed, lr=final_lr,
                 last_lr=last_lr, ckpt=str(ckpt_path), log=str(log_path), params=n_params, wall=clock() - t_run,
-                interrupted=_Stop.requested)
+                interrupted=stop is not None)
 
 
 def _is_main_thread():
@@ -1197,7 +1211,9 @@ def main(argv=None):
     print(f"done in {_fmt_time(time.time() - t0)} (training {_fmt_time(summary['elapsed'])}), step {summary['step']}"
           f" (stopped by {summary['stopped_by']})"
           + (f" | val loss {summary['val_loss']:.4f} nats/token" if summary["val_loss"] is not None else "")
-          + (f" | {summary['val_bpb']:.4f} bits/byte" if summary["val_bpb"] else ""))
+          + (f" | {summary['val_bpb']:.4f} bits/byte" if summary["val_bpb"] else "")
+          + (f" (at step {summary['val_step']})" if summary["val_loss"] is not None and
+             summary["val_step"] != summary["step"] else ""))
     if summary["samples"]:
         print(f"sample: {summary['samples'][0]}")
     print(f"checkpoint: {summary['ckpt']}   log: {summary['log']}")
