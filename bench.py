@@ -768,6 +768,8 @@ def main():
     if args.run is bench_sample and args.prompt_len + args.max_new_tokens > 1024:
         raise SystemExit(f"bench.py: --prompt_len {args.prompt_len} + --max_new_tokens {args.max_new_tokens}: the "
                          f"benchmark's GPT-2 has 1,024 positions")
+    if args.run is bench_tokenizer and Path(args.mix20).is_dir():
+        raise SystemExit(f"bench.py: --mix20 {args.mix20}: expected the corpus file's path (made if absent), got a folder")
     if args.run is bench_gpu and args.device is not None:
         import model as model_lib
         try:

@@ -4181,7 +4181,8 @@ def _bench_gpu_args(**kw):
                                                "float32, bfloat16"),
     (["sample", "--prompt_len", "1020", "--max_new_tokens", "10"],
      "bench.py: --prompt_len 1020 + --max_new_tokens 10: the benchmark's GPT-2 has 1,024 positions"),
-    (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'")])
+    (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'"),
+    (["tokenizer", "--mix20", "."], "bench.py: --mix20 .: expected the corpus file's path (made if absent), got a folder")])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
     for section in ("tokenizer", "model", "train", "gpu", "sample"):
