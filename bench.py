@@ -750,6 +750,8 @@ def main():
     p.add_argument("--max_new_tokens", type=int, default=256, help="tokens generated per row")
     p.add_argument("--prompt_len", type=int, default=16, help="prompt length in tokens")
     p.add_argument("--modes", default="greedy,top_p", help="decoding modes to time: greedy, top_p")
+    for q in (parser, *sections.choices.values()):   # one-line errors, no usage block
+        q.error = lambda message, q=q: q.exit(2, f"{q.prog}: {message} (see --help)\n")
     args = parser.parse_args()
     gpu_steps = 2 if args.run is bench_gpu else 1  # the gpu section times the second half of its steps
     for name, least in (("repeats", 1), ("steps", gpu_steps), ("threads", 1), ("max_new_tokens", 1), ("prompt_len", 1),

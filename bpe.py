@@ -1051,6 +1051,7 @@ def main():
     p.add_argument("--encode", default=None, metavar="FILE", help="encode this text file into --out (a .bin of token ids)")
     p.add_argument("--tokenizer", default="gpt2", help="with --encode: 'gpt2' (tiktoken) or a tokenizer directory")
     p.add_argument("--sample_docs", type=int, default=10, help="documents sampled for the bytes/token figure")
+    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
     args = p.parse_args()
 
     if args.workers is not None and args.workers < 1:

@@ -529,6 +529,7 @@ def main(argv=None):
     ap.add_argument("--data_dir", default="", help="use this prepared train*.bin/val*.bin folder instead of the "
                     "preset's data (no tokenizer training)")
     ap.add_argument("--no_samples", action="store_true", help="skip the samples from the best model")
+    ap.error = lambda message: ap.exit(2, f"{ap.prog}: {message} (see --help)\n")   # one line, no usage block
     args = ap.parse_args(argv)
     global RESULTS, LOGS
     if args.steps < 0:

@@ -690,6 +690,7 @@ def main():
     p.add_argument("--corpus_bytes", type=int, default=4_000_000, help="with --prepare_tinystories: bytes of stories "
                    "(0: all of TinyStories, with its official validation split)")
     p.add_argument("--fresh", action="store_true", help="with --prepare_tinystories: redo every step")
+    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
     args = p.parse_args()
     for flag, ok, expected in (  # every numeric flag, before anything is downloaded, trained or written
             ("num_workers", args.num_workers is None or args.num_workers >= 1, "a positive number of processes"),

@@ -408,6 +408,7 @@ def main():
     parser.add_argument("--mfu", type=float, default=0.5, help="assumed MFU for the training-time estimate")
     parser.add_argument("--gpus", default="H100,A100,B200", help=f"GPUs for the time estimate: {', '.join(GPU_PEAK)}")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage block
     args = parser.parse_args()
 
     for flag in ("num_layers", "d_model", "num_heads", "context_length", "vocab_size", "d_ff",

@@ -200,6 +200,7 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="autocast dtype of the forward on cuda")
     parser.add_argument("--verbose", action="store_true", help="print every passage's target, loss and verdict")
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage block
     args = parser.parse_args()
     if (args.ckpt is None) == (args.init_from is None):
         raise SystemExit("lambada.py: give exactly one of --ckpt PATH or --init_from NAME")

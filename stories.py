@@ -421,6 +421,7 @@ def main():
     p.add_argument("--num_bytes", type=int, default=4_000_000, help="size of the corpus in bytes (at least)")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same corpus")
     p.add_argument("--print", type=int, default=0, metavar="N", help="print N stories instead of writing a file")
+    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
     args = p.parse_args()
     if args.seed < 0:   # random.Random(-5) is random.Random(5): two seeds, one corpus
         raise SystemExit(f"stories.py: --seed {args.seed}: expected a seed >= 0")

@@ -6881,3 +6881,18 @@ def test_train_resumed_checkpoint_of_another_vocabulary_names_the_checkpoint(tmp
         (_train_data / name).write_text(json.dumps(dict(meta, vocab_size=80)))
     with pytest.raises(ValueError, match=r"^\S*o/ckpt\.pt: the model has a vocabulary of 64 ids, the data in \S+ 80 "):
         train.train(dict(cfg, resume=True, max_iters=2), log=_train_quiet)
+
+
+# -----------------------------------------------------------------------------
+# every script: a flag argparse rejects is one line (no usage block), exit status 2, before any work
+
+@pytest.mark.parametrize("script", [bench, bpe, experiments, fineweb, flops, hellaswag, lambada, sample, stories, train])
+def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys):
+    name = Path(script.__file__).name
+    argv = {bench: ["sample", "--repeats=x"], experiments: ["report", "--bogus"]}.get(script, ["--bogus"])
+    monkeypatch.setattr(sys, "argv", [name, *argv])
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert re.fullmatch(rf"{re.escape(name)}( sample)?: .*(--bogus|'x').* \(see --help\)\n", err), err

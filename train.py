@@ -550,6 +550,7 @@ def build_parser():
                            const=True, default=default, help=help_text)
         else:
             p.add_argument(f"--{name}", type=type(default), default=default, help=help_text)
+    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
     return p
 
 
