@@ -778,7 +778,10 @@ def main():
             model_lib.resolve_device(args.device)
         except ValueError as e:
             raise SystemExit(f"bench.py: {e}")
-    args.run(args)
+    try:
+        args.run(args)
+    except KeyboardInterrupt:
+        raise SystemExit("\nbench.py: interrupted") from None
 
 
 if __name__ == "__main__":

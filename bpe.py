@@ -35,6 +35,7 @@ import json
 import os
 import re
 import resource
+import signal
 import sys
 import time
 from collections import Counter, defaultdict
@@ -355,6 +356,7 @@ def _count_chunks(path, ranges, special_tokens, progress=False):
 
 def _count_worker(conn, path, ranges, special_tokens):
     """Worker process: count its share of the chunks; send back (counts, invalid bytes, peak RSS in KiB, error)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle: it stops the workers
     try:
         counts, bad = _count_chunks(path, ranges, special_tokens)
         conn.send((counts, bad, peak_rss_kb(), None))
@@ -929,8 +931,10 @@ def load_tokenizer(ref):
 _WORKER_TOKENIZER = None
 
 
-def _encode_worker_init(ref):
+def _encode_worker_init(ref, pool=False):
     global _WORKER_TOKENIZER
+    if pool:   # Ctrl-C is the parent's to handle: it stops the pool
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_TOKENIZER = load_tokenizer(ref)
 
 
@@ -982,7 +986,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     else:
         import multiprocessing as mp
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-        pool = ctx.Pool(min(num_workers, len(tasks)), initializer=_encode_worker_init, initargs=(str(tokenizer_ref),))
+        pool = ctx.Pool(min(num_workers, len(tasks)), initializer=_encode_worker_init, initargs=(str(tokenizer_ref), True))
         results = pool.imap(_encode_chunk, tasks)  # ordered: chunks are written in file order
     # the ids go to a temp file renamed at the end, when an older sidecar goes: however the run ends, the output
     # folder holds the old pair, the new one, or ids without a sidecar (refused by train.py), never a mismatch
@@ -1065,6 +1069,8 @@ def main():
             meta = encode_file(args.encode, args.tokenizer, args.out, args.workers, progress=True)
         except (ValueError, OSError) as e:   # OSError: an --out that is a folder, a full disk, ...
             raise SystemExit(f"bpe.py: {e}")
+        except KeyboardInterrupt:
+            raise SystemExit(f"\nbpe.py: interrupted; {args.out} not written") from None
         mb = os.path.getsize(args.encode) / 1e6
         own, kids = peak_rss_mb()
         docs = f"{meta['num_docs']:,} docs" if meta["num_docs"] is not None else f"no {EOT} token, so no document count"
@@ -1089,6 +1095,8 @@ def main():
         vocab, merges = train_bpe(args.input, args.vocab, specials, num_workers=args.workers, stats=stats, progress=True)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}")
+    except KeyboardInterrupt:
+        raise SystemExit(f"\nbpe.py: interrupted; nothing written to {out}") from None
     wall = time.perf_counter() - t0
     tok = Tokenizer(vocab, merges, specials, name=str(out))
     try:

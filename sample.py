@@ -458,13 +458,16 @@ def main():
     stop = None if args.no_stop else tokenizer.eot_id
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
 
-    for k in range(args.num_samples):
-        print(f"---------- sample {k + 1}/{args.num_samples}")
-        sys.stdout.write(prompt)
-        streamer = _Streamer(tokenizer)
-        generate(model, [ids], args.max_new_tokens, args.temperature, args.top_k, args.top_p, stop,
-                 generator, use_cache=not args.no_cache, on_token=streamer)
-        streamer.flush()
+    try:
+        for k in range(args.num_samples):
+            print(f"---------- sample {k + 1}/{args.num_samples}")
+            sys.stdout.write(prompt)
+            streamer = _Streamer(tokenizer)
+            generate(model, [ids], args.max_new_tokens, args.temperature, args.top_k, args.top_p, stop,
+                     generator, use_cache=not args.no_cache, on_token=streamer)
+            streamer.flush()
+    except KeyboardInterrupt:   # Ctrl-C is how one stops a long sample: no traceback
+        raise SystemExit("\nsample.py: interrupted") from None
 
 
 if __name__ == "__main__":

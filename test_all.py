@@ -6896,3 +6896,70 @@ def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert re.fullmatch(rf"{re.escape(name)}( sample)?: .*(--bogus|'x').* \(see --help\)\n", err), err
+
+
+# -----------------------------------------------------------------------------
+# Ctrl-C in sample.py and bpe.py: one line, no traceback, nothing half-written; workers leave it to the parent
+
+def test_sample_cli_ctrl_c_while_streaming_is_one_line(tmp_path, capsys, monkeypatch):
+    m = M.build_model(dict(arch="gpt2", vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m)
+    calls = []
+
+    def _ctrl_c(*a, **k):
+        calls.append(1)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sample, "generate", _ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--prompt=Hi", "--device=cpu"])
+    with pytest.raises(SystemExit) as e:
+        sample.main()
+    assert str(e.value) == "\nsample.py: interrupted" and calls == [1]
+    assert "sample 1/" in capsys.readouterr().out
+
+
+def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
+    text = tmp_path / "in.txt"
+    text.write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bpe, "train_bpe", ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(text), "--vocab", "300", "--out", str(tmp_path / "tok")])
+    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; nothing written to .*tok$"):
+        bpe.main()
+    assert not (tmp_path / "tok").exists()
+    monkeypatch.setattr(bpe, "encode_file", ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(text), "--tokenizer", "gpt2", "--out", str(tmp_path / "x.bin")])
+    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; .*x\.bin not written$"):
+        bpe.main()
+
+
+def test_bench_ctrl_c_is_one_line(monkeypatch):
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "bench_sample", ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["bench.py", "sample"])
+    with pytest.raises(SystemExit, match=r"^\nbench\.py: interrupted$"):
+        bench.main()
+
+
+def test_bpe_worker_processes_leave_ctrl_c_to_the_parent(tmp_path):
+    # a terminal's Ctrl-C reaches every process of the group: the workers ignore it (else each prints a traceback)
+    # and the parent, which does not ignore it, stops them; the single-process path keeps Ctrl-C working
+    import multiprocessing as mp
+    import signal
+    text = tmp_path / "in.txt"
+    text.write_text("hello world <|endoftext|> hi\n", encoding="utf-8")
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        recv, send = mp.Pipe(duplex=False)
+        bpe._count_worker(send, str(text), [(0, text.stat().st_size)], ["<|endoftext|>"])
+        assert recv.recv()[3] is None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, before)
+        tok = _sample_byte_tokenizer(tmp_path)
+        bpe._encode_worker_init(tok)
+        assert signal.getsignal(signal.SIGINT) is before
+        bpe._encode_worker_init(tok, True)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
