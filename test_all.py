@@ -6902,8 +6902,9 @@ def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys
 # Ctrl-C in sample.py and bpe.py: one line, no traceback, nothing half-written; workers leave it to the parent
 
 def test_sample_cli_ctrl_c_while_streaming_is_one_line(tmp_path, capsys, monkeypatch):
-    m = M.build_model(dict(arch="gpt2", vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=16))
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m)
+    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1, num_heads=2,
+                           d_ff=32))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
     calls = []
 
     def _ctrl_c(*a, **k):
