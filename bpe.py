@@ -5,7 +5,7 @@ the longest token and bytes/token; a bare `python bpe.py` trains on ../shared/da
 
     python bpe.py --vocab 10000 --input data/TinyStories-train.txt --special "<|endoftext|>" --out tok/ts10k
 
-Encode a text file into a token file (uint16 ids, uint32 above 65,536 tokens) with all cores:
+Encode a text file into a token file (uint16 ids; uint32 for vocabularies above 65,536) with all cores:
 
     python bpe.py --encode data/TinyStories-valid.txt --tokenizer tok/ts10k --out data/ts_val.bin
     python bpe.py --encode data/owt_valid.txt --tokenizer gpt2 --out data/owt_val.bin   # tiktoken's GPT-2

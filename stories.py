@@ -17,6 +17,7 @@ import argparse
 import os
 import random
 import re
+import sys
 import time
 from types import SimpleNamespace
 
@@ -446,4 +447,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
+        sys.exit(1)

@@ -1897,9 +1897,17 @@ def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, mo
     out = capsys.readouterr().out
     assert "reusing" in out and "resumed" in out
     assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["config"]["fresh"] is False
-    monkeypatch.chdir(tmp_path)    # the preset the main job suggests next, beside its out/ckpt.pt: asks for its data
+    (tmp_path / "w").mkdir()
+    monkeypatch.chdir(tmp_path / "w")   # the main job's own folders (a tiny run): it suggests the next preset, its data
+    train.main([a for a in args if not a.startswith(("--data_dir", "--out_dir"))])
+    out = capsys.readouterr().out
+    assert out.endswith("next:\n"
+                        "  python sample.py --top_p 0.9              # more samples from this model\n"
+                        "  python train.py --plot=out/log.jsonl      # loss curves as PNG\n"
+                        "  python train.py --preset=tinystories-cpu  # the CS336 baseline shape, once its data exists:\n"
+                        f"      {train.PREPARE_COMMANDS['tinystories-cpu']}\n")
     with pytest.raises(SystemExit, match="prepare them with:\n  python fineweb.py --prepare_tinystories"):
-        train.main(["--preset=tinystories-cpu"])
+        train.main(["--preset=tinystories-cpu"])   # beside the main job's out/ckpt.pt: it asks for its data
 
 
 def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
@@ -1958,9 +1966,12 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
     out = capsys.readouterr().out   # no evaluation at the stop: the summary says where its val loss comes from
     assert e.value.code == 130 and re.search(r"step 2 \(stopped by ctrl-c\) \| val loss [0-9.]+ nats/token .*\(at step 0\)\n", out)
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 2
-    train.main(args)  # resumed to the end: a normal exit, evaluated at its last step
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
-    assert "(at step" not in capsys.readouterr().out
+    resume = re.search(r"\n  (python train\.py --resume --out_dir=\S+) +# continue from the checkpoint\n", out)
+    assert resume and "--preset=tinystories-cpu" not in out   # that suggestion is for the main job only
+    train.main(resume.group(1).split()[2:])  # the command it suggests resumes to the end: a normal exit,
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6   # evaluated at its last step
+    out = capsys.readouterr().out
+    assert "(at step" not in out and "--resume" not in out
 
 
 def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, _train_data):
@@ -6964,3 +6975,20 @@ def test_bpe_worker_processes_leave_ctrl_c_to_the_parent(tmp_path):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("which", ["stories", "sample"])
+def test_output_piped_into_head_ends_quietly(tmp_path, which):
+    # `python stories.py --print 2000 | head -1`: the reader goes away early; no BrokenPipeError traceback
+    if which == "stories":
+        cmd = ["stories.py", "--print", "2000"]
+    else:
+        m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+                               num_heads=2, d_ff=32))
+        _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
+        cmd = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--max_new_tokens=100000", "--no_stop", "--device=cpu"]
+    p = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 1 and err == "", err

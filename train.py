@@ -1218,13 +1218,22 @@ def main(argv=None):
     if summary["samples"]:
         print(f"sample: {summary['samples'][0]}")
     print(f"checkpoint: {summary['ckpt']}   log: {summary['log']}")
-    ckpt_flag = "" if Path(summary["ckpt"]) == Path("out/ckpt.pt") else f" --ckpt={summary['ckpt']}"
+    out_dir = Path(summary["ckpt"]).parent
+    steps = [(f"python sample.py{'' if out_dir == Path('out') else ' --ckpt=' + summary['ckpt']} --top_p 0.9",
+              "more samples from this model"),
+             (f"python train.py --plot={summary['log']}", "loss curves as PNG")]
+    if summary["interrupted"]:
+        steps.insert(0, (f"python train.py --resume{'' if out_dir == Path('out') else f' --out_dir={out_dir}'}",
+                         "continue from the checkpoint"))
+    main_job = not cfg["preset"] and cfg["data_dir"] == DEFAULTS["data_dir"]
+    if main_job:
+        steps.append(("python train.py --preset=tinystories-cpu", "the CS336 baseline shape, once its data exists:"))
+    width = max(len(cmd) for cmd, _ in steps)
     print("next:")
-    for cmd, why in [(f"python sample.py{ckpt_flag} --top_p 0.9", "more samples from this model"),
-                     (f"python train.py --plot={summary['log']}", "loss curves as PNG"),
-                     ("python train.py --preset=tinystories-cpu", "the CS336 baseline shape, once its data exists:")]:
-        print(f"  {cmd:<44} # {why}")
-    print(f"      {PREPARE_COMMANDS['tinystories-cpu']}")
+    for cmd, why in steps:
+        print(f"  {cmd:<{width}}  # {why}")
+    if main_job:
+        print(f"      {PREPARE_COMMANDS['tinystories-cpu']}")
     if summary["interrupted"]:
         raise SystemExit(130)  # checkpointed, but cut short: scripts that run train.py must not take it as finished
 
