@@ -5548,6 +5548,36 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
     assert all(torch.equal(a[k], c[k]) for k in a)
 
 
+def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    t = [0.0]
+
+    def clock():   # rank 1's clock runs 3x as fast: a step takes 1 s on rank 0, 3 s on rank 1
+        t[0] += 1.0 if rank == 0 else 3.0
+        return t[0]
+    s = train.train(_train_cfg(data_dir, out_dir, time_budget="6s", max_iters=100, warmup_iters=0, num_threads=1),
+                    clock=clock, log=_train_quiet)
+    Path(out_dir, f"budget{rank}.json").write_text(json.dumps({k: s[k] for k in ("step", "elapsed", "last_lr")}))
+
+
+def test_train_ddp_time_budget_follows_rank_0s_clock_on_every_rank(tmp_path, _train_data):
+    # ranks whose clocks disagree must still stop after the same step and follow the same clock-driven schedule
+    # (else their learning rates, so their weights, drift apart, and a rank that stops alone hangs its peers):
+    # every rank takes rank 0's elapsed time. Run with a timeout, so that a broken sync fails instead of hanging.
+    ctx = mp.spawn(_train_ddp_budget_worker, args=(2, _hs_free_port(), str(_train_data), str(tmp_path)), nprocs=2,
+                   join=False)
+    try:
+        finished = any(ctx.join(timeout=10) for _ in range(18))
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+    assert finished, "the ranks did not finish within 3 minutes"
+    got = [json.loads((tmp_path / f"budget{r}.json").read_text()) for r in (0, 1)]
+    assert got[0] == got[1] and got[0]["step"] == 6 and got[0]["elapsed"] == 6.0
+
+
 def test_train_random_sampler_draws_every_window_of_every_shard_in_proportion():
     # several shards: a row picks a shard in proportion to its number of windows (len - T), then any window in it,
     # the last one included (a shard of exactly T+1 tokens has one)
