@@ -1797,7 +1797,7 @@ def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data):
               "--total_batch_tokens=128", "--max_iters=3", "--eval_interval=1000", "--eval_iters=2",
               "--num_samples=0", "--compile=false", "--device=cpu", "--num_threads=1", "--time_budget=",
               "--seed=0", "--warmup_iters=2", "--learning_rate=3e-3", "--dtype=float32"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))   # TMPDIR: torchrun's log folder goes there
     one = train.train(_train_cfg(_train_data, tmp_path / "one", total_batch_tokens=128, max_iters=3,
                                  eval_interval=1000), log=_train_quiet)
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
@@ -1823,8 +1823,8 @@ def test_train_torchrun_ctrl_c_checkpoints_every_rank_at_the_same_step(tmp_path,
             "--time_budget=", "--num_threads=1", "--device=cpu", "--compile=false"]
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           f"--master_port={_train_free_port()}", "train.py", *args], cwd=ROOT, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)   # its own process group, as a terminal's foreground job
+                         env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)   # its own process group, as a terminal's foreground job
     try:
         out = []
         for line in p.stdout:
@@ -1854,7 +1854,8 @@ def test_train_ddp_main_job_prepares_the_data_once_while_the_other_rank_waits(tm
             "--num_samples=0", "--time_budget=", "--num_threads=1", "--device=cpu", "--compile=false"]
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                         f"--master_port={_train_free_port()}", "train.py", *args],
-                       cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("data ready in") == 1 and "1 accum x 2 procs" in r.stdout, r.stdout[-2000:]
     assert (tmp_path / "data" / "prepared.json").is_file()
