@@ -772,6 +772,9 @@ def main():
                          f"benchmark's GPT-2 has 1,024 positions")
     if args.run is bench_tokenizer and Path(args.mix20).is_dir():
         raise SystemExit(f"bench.py: --mix20 {args.mix20}: expected the corpus file's path (made if absent), got a folder")
+    if args.run is bench_gpu and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
+        raise SystemExit(f"bench.py: --compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
+                         f"see torch.compiler.list_backends()), got {args.compile_backend!r}")
     if args.run is bench_gpu and args.device is not None:
         import model as model_lib
         try:

@@ -4194,7 +4194,9 @@ def _bench_gpu_args(**kw):
     (["sample", "--prompt_len", "1020", "--max_new_tokens", "10"],
      "bench.py: --prompt_len 1020 + --max_new_tokens 10: the benchmark's GPT-2 has 1,024 positions"),
     (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'"),
-    (["tokenizer", "--mix20", "."], "bench.py: --mix20 .: expected the corpus file's path (made if absent), got a folder")])
+    (["tokenizer", "--mix20", "."], "bench.py: --mix20 .: expected the corpus file's path (made if absent), got a folder"),
+    (["gpu", "--compile_backend", "nope", "--tiny"], "bench.py: --compile_backend: expected a torch.compile backend "
+                                                      "(inductor, aot_eager, ...: see torch.compiler.list_backends()), got 'nope'")])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
     for section in ("tokenizer", "model", "train", "gpu", "sample"):
@@ -4349,6 +4351,8 @@ def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_dat
     ("--num_heads=3", "--d_model=32 must be a multiple of --num_heads=3"),
     ("--seed=-1", "--seed must be in [0, 2**32), got -1"),
     ("--vocab_size=100", "--vocab_size must be >= 257"),
+    ("--compile_backend=indcutor", "--compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
+                                   "see torch.compiler.list_backends()), got 'indcutor'"),
 ])
 def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, message):
     args = [f"--data_dir={tmp_path / 'data'}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
@@ -6884,10 +6888,10 @@ def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
         compiled.append((type(m).__name__, backend))
         return FakeCompiled(m)
     monkeypatch.setattr(torch, "compile", fake_compile)
-    cfg = _train_cfg(d, tmp_path / "o", compile=True, compile_backend="mybackend", max_iters=3, eval_interval=2,
+    cfg = _train_cfg(d, tmp_path / "o", compile=True, compile_backend="aot_eager", max_iters=3, eval_interval=2,
                      num_samples=1, sample_tokens=4)
     s = train.train(cfg, log=_train_quiet)
-    assert compiled == [("TransformerLM", "mybackend")]
+    assert compiled == [("TransformerLM", "aot_eager")]
     assert calls == [True] * 3                       # the 3 training steps; no evaluation, no sample
     assert len(s["samples"]) == 1 and len(_train_records(tmp_path / "o", "eval")) == 3
 
