@@ -7027,3 +7027,18 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 1 and err == "", err
+
+
+def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
+    # every flag given on resume applies on top of the checkpoint's settings, --prepare_data too (it was ANDed
+    # with the first run's value, so --prepare_data=true was ignored in silence after a run on one's own data)
+    d = tmp_path / "data"   # token ids < 64 declared as a 300-id vocabulary: --prepare_data needs >= 257
+    d.mkdir()
+    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 300)
+    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 300)
+    args = [a for a in _train_main_args(d, tmp_path / "o") if a != "--vocab_size=64"] + ["--vocab_size=300"]
+    train.main(args)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["config"]["prepare_data"] is False
+    train.main(args + ["--max_iters=3", "--prepare_data=true"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 3 and ck["config"]["prepare_data"] is True

@@ -1201,7 +1201,6 @@ def main(argv=None):
                              f"use --fresh to start over or another --out_dir")
         cfg = {**DEFAULTS, **old, **{k: cfg[k] for k in asked}, "fresh": False}  # a --fresh first run: not again
         cfg["_resume_ckpt"] = ckpt
-        cfg["prepare_data"] = cfg["prepare_data"] and old.get("prepare_data", True)
     try:
         summary = train(cfg)
     except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
