@@ -395,7 +395,7 @@ def report(log=print):
     files = sorted(LOGS.glob("*.jsonl"))
     if not files:
         raise SystemExit(f"experiments.py: no logs in {_rel(LOGS)}; run `python experiments.py run` first")
-    runs = []
+    runs = {}   # run name -> (its log file, its summary)
     for f in files:
         try:
             r = summarize(read_log(f))
@@ -407,8 +407,14 @@ def report(log=print):
         elif not r["train"] or not finished(r):
             log(f"experiments.py: report: skipping {_rel(f)}: incomplete run (it does not reach its last step's "
                 f"validation loss); rerun it with `python experiments.py run --only={r['name']} --rerun`")
+        elif r["name"] in runs:   # a log copied under another name: reported once, from the file `run` wrote
+            other = runs[r["name"]][0]
+            keep, drop = (f, other) if f.stem == r["name"] else (other, f)
+            log(f"experiments.py: report: skipping {_rel(drop)}: another log of run {r['name']!r} ({_rel(keep)})")
+            runs[r["name"]] = (keep, r if keep is f else runs[r["name"]][1])
         else:
-            runs.append(r)
+            runs[r["name"]] = (f, r)
+    runs = [r for _, r in runs.values()]
     by_name = {r["name"]: r for r in runs}
     base = by_name.get("baseline")
     setup = {}

@@ -4876,6 +4876,18 @@ def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_re
     assert any("setup.json is unreadable or incomplete: the data figures are left out" in s for s in said)
     md = (_bad_results / "results.md").read_text()
     assert "| nope |" in md and "| baseline |" not in md
+    # a copy of a log under another name (sorted before or after the original): the run is reported once, from
+    # the file experiments.py wrote, and the copy is named in a note
+    for copy in ("nope-copy.jsonl", "zz.jsonl"):
+        _bad_fake_log(_bad_results / "logs" / copy, "nope", evals=((0, 7.6), (10, 9.0)))
+        said.clear()
+        experiments.report(log=said.append)
+        assert [s for s in said if "another log" in s] == [
+            f"experiments.py: report: skipping {experiments._rel(_bad_results / 'logs' / copy)}: another log of run "
+            f"'nope' ({experiments._rel(_bad_results / 'logs' / 'nope.jsonl')})"]
+        md = (_bad_results / "results.md").read_text()
+        assert md.count("| nope |") == 1 and "9.0" not in md, md
+        (_bad_results / "logs" / copy).unlink()
 
 
 def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, capsys):
