@@ -407,12 +407,13 @@ def report(log=print):
         elif not r["train"] or not finished(r):
             log(f"experiments.py: report: skipping {_rel(f)}: incomplete run (it does not reach its last step's "
                 f"validation loss); rerun it with `python experiments.py run --only={r['name']} --rerun`")
-        elif r["name"] in runs:   # a log copied under another name: reported once, from the file `run` wrote
-            other = runs[r["name"]][0]
-            keep, drop = (f, other) if f.stem == r["name"] else (other, f)
-            log(f"experiments.py: report: skipping {_rel(drop)}: another log of run {r['name']!r} ({_rel(keep)})")
-            runs[r["name"]] = (keep, r if keep is f else runs[r["name"]][1])
         else:
+            if r["name"] in runs:   # a log copied under another name: reported once, from the file `run` wrote
+                other = runs[r["name"]][0]
+                keep, drop = (f, other) if f.stem == r["name"] else (other, f)
+                log(f"experiments.py: report: skipping {_rel(drop)}: another log of run {r['name']!r} ({_rel(keep)})")
+                if keep is other:
+                    continue
             runs[r["name"]] = (f, r)
     runs = [r for _, r in runs.values()]
     by_name = {r["name"]: r for r in runs}

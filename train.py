@@ -1020,7 +1020,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     try:
         while True:
             done = step >= max_iters or (budget is not None and elapsed >= budget)
-            stop = None if done else stop if ddp else _Stop.requested
+            if not ddp:   # (under DDP `stop` is set at the end of each step, once every rank knows of the request)
+                stop = _Stop.requested
+            stop = None if done else stop   # a request at the last step changes nothing: the run is finished
             last = done or stop is not None
             # periodic duties (not counted in the time budget): eval, HellaSwag, LAMBADA, samples, checkpoint
             # (not again at the step a run resumes from when the checkpoint was evaluated there: the log has it;
