@@ -5492,6 +5492,8 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
     term = Path(out_dir) / "term"
     stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet,
                           on_step=lambda step: rank == 1 and step == 1 and os.kill(os.getpid(), signal.SIGTERM))
+    if rank == 1:   # the repeat torchrun sends may come after the loop: still ignored, the teardown goes on
+        os.kill(os.getpid(), signal.SIGTERM)
     dist.barrier()
     stopped["ckpt_step"] = torch.load(term / "ckpt.pt", weights_only=True)["iteration"]
     dist.barrier()
@@ -5568,6 +5570,8 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
 def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
+    import faulthandler
+    faulthandler.dump_traceback_later(150)   # a hang shows where each rank waits, before the test gives up at 180 s
     t = [0.0]
 
     def clock():   # rank 1's clock runs 3x as fast: a step takes 1 s on rank 0, 3 s on rank 1
@@ -5576,6 +5580,7 @@ def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
     s = train.train(_train_cfg(data_dir, out_dir, time_budget="6s", max_iters=100, warmup_iters=0, num_threads=1),
                     clock=clock, log=_train_quiet)
     Path(out_dir, f"budget{rank}.json").write_text(json.dumps({k: s[k] for k in ("step", "elapsed", "last_lr")}))
+    faulthandler.cancel_dump_traceback_later()
 
 
 def test_train_ddp_time_budget_follows_rank_0s_clock_on_every_rank(tmp_path, _train_data):

@@ -712,7 +712,8 @@ class _Stop:
     """A stop request, Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption notice; torchrun passes either on to its
     workers): finish the step, write a checkpoint, stop. In one process a second request aborts at once. Under
     torchrun a worker gets a terminal's Ctrl-C twice (from the terminal and again from torchrun), so repeats are
-    ignored there: torchrun kills its workers itself --shutdown_timeout seconds (30) after the first signal."""
+    ignored there, even after the loop (the repeat can arrive late, during the teardown): torchrun kills its
+    workers itself --shutdown_timeout seconds (30) after the first signal."""
     requested = None      # None, or what asked: "ctrl-c" / "SIGTERM"
     repeat_aborts = True
     quiet = False
@@ -1101,8 +1102,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             if on_step is not None:
                 on_step(step)
     finally:
-        for sig, old in old_handlers.items():
-            signal.signal(sig, old)
+        for sig, old in old_handlers.items():   # the caller's handlers are back; but a torchrun worker that got a
+            signal.signal(sig, signal.SIG_IGN if ddp and _Stop.requested else old)   # signal may still get its repeat
         if logf is not None:
             logf.close()
         if run is not None:
