@@ -3357,6 +3357,26 @@ def _hs_free_port():
         return s.getsockname()[1]
 
 
+def _watched_rank(rank, fn, seconds, *args):
+    import faulthandler
+    faulthandler.dump_traceback_later(seconds)   # a hang prints where this rank waits, before it is killed
+    fn(rank, *args)
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _spawn_ranks(fn, *args, nprocs=2, timeout=240):
+    """mp.spawn(fn, args=(nprocs, free port, *args)) with a deadline: ranks that hang fail the test (each rank
+    first dumps its stack to stderr) instead of blocking the whole suite."""
+    ctx = mp.spawn(_watched_rank, args=(fn, timeout - 30, nprocs, _hs_free_port(), *args), nprocs=nprocs, join=False)
+    try:
+        finished = any(ctx.join(timeout=5) for _ in range(timeout // 5))
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+    assert finished, f"{fn.__name__}: the ranks did not finish within {timeout} s"
+
+
 def _hs_ddp_worker(rank, world_size, port, table, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -3378,7 +3398,7 @@ def test_hs_ddp_two_processes_equal_one_process(tmp_path):
     examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
     single = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu")
     assert single["num_correct_norm"] == 2 and single["num_total"] == 7
-    mp.spawn(_hs_ddp_worker, args=(2, _hs_free_port(), table, str(tmp_path)), nprocs=2, join=True)
+    _spawn_ranks(_hs_ddp_worker, table, str(tmp_path))
     for rank in range(2):  # 7 examples split 4 + 3, every rank gets the all-reduced totals
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == single
 
@@ -3994,7 +4014,7 @@ def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
     model.context_length = 1
     single = lambada.evaluate(model, tok, _lb_examples(), "cpu")
     assert (single["num_correct"], single["num_total"], single["num_skipped"], single["num_cut"]) == (3, 5, 2, 5)
-    mp.spawn(_lb_ddp_worker, args=(2, _hs_free_port(), table, str(tmp_path)), nprocs=2, join=True)
+    _spawn_ranks(_lb_ddp_worker, table, str(tmp_path))
     for rank in range(2):  # passages 0,2,4,6 and 1,3,5: every rank gets the all-reduced totals
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert {k: v for k, v in r.items() if k not in ("nll", "ppl")} == {
@@ -5529,7 +5549,7 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
     # and tokens/s (the whole step's, all ranks), and MFU per process (tokens/s / world over the peak)
     monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 1e9)
     train.train(_train_cfg(_train_data, tmp_path / "one", **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=_train_quiet)
-    mp.spawn(_train_ddp_worker, args=(2, _hs_free_port(), str(_train_data), str(tmp_path / "two")), nprocs=2, join=True)
+    _spawn_ranks(_train_ddp_worker, str(_train_data), str(tmp_path / "two"))
     a, b = _train_weights(tmp_path / "one" / "ckpt.pt"), _train_weights(tmp_path / "two" / "ckpt.pt")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
@@ -5570,8 +5590,6 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
 def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world))
-    import faulthandler
-    faulthandler.dump_traceback_later(150)   # a hang shows where each rank waits, before the test gives up at 180 s
     t = [0.0]
 
     def clock():   # rank 1's clock runs 3x as fast: a step takes 1 s on rank 0, 3 s on rank 1
@@ -5580,22 +5598,13 @@ def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
     s = train.train(_train_cfg(data_dir, out_dir, time_budget="6s", max_iters=100, warmup_iters=0, num_threads=1),
                     clock=clock, log=_train_quiet)
     Path(out_dir, f"budget{rank}.json").write_text(json.dumps({k: s[k] for k in ("step", "elapsed", "last_lr")}))
-    faulthandler.cancel_dump_traceback_later()
 
 
 def test_train_ddp_time_budget_follows_rank_0s_clock_on_every_rank(tmp_path, _train_data):
     # ranks whose clocks disagree must still stop after the same step and follow the same clock-driven schedule
     # (else their learning rates, so their weights, drift apart, and a rank that stops alone hangs its peers):
-    # every rank takes rank 0's elapsed time. Run with a timeout, so that a broken sync fails instead of hanging.
-    ctx = mp.spawn(_train_ddp_budget_worker, args=(2, _hs_free_port(), str(_train_data), str(tmp_path)), nprocs=2,
-                   join=False)
-    try:
-        finished = any(ctx.join(timeout=10) for _ in range(18))
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-    assert finished, "the ranks did not finish within 3 minutes"
+    # every rank takes rank 0's elapsed time (a broken sync hangs: _spawn_ranks turns that into a failure)
+    _spawn_ranks(_train_ddp_budget_worker, str(_train_data), str(tmp_path))
     got = [json.loads((tmp_path / f"budget{r}.json").read_text()) for r in (0, 1)]
     assert got[0] == got[1] and got[0]["step"] == 6 and got[0]["elapsed"] == 6.0
 
