@@ -611,9 +611,12 @@ def check_config(cfg):
                          f"got {cfg['vocab_size']}")
     if cfg["time_budget"] and not parse_duration(cfg["time_budget"]) > 0:
         raise ValueError(f"--time_budget must be > 0 ('' = none), got {cfg['time_budget']!r}")
-    if cfg["compile_backend"] not in torch.compiler.list_backends(exclude_tags=()):   # else a traceback at step 1
+    # an unknown backend would be a traceback at step 1; listing them imports torch._dynamo (~1.4 s of start-up on
+    # CPU), so the default one, always there, is not looked up
+    backend = cfg["compile_backend"]
+    if backend != DEFAULTS["compile_backend"] and backend not in torch.compiler.list_backends(exclude_tags=()):
         raise ValueError(f"--compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: see "
-                         f"torch.compiler.list_backends()), got {cfg['compile_backend']!r}")
+                         f"torch.compiler.list_backends()), got {backend!r}")
 
 
 def model_config_from(cfg, vocab_size):
