@@ -810,6 +810,13 @@ class Tokenizer:
 
     def encode(self, text):
         """Token ids of `text`; special tokens (longest match first) become their single id."""
+        try:
+            return self._encode(text)
+        except UnicodeEncodeError:   # a lone surrogate (half an emoji, e.g. from json.loads of cut text) has no
+            # UTF-8 bytes: it becomes U+FFFD and split pairs are joined, as tiktoken does
+            return self._encode(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+
+    def _encode(self, text):
         cache = self._cache
         if len(cache) > 1_000_000:  # bound the cache on huge, diverse corpora
             cache.clear()

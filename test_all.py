@@ -183,6 +183,11 @@ def test_bpe_gpt2_files_match_tiktoken_on_edge_cases():
         assert ids == enc.encode(text, allowed_special="all"), repr(text)
         assert tok.decode(ids) == text
     assert tok.encode("<|endoftext|><|endoftext|>") == [50256, 50256]  # GPT-2 has no double token: two
+    # a lone surrogate (no UTF-8 bytes) becomes U+FFFD and a pair written as two halves is one character, as in
+    # tiktoken; encode_iterable (fineweb.py's path) agrees
+    for text in ["half \ud83d an emoji", "\ude00", "pair \ud83d\ude00 ok", "\ud83d\ud83d  \udfff<|endoftext|>x"]:
+        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
+        assert list(tok.encode_iterable([text], block_chars=4)) == tok.encode(text)
 
 
 @needs_gpt2_files
