@@ -597,6 +597,14 @@ class GPT(nn.Module):
                              f"or pytorch_model.bin")
         with open(files["config.json"]) as f:
             hf = json.load(f)
+        # settings of GPT2Config that this GPT does not implement: another value would load and give wrong logits
+        fixed = {"model_type": ("gpt2",), "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+                 "layer_norm_epsilon": (1e-5,), "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
+                 "n_inner": (None, 4 * hf.get("n_embd", 0))}
+        for key, allowed in fixed.items():
+            if key in hf and hf[key] not in allowed:
+                raise ValueError(f"GPT.from_pretrained: {files['config.json']}: {key} {hf[key]!r} is not supported "
+                                 f"(this GPT implements OpenAI's GPT-2: {key} {allowed[0]!r})")
         config = GPTConfig(block_size=hf.get("n_positions", hf.get("n_ctx", 1024)), vocab_size=hf["vocab_size"],
                            n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"])
         for key, value in overrides.items():

@@ -1068,6 +1068,22 @@ def test_hub_probe_uses_the_endpoint_port(monkeypatch, probe):
         assert probe() is True
 
 
+@pytest.mark.parametrize("change", [dict(layer_norm_epsilon=1e-2), dict(activation_function="relu"),
+                                    dict(scale_attn_weights=False), dict(scale_attn_by_inverse_layer_idx=True),
+                                    dict(n_inner=48)])
+def test_model_from_pretrained_refuses_gpt2_settings_it_does_not_implement(tmp_path, change):
+    # each of these loads into HF's GPT-2 with other logits than OpenAI's settings give (e.g. Stanford CRFM's
+    # GPT-2 runs scale attention by the inverse layer index): refused, naming the setting; OpenAI's values load
+    from transformers import GPT2Config, GPT2LMHeadModel
+    shape = dict(vocab_size=97, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    GPT2LMHeadModel(GPT2Config(**shape, **change)).save_pretrained(tmp_path / "other")
+    key = next(iter(change))
+    with pytest.raises(ValueError, match=f"config.json: {key} .* is not supported"):
+        M.GPT.from_pretrained(str(tmp_path / "other"))
+    GPT2LMHeadModel(GPT2Config(**shape, activation_function="gelu_pytorch_tanh", n_inner=128)).save_pretrained(tmp_path / "ok")
+    M.GPT.from_pretrained(str(tmp_path / "ok"))
+
+
 def test_model_from_pretrained_refuses_an_untied_head(tmp_path):
     # GPT ties lm_head to wte; a file whose head differs (tie_word_embeddings false) would load with wrong logits
     from transformers import GPT2Config, GPT2LMHeadModel
