@@ -4394,6 +4394,9 @@ def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_dat
     ("--vocab_size=100", "--vocab_size must be >= 257"),
     ("--compile_backend=indcutor", "--compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
                                    "see torch.compiler.list_backends()), got 'indcutor'"),
+    ("--total_batch_tokens=1000", "--total_batch_tokens=1,000 is not divisible by batch_size*context_length"),
+    ("--eval_tokens=1000", "--eval_tokens=1,000 is not a multiple of batch_size*context_length*world_size"),
+    ("--init_from=gpt2", "--init_from=gpt2 needs --model=gpt2"),
 ])
 def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, message):
     args = [f"--data_dir={tmp_path / 'data'}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
@@ -4402,6 +4405,17 @@ def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, mes
         train.main(args)
     assert str(e.value).startswith(f"train.py: {message}")
     assert not (tmp_path / "data").exists() and not (tmp_path / "o").exists()
+
+
+def test_train_batch_arithmetic_is_checked_with_torchruns_world_size(tmp_path, monkeypatch):
+    # before the process group (and data preparation): WORLD_SIZE is what torchrun sets
+    cfg = _train_cfg(tmp_path, tmp_path / "o", batch_size=4, context_length=16, total_batch_tokens=192, eval_tokens=64)
+    train.check_config(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"--total_batch_tokens=192 is not divisible by .*4\*16\*2 = 128"):
+        train.check_config(cfg)
+    with pytest.raises(ValueError, match=r"--eval_tokens=64 is not a multiple of .* = 128"):
+        train.check_config(dict(cfg, total_batch_tokens=256))
 
 
 def test_train_plain_switches_are_true_or_false(tmp_path, capsys):
@@ -5826,12 +5840,16 @@ def test_train_empty_token_file_is_a_clear_error(tmp_path):
 
 def test_train_grad_clip_zero_means_no_clipping(tmp_path, _train_data):
     # --grad_clip=0 is "off": the same run as a threshold no gradient reaches, not gradients scaled to zero
+    # (the norm is not computed then, so the log line leaves it out rather than print "norm 0.000")
     kw = dict(max_iters=3, log_interval=1, learning_rate=1e-2)
-    train.train(_train_cfg(_train_data, tmp_path / "off", grad_clip=0.0, **kw), log=_train_quiet)
-    train.train(_train_cfg(_train_data, tmp_path / "big", grad_clip=1e9, **kw), log=_train_quiet)
+    off, big = [], []
+    train.train(_train_cfg(_train_data, tmp_path / "off", grad_clip=0.0, **kw), log=off.append)
+    train.train(_train_cfg(_train_data, tmp_path / "big", grad_clip=1e9, **kw), log=big.append)
     a, b = _train_weights(tmp_path / "off" / "ckpt.pt"), _train_weights(tmp_path / "big" / "ckpt.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["grad_norm"] for r in _train_records(tmp_path / "off", "train")] == [None] * 3
+    steps = [[line for line in lines if line.startswith("step      3/")] for lines in (off, big)]
+    assert "| norm " not in steps[0][0] and "| norm " in steps[1][0]
 
 
 def test_train_lr_decay_iters_sets_the_cosine_length(tmp_path, _train_data):
@@ -5873,7 +5891,9 @@ def test_train_parse_duration_units():
     ("beta2", 1.0, "in [0, 1)"), ("beta1", -0.1, "in [0, 1)"), ("top_p", 0.0, "in (0, 1]"),
     ("min_lr_ratio", 1.5, "in [0, 1]"), ("rope_theta", 0.0, "> 0"), ("eps", -1e-8, ">= 0"),
     ("eval_iters", 0, ">= 1"), ("log_interval", 0, ">= 1"), ("lr_decay_iters", -1, ">= 0"),
-    ("total_batch_tokens", -1, ">= 0"), ("time_budget", "0s", "> 0 ('' = none)")])
+    ("total_batch_tokens", -1, ">= 0"), ("time_budget", "0s", "> 0 ('' = none)"),
+    ("learning_rate", float("inf"), "finite"), ("rope_theta", float("inf"), "finite"), ("eps", float("inf"), "finite"),
+    ("weight_decay", float("inf"), "finite")])
 def test_train_more_out_of_range_flags_are_refused(tmp_path, _train_data, name, value, expected):
     out = tmp_path / "o"
     with pytest.raises(ValueError) as e:

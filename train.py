@@ -592,6 +592,7 @@ def check_config(cfg):
         (("min_lr_ratio",), lambda v: 0 <= v <= 1, "in [0, 1]"),
         (("beta1", "beta2"), lambda v: 0 <= v < 1, "in [0, 1)"),
         (("top_p",), lambda v: 0 < v <= 1, "in (0, 1]"),
+        (("learning_rate", "weight_decay", "eps", "rope_theta"), math.isfinite, "finite"),   # inf: NaN loss, or no RoPE
     ]
     for names, ok, what in rules:
         for name in names:
@@ -609,6 +610,14 @@ def check_config(cfg):
     if cfg["prepare_data"] and cfg["vocab_size"] < 257:
         raise ValueError(f"--vocab_size must be >= 257 (256 bytes + <|endoftext|>) to train the tokenizer, "
                          f"got {cfg['vocab_size']}")
+    if cfg["init_from"] != "scratch" and cfg["model"] != "gpt2":
+        raise ValueError(f"--init_from={cfg['init_from']} needs --model=gpt2")
+    world = int(os.environ.get("WORLD_SIZE", "1"))   # (torchrun's: batch arithmetic is checked before data prep)
+    grad_accum_steps(cfg["total_batch_tokens"], cfg["batch_size"], cfg["context_length"], world)
+    if cfg["eval_tokens"] % (cfg["batch_size"] * cfg["context_length"] * world):
+        raise ValueError(f"--eval_tokens={cfg['eval_tokens']:,} is not a multiple of batch_size*context_length"
+                         f"*world_size = {cfg['batch_size'] * cfg['context_length'] * world:,}: pick one, so that "
+                         f"every run scores the same tokens")
     if cfg["time_budget"] and not parse_duration(cfg["time_budget"]) > 0:
         raise ValueError(f"--time_budget must be > 0 ('' = none), got {cfg['time_budget']!r}")
     # an unknown backend would be a traceback at step 1; listing them imports torch._dynamo (~1.4 s of start-up on
@@ -851,8 +860,6 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         except ValueError as e:
             raise ValueError(f"{ckpt_path}: {e}") from None
     elif cfg["init_from"] != "scratch":
-        if cfg["model"] != "gpt2":
-            raise ValueError(f"--init_from={cfg['init_from']} needs --model=gpt2")
         raw = model_lib.GPT.from_pretrained(cfg["init_from"], pad_vocab_to_multiple_of=cfg["_pad_vocab"],
                                             attn_impl=cfg["attn_impl"])
     else:
@@ -924,10 +931,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     check_batch_fits(val_shards, B * T * world + 1, "validation data")
     # the evaluator skips files shorter than one batch and reads only the first one that holds a batch
     scored_path, scored = next((p, a) for p, a, _ in val_shards if len(a) >= B * T * world + 1)
-    if cfg["eval_tokens"]:   # exactly these tokens at any batch size or world size, or an error
-        if cfg["eval_tokens"] % (B * T * world):
-            raise ValueError(f"--eval_tokens={cfg['eval_tokens']:,} is not a multiple of batch_size*context_length"
-                             f"*world_size = {B * T * world:,}: pick one, so that every run scores the same tokens")
+    if cfg["eval_tokens"]:   # exactly these tokens at any batch size or world size (a multiple: check_config)
         if cfg["eval_tokens"] + 1 > len(scored):
             raise ValueError(f"--eval_tokens={cfg['eval_tokens']:,}: the validation file scored, {scored_path}, "
                              f"holds only {len(scored) - 1:,} targets")
@@ -1097,7 +1101,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                 tps = tokens_per_step / dt
                 mfu = _mfu(mcfg, T, tps / world, device, dtype_name)
                 gn = float(norm) if norm is not None else None
-                say(f"step {step:>6}/{max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | norm {gn or 0:.3f} | "
+                say(f"step {step:>6}/{max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
+                    (f"norm {gn:.3f} | " if gn is not None else "") +   # (not computed with --grad_clip=0)
                     f"{tps:,.0f} tok/s" + (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") +
                     f" | {_fmt_time(elapsed)}")
                 record("train", step=step, loss=train_loss, lr=lr, grad_norm=gn, tokens_per_sec=tps, mfu=mfu,
