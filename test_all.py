@@ -1977,6 +1977,21 @@ def _train_main_args(data, out):
             "--device=cpu", "--compile=false"]
 
 
+def test_train_resume_from_a_step_0_checkpoint_keeps_its_log(tmp_path, _train_data, capsys):
+    # --max_iters=0 (evaluate first, e.g. --init_from weights), then train on: the step-0 evaluation stays in the
+    # log and is not repeated, the resume is recorded, and no schedule warning is given (no step was trained)
+    args = _train_main_args(_train_data, tmp_path / "o")
+    train.main(args + ["--max_iters=0"])
+    capsys.readouterr()
+    train.main(args + ["--max_iters=3"])
+    out = capsys.readouterr().out
+    assert "resumed" in out and "learning rate jumps" not in out and "step      0 | val loss" not in out
+    recs = [json.loads(line) for line in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
+    assert [(r["type"], r.get("step")) for r in recs if r["type"] != "train"] == [
+        ("config", None), ("eval", 0), ("config", None), ("eval", 3)]
+    assert [r["resumed_at_step"] for r in recs if r["type"] == "config"] == [None, 0]
+
+
 def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, capsys):
     # checkpointed but cut short: a script running train.py (experiments.py) must not take it as a finished run
     real_train = train.train

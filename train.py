@@ -911,7 +911,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         say(f"resumed {ckpt_path} at step {step}")
         old = ckpt.get("config", {})
         old_decay = old.get("lr_decay_iters") or old.get("max_iters")
-        if old_decay is not None and old_decay != decay_iters:   # e.g. a larger --max_iters to train on
+        if step > 0 and old_decay and old_decay != decay_iters:   # e.g. a larger --max_iters to train on
             say(f"train.py: the cosine now ends at step {decay_iters:,}, not {old_decay:,} as in the checkpoint's "
                 f"run, so the learning rate jumps at step {step:,} (pass --lr_decay_iters={old_decay} to keep its "
                 "schedule)")
@@ -947,7 +947,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         out_dir.mkdir(parents=True, exist_ok=True)
         for stale in out_dir.glob(f"{ckpt_path.name}.tmp*"):   # a save cut short by a hard kill (SIGKILL skips the
             stale.unlink(missing_ok=True)                        # cleanup): gigabytes at GPT-2 scale
-        if step > 0 and log_path.exists():   # drop what a crashed run logged after its last checkpoint
+        if resume_ckpt is not None and log_path.exists():   # drop what a crashed run logged after its checkpoint
             kept = [line for line in log_path.read_text().splitlines() if _kept_on_resume(line, step)]
             tmp = log_path.with_name(log_path.name + ".tmp")   # renamed over the log: a crash now leaves the old
             with open(tmp, "w") as f:                           # log or the new one, never an empty file
@@ -979,7 +979,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         f"{' | compiled' if compiled else ''}")
     if master:
         record("config", **{k: v for k, v in cfg.items() if not k.startswith("_")}, model_config=mcfg,
-               tokenizer=tok_ref, world_size=world, params=n_params, resumed_at_step=step if step else None)
+               tokenizer=tok_ref, world_size=world, params=n_params, resumed_at_step=step if resume_ckpt is not None else None)
 
     def save(step, val_loss):
         loader_states = [loader.state_dict()]
