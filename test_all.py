@@ -1977,6 +1977,24 @@ def _train_main_args(data, out):
             "--device=cpu", "--compile=false"]
 
 
+def test_train_fresh_run_removes_the_old_runs_checkpoint_with_its_log(tmp_path, _train_data):
+    # a new run in an out_dir truncates the old log at once: the old checkpoint must go too, else a crash before
+    # the new run's first checkpoint leaves the old weights beside the new run's log, and the next run resumes them
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
+    said = []
+
+    def crash(step):
+        if step == 2:
+            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError, match="killed"):
+        train.train(_train_cfg(_train_data, out, fresh=True, max_iters=100), log=said.append, on_step=crash)
+    assert f"train.py: starting over in {out}: removed the previous run's checkpoint" in said
+    assert not (out / "ckpt.pt").exists()
+    train.train(_train_cfg(_train_data, out, max_iters=2), log=said.append)   # nothing to remove: said once
+    assert sum("starting over" in line for line in said) == 1
+
+
 def test_train_resume_from_a_step_0_checkpoint_keeps_its_log(tmp_path, _train_data, capsys):
     # --max_iters=0 (evaluate first, e.g. --init_from weights), then train on: the step-0 evaluation stays in the
     # log and is not repeated, the resume is recorded, and no schedule warning is given (no step was trained)

@@ -61,7 +61,7 @@ CONFIG = [
     ("download", True, "with --prepare_data: try TinyStories from the Hugging Face hub before generating stories"),
     ("preset", "", "tinystories | tinystories-cpu | owt | gpt2-124m (sets the documented values; flags still override)"),
     ("resume", "auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the run: use --fresh), true = must, false = never"),
-    ("fresh", False, "start over: ignore an existing checkpoint (and re-prepare the data of the main job)"),
+    ("fresh", False, "start over: replace out_dir's checkpoint and log (and re-prepare the data of the main job)"),
     ("init_from", "scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights, --model=gpt2)"),
     ("plot", "", "path of a log.jsonl: draw loss-vs-steps and loss-vs-time PNGs beside it and exit"),
     ("wandb", False, "also log to Weights & Biases (only if wandb is installed)"),
@@ -957,6 +957,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             os.replace(tmp, log_path)
             logf = open(log_path, "a")
         else:
+            if resume_ckpt is None and ckpt_path.exists():   # a new run here (--fresh, --resume=false): the old run's
+                ckpt_path.unlink()   # checkpoint goes with its log, so a crash before this run's first checkpoint
+                say(f"train.py: starting over in {out_dir}: removed the previous run's checkpoint")   # cannot mix them
             logf = open(log_path, "w")
         if cfg["wandb"]:
             try:
