@@ -5910,6 +5910,38 @@ def test_train_resume_with_a_longer_cosine_says_so(tmp_path, _train_data):
                 log=lines.append)
     assert not [line for line in lines if "cosine" in line] and any("resumed" in line for line in lines)
 
+def test_train_resume_under_a_budget_says_when_the_clock_moves_the_schedule(tmp_path, _train_data):
+    # under --time_budget the clock is mapped onto max_iters, so another --max_iters on resume moves the learning
+    # rate even with --lr_decay_iters fixed (and so does another budget): one line says from what to what. With both
+    # kept, the resumed run follows the uninterrupted run's schedule and says nothing.
+    kw = dict(time_budget="20s", max_iters=20, lr_decay_iters=20, warmup_iters=2, log_interval=1, ckpt_interval=5)
+    train.train(_train_cfg(_train_data, tmp_path / "full", **kw), clock=_train_fake_clock(), log=_train_quiet)
+    full = {r["step"]: r["lr"] for r in _train_records(tmp_path / "full", "train")}
+
+    def crash(step):
+        if step == 6:
+            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError):
+        train.train(_train_cfg(_train_data, tmp_path / "cut", **kw), clock=_train_fake_clock(), log=_train_quiet,
+                    on_step=crash)
+    for change, expected in [({}, None), (dict(max_iters=40), "--max_iters 20 -> 40"),
+                             (dict(time_budget="10s"), "--time_budget 20s -> 10s"),
+                             (dict(time_budget="40s"), None)]:   # (the steps stay ahead of the clock: no change)
+        out = tmp_path / f"resumed{len(change) and next(iter(change.values()))}"
+        shutil.copytree(tmp_path / "cut", out)
+        lines = []
+        train.train(_train_cfg(_train_data, out, **{**kw, **change}, resume=True), clock=_train_fake_clock(),
+                    log=lines.append)
+        said = [line for line in lines if "under --time_budget" in line]
+        lr = {r["step"]: r["lr"] for r in _train_records(out, "train")}[6]   # the lr of step 6, set at step 5
+        if expected is None:
+            assert said == [] and lr == pytest.approx(full[6])
+        else:
+            assert said == [f"train.py: under --time_budget the schedule maps the clock onto --max_iters; with "
+                            f"{expected} the learning rate at step 5 is {lr:.2e}, not {full[6]:.2e} as in the "
+                            f"checkpoint's run"] and lr != pytest.approx(full[6])
+
+
 def test_train_parse_duration_units():
     assert train.parse_duration("90s") == 90.0
     assert train.parse_duration("45m") == 2700.0

@@ -224,6 +224,16 @@ def get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iter
     return min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (max_learning_rate - min_learning_rate)
 
 
+def scheduled_lr(cfg, step, elapsed):
+    """A run's learning rate at `step` after `elapsed` seconds of training. Under --time_budget the schedule follows
+    whichever is further along, steps or the clock (elapsed time mapped onto the step axis 0..max_iters), so with
+    the default lr_decay_iters (= max_iters) it ends when the budget does."""
+    budget = parse_duration(cfg["time_budget"]) if cfg["time_budget"] else None
+    it = step if budget is None else max(step, min(elapsed / budget, 1.0) * cfg["max_iters"])
+    return get_lr_cosine_schedule(it, cfg["learning_rate"], cfg["learning_rate"] * cfg["min_lr_ratio"],
+                                  cfg["warmup_iters"], cfg["lr_decay_iters"] or cfg["max_iters"])
+
+
 @torch.no_grad()
 def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
     """Scale all gradients in place so their global L2 norm is at most max_l2_norm; returns the pre-clip norm."""
@@ -915,6 +925,17 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             say(f"train.py: the cosine now ends at step {decay_iters:,}, not {old_decay:,} as in the checkpoint's "
                 f"run, so the learning rate jumps at step {step:,} (pass --lr_decay_iters={old_decay} to keep its "
                 "schedule)")
+        # under a budget the clock is mapped onto max_iters: another --max_iters or --time_budget moves the schedule
+        changed = [f"--{k} {old[k] or 'none'} -> {cfg[k] or 'none'}" for k in ("time_budget", "max_iters")
+                   if k in old and old[k] != cfg[k] and (k == "time_budget" or budget is not None)]
+        if step > 0 and changed and (budget is not None or old.get("time_budget")):
+            was = scheduled_lr({**cfg, **{k: old[k] for k in ("time_budget", "max_iters", "lr_decay_iters")
+                                          if k in old}}, step, elapsed)
+            now = scheduled_lr(cfg, step, elapsed)
+            if not math.isclose(now, was, rel_tol=1e-9):
+                say(f"train.py: under --time_budget the schedule maps the clock onto --max_iters; with "
+                    f"{', '.join(changed)} the learning rate at step {step:,} is {now:.2e}, not {was:.2e} as in the "
+                    f"checkpoint's run")
     cfg.pop("_resume_ckpt", None)
 
     model = raw
@@ -995,11 +1016,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                             val_loss=val_loss, val_step=val_step, elapsed=elapsed)
 
     def lr_at(step):
-        # under a time budget the schedule follows whichever is further along, steps or the clock (elapsed time
-        # mapped onto the step axis 0..max_iters), so with the default lr_decay_iters it ends when the run stops
-        it = step if budget is None else max(step, min(elapsed / budget, 1.0) * max_iters)
-        return get_lr_cosine_schedule(it, cfg["learning_rate"], cfg["learning_rate"] * cfg["min_lr_ratio"],
-                                      cfg["warmup_iters"], decay_iters)
+        return scheduled_lr(cfg, step, elapsed)
 
     def task_examples(name, lib):
         """The examples of a downstream task asked for with --NAME (scored with the data's tokenizer), or None."""
