@@ -249,8 +249,9 @@ def mfu(cfg, context_length, tokens_per_sec, device, dtype):
 # presets and the CLI
 
 def llama_d_ff(d_model):
-    """8/3 * d_model rounded to the nearest multiple of 64 (SwiGLU keeps the 4*d FFN's parameter count)."""
-    return int(round(8 * d_model / 3 / 64)) * 64
+    """8/3 * d_model rounded to the nearest multiple of 64, at least 64 (SwiGLU keeps the 4*d FFN's parameter
+    count; below d_model 12 the rounding would give no FFN at all)."""
+    return max(64, int(round(8 * d_model / 3 / 64)) * 64)
 
 
 # name: (num_layers, d_model, num_heads, context_length, vocab_size)
@@ -429,6 +430,12 @@ def main():
     if args.ckpt and given:
         raise SystemExit(f"flops.py: --ckpt reads the shape from the checkpoint: leave out {', '.join(given)} "
                          "(or --ckpt, to describe the shape with flags)")
+    arch = args.arch or "llama"
+    other = [f"--{flag}" for flag in ("d_ff", "ffn_type") if arch == "gpt2" and getattr(args, flag) is not None] + \
+        (["--pad_vocab_to_multiple_of"] if arch == "llama" and args.pad_vocab_to_multiple_of is not None else [])
+    if other:   # each shape flag belongs to one architecture: the other would ignore it
+        raise SystemExit(f"flops.py: {', '.join(other)} does not apply to --arch={arch}"
+                         f"{'' if args.arch else ' (the default)'}")
     if args.ckpt:
         cfg = _load_config(args.ckpt)
     else:
@@ -436,7 +443,7 @@ def main():
             raise SystemExit(f"flops.py: --model {args.model!r}: expected one of {', '.join(PRESETS)}")
         L, d, h, T, V = PRESETS[args.model]
         pick = lambda value, preset: preset if value is None else value  # an override of 0 was rejected above
-        cfg = make_config(args.arch or "llama", num_layers=pick(args.num_layers, L), d_model=pick(args.d_model, d),
+        cfg = make_config(arch, num_layers=pick(args.num_layers, L), d_model=pick(args.d_model, d),
                           num_heads=pick(args.num_heads, h), context_length=pick(args.context_length, T),
                           vocab_size=pick(args.vocab_size, V), d_ff=args.d_ff, ffn_type=args.ffn_type or "swiglu",
                           pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of or 1)

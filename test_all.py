@@ -4749,6 +4749,15 @@ def test_flops_rejects_out_of_range_numbers(monkeypatch, flag):
     assert message.startswith(f"flops.py: {name} must be ") and message.endswith(f"got {value}")
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--arch=gpt2", "--d_ff=100"], "--d_ff does not apply to --arch=gpt2"),
+    (["--arch=gpt2", "--ffn_type=silu"], "--ffn_type does not apply to --arch=gpt2"),
+    (["--pad_vocab_to_multiple_of=64"], "--pad_vocab_to_multiple_of does not apply to --arch=llama (the default)")])
+def test_flops_flags_of_the_other_architecture_are_refused(monkeypatch, flags, message):
+    # each would be ignored in silence (a GPT-2 MLP is 4*d GELU; the Llama model's vocabulary is not padded)
+    assert _bad_exit(monkeypatch, flops, "--model=gpt2", *flags) == f"flops.py: {message}"
+
+
 # -----------------------------------------------------------------------------
 # hellaswag.py
 
@@ -5798,6 +5807,24 @@ def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
         cfg = dict(train.DEFAULTS, d_model=d_model, d_ff=0, _pad_vocab=1)
         assert train.model_config_from(cfg, 100)["d_ff"] == want, d_model
     assert train.model_config_from(dict(train.DEFAULTS, d_ff=0, ffn_type="silu", _pad_vocab=1), 100)["d_ff"] == 512
+    # below d_model 12 the nearest multiple of 64 is 0, a model without an FFN: at least 64 (flops.py agrees)
+    for d_model in (8, 12):
+        assert train.model_config_from(dict(train.DEFAULTS, d_model=d_model, d_ff=0, _pad_vocab=1), 100)["d_ff"] == 64
+        assert flops.make_config(d_model=d_model)["d_ff"] == 64
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(model="gpt2", remove_rope=True), "--remove_rope=True: only for --model=llama"),
+    (dict(model="gpt2", ffn_type="silu", d_ff=999), "--d_ff=999, --ffn_type=silu: only for --model=llama"),
+    (dict(model="gpt2", remove_rmsnorm=True, use_post_norm=True, rope_theta=500.0),
+     "--rope_theta=500.0, --remove_rmsnorm=True, --use_post_norm=True: only for --model=llama"),
+    (dict(model="llama", pad_vocab="true"), "--pad_vocab=true: only for --model=gpt2")])
+def test_train_flags_of_the_other_architecture_are_refused(tmp_path, kw, message):
+    # GPT-2 would ignore them in silence while the log's config said otherwise
+    with pytest.raises(ValueError) as e:
+        train.check_config(_train_cfg(tmp_path, tmp_path / "o", **kw))
+    assert str(e.value).startswith(message)
+    train.check_config(_train_cfg(tmp_path, tmp_path / "o", model="gpt2", pad_vocab="true"))
 
 
 # ---- train.py: sampler, checks, clipping, lr_decay_iters, weight-decay groups: gaps found by mutation testing (round 2) ----

@@ -613,6 +613,13 @@ def check_config(cfg):
     for name, allowed in choices.items():
         if cfg[name] not in allowed:
             raise ValueError(f"--{name}: expected {' or '.join(allowed)}, got {cfg[name]!r}")
+    if cfg["model"] == "gpt2":   # the Llama-only flags: GPT-2 has LayerNorm, a 4*d GELU MLP and learned positions
+        llama_only = [f"--{k}={cfg[k]}" for k in ("d_ff", "rope_theta", "remove_rmsnorm", "use_post_norm", "remove_rope",
+                                                   "ffn_type") if cfg[k] != DEFAULTS[k]]
+        if llama_only:
+            raise ValueError(f"{', '.join(llama_only)}: only for --model=llama (pass the default with --model=gpt2)")
+    elif _parse_bool(cfg["pad_vocab"]) is True:
+        raise ValueError("--pad_vocab=true: only for --model=gpt2 (the Llama model's vocabulary is not padded)")
     if cfg["d_model"] % cfg["num_heads"]:
         raise ValueError(f"--d_model={cfg['d_model']} must be a multiple of --num_heads={cfg['num_heads']}")
     if not 0 <= cfg["seed"] < 2 ** 32:
@@ -641,7 +648,7 @@ def check_config(cfg):
 def model_config_from(cfg, vocab_size):
     """The model.py build_model() dict for this run."""
     if cfg["model"] == "llama":
-        d_ff = cfg["d_ff"] or (int(round(8 * cfg["d_model"] / 3 / 64)) * 64 if cfg["ffn_type"] == "swiglu" else 4 * cfg["d_model"])
+        d_ff = cfg["d_ff"] or (flops.llama_d_ff(cfg["d_model"]) if cfg["ffn_type"] == "swiglu" else 4 * cfg["d_model"])
         return dict(arch="llama", vocab_size=vocab_size, context_length=cfg["context_length"], d_model=cfg["d_model"],
                     num_layers=cfg["num_layers"], num_heads=cfg["num_heads"], d_ff=d_ff, rope_theta=cfg["rope_theta"],
                     remove_rmsnorm=cfg["remove_rmsnorm"], use_post_norm=cfg["use_post_norm"],
