@@ -355,10 +355,14 @@ def summarize(rows):
     evals = [r for r in rows if r.get("type") == "eval" and "val_loss" in r]
     final = evals[-1] if evals else {}
     tps = sorted(r["tokens_per_sec"] for r in train if r.get("tokens_per_sec"))
+    # tokens and training time at the final evaluation's step: a run the clock stopped between two logged steps
+    # has trained past its last train record (train.py logs every log_interval steps, and at max_iters)
+    per_step = train[-1]["tokens"] / train[-1]["step"] if train and train[-1].get("step") else 0
     return dict(name=rec.get("name"), groups=rec.get("groups", []), change=rec.get("change", ""),
                 flags=rec.get("flags", {}), wall=rec.get("wall"), cfg=cfg, train=train, evals=evals,
                 step=final.get("step"), val_loss=final.get("val_loss"), val_bpb=final.get("val_bpb"),
-                train_time=train[-1]["elapsed"] if train else None, tokens=train[-1]["tokens"] if train else 0,
+                train_time=final.get("elapsed", train[-1]["elapsed"] if train else None),
+                tokens=round(per_step * final["step"]) if "step" in final else (train[-1]["tokens"] if train else 0),
                 tok_s=tps[len(tps) // 2] if tps else None,
                 final_train_loss=train[-1]["loss"] if train else None, params=cfg.get("params"))
 
@@ -387,7 +391,8 @@ GROUPS = [   # (key, title, what varies, the run Δ is measured against: None = 
 ]
 
 
-def report(log=print):
+def report(preset="cpu", steps=None, log=print):
+    """results.md and its plots, grouped and ordered as plan(preset, steps) runs them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -431,8 +436,7 @@ def report(log=print):
                 f"figures are left out (`python experiments.py run` writes it again)")
             setup = {}
     unigram = setup.get("unigram_val_loss")
-    preset = setup.get("preset", "cpu")
-    planned = plan(preset)
+    planned = plan(preset, steps)
     order = {r["name"]: i for i, r in enumerate(planned)}
     groups = {r["name"]: r["groups"] for r in planned}   # the plan's grouping wins over the one a log recorded
 
@@ -578,7 +582,7 @@ def main(argv=None):
                 run_one(r, args.preset, data_dir, scratch, rerun=args.rerun)
             if not args.no_samples:
                 write_samples(runs, scratch)
-        report()
+        report(args.preset, args.steps or None)
     except OSError as e:   # a --scratch or results folder that is a file, a full disk, ...
         raise SystemExit(f"experiments.py: {e}") from None
     except KeyboardInterrupt:   # train.py got the Ctrl-C too and checkpointed; finished runs are in results/logs

@@ -1789,6 +1789,8 @@ def test_train_time_budget_follows_injected_clock(tmp_path, _train_data):
     assert s["last_lr"] == pytest.approx(train.get_lr_cosine_schedule(90, 1e-3, 1e-4, 0, 100))
     rows = [json.loads(l) for l in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
     assert rows[-1]["type"] == "eval"                                  # it evaluates after stopping
+    # the step the clock stopped it at is logged, though it is no multiple of log_interval (1000)
+    assert [(r["step"], r["tokens"]) for r in rows if r["type"] == "train"] == [(10, 10 * 4 * 16)]
 
 
 def test_train_compiled_training_with_eval_and_generation(tmp_path, _train_data):
@@ -6700,6 +6702,31 @@ def test_experiments_report_groups_runs_as_the_plan_does(tmp_path, monkeypatch):
     sections = {s.split("\n", 1)[0]: s for s in (tmp_path / "results.md").read_text().split("## ")[1:]}
     assert "| nope |" in sections["Ablations"] and "| nope |" not in sections["Learning-rate sweep"]
     assert "| baseline |" in sections["Learning-rate sweep"] and "| baseline |" in sections["Ablations"]
+
+
+def test_experiments_report_groups_by_the_presets_plan(tmp_path, monkeypatch):
+    # `report --preset=cs336` groups as the cs336 plan does (no ablations at the best lr there), not as the cpu plan
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr"], 4.0)
+    _experiments_fake_log(tmp_path / "logs" / "lr_1e-2.jsonl", "lr_1e-2", ["lr", "ablation_lr"], 3.9, lr=1e-2)
+    for preset in ("cpu", "cs336"):
+        experiments.report(preset, log=lambda *a: None)
+        md = (tmp_path / "results.md").read_text()
+        assert ("## Ablations at the sweep's best learning rate" in md) == (preset == "cpu"), preset
+
+
+def test_experiments_time_budget_run_counts_the_steps_after_its_last_train_record(tmp_path):
+    # the clock stops a run at step 12 while train records come every 5 steps: its tokens and training time are
+    # the final evaluation's (12 steps x 32 tokens, 12.4 s), not those of step 10's record
+    path = tmp_path / "t.jsonl"
+    _experiments_fake_log(path, "time_budget", ["time"], 4.0)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[-1].update(step=12, elapsed=12.4)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = experiments.summarize(experiments.read_log(path))
+    assert (r["step"], r["tokens"], r["train_time"]) == (12, 12 * 32, 12.4)
 
 
 def test_train_context_longer_than_the_checkpoints_model_is_refused(tmp_path, _train_data):

@@ -1108,11 +1108,6 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            if step % cfg["log_interval"] == 0 or step == max_iters:
-                if ddp:
-                    torch.distributed.all_reduce(loss_acc)
-                    loss_acc /= world
-                train_loss = loss_acc.item()   # the one sync per logged step
             if cuda:
                 torch.cuda.synchronize()
             dt = clock() - t0
@@ -1124,7 +1119,13 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                 torch.distributed.all_reduce(t)
                 elapsed, asked = t.tolist()
                 stop = (_Stop.requested or "a stop request on another rank") if asked else None
-            if step % cfg["log_interval"] == 0 or step == max_iters:
+            # a line every log_interval steps, and at the step the run ends (max_iters, the budget or a stop request)
+            if (step % cfg["log_interval"] == 0 or step >= max_iters or (budget is not None and elapsed >= budget)
+                    or (stop if ddp else _Stop.requested) is not None):
+                if ddp:
+                    torch.distributed.all_reduce(loss_acc)
+                    loss_acc /= world
+                train_loss = loss_acc.item()   # the one sync per logged step
                 tps = tokens_per_step / dt
                 mfu = _mfu(mcfg, T, tps / world, device, dtype_name)
                 gn = float(norm) if norm is not None else None
