@@ -103,7 +103,7 @@ CONFIG = [
     ("eval_iters", 10, "validation batches per evaluation"),
     ("eval_tokens", 0, "validation tokens per evaluation, a multiple of batch_size*context_length*world_size "
                        "(0 = eval_iters batches); the same number scores runs of any batch size on the same text"),
-    ("log_interval", 10, "print a line every N steps"),
+    ("log_interval", 10, "print a line every N steps (and at the step the run ends)"),
     ("ckpt_interval", 0, "write ckpt.pt every N steps (0 = at every evaluation); always at the end"),
     ("num_samples", 1, "samples generated at each evaluation"),
     ("sample_tokens", 64, "tokens per sample"),
