@@ -128,17 +128,25 @@ def file_docs(path, chunk_chars=1 << 20):
     """Documents of a text file separated by <|endoftext|>, streamed (memory: one chunk + one document).
     Surrounding whitespace of every document is stripped and empty documents are dropped; line endings are
     kept as they are (CRLF stays CRLF), a byte-order mark at the start of the file is dropped."""
-    buf = ""
+    # the unfinished document's chunks, joined only once a separator ends it (re-joining it for every chunk would
+    # be quadratic in a long document), and its last len(EOT) - 1 characters, where a separator may begin
+    pending, tail, k = [], "", len(EOT) - 1
     try:
         with open(path, encoding="utf-8-sig", newline="") as fh:  # line endings kept; a leading BOM dropped
             while chunk := fh.read(chunk_chars):
-                parts = (buf + chunk).split(EOT)
-                buf = parts.pop()  # may be the start of a document (or of a separator) continuing in the next chunk
+                if EOT not in chunk and EOT not in tail + chunk[:k]:
+                    pending.append(chunk)
+                    tail = (tail + chunk[-k:])[-k:]
+                    continue
+                parts = "".join(pending + [chunk]).split(EOT)
+                last = parts.pop()  # may be the start of a document (or of a separator) continuing in the next chunk
+                pending, tail = [last], last[-k:]
                 for doc in parts:
                     if doc.strip():
                         yield doc.strip()
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start} of a chunk)") from None
+    buf = "".join(pending)
     if buf.strip():
         yield buf.strip()
 

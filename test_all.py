@@ -2728,6 +2728,20 @@ def test_stories_variety_and_well_formed():
 
 # ---- fineweb.py: local corpora into shards ---------------------------------------------------------------
 
+def test_fw_file_docs_splits_at_separators_across_any_chunking(tmp_path):
+    # separators cut across chunk boundaries, half separators, CRLF, a BOM, long documents over many chunks:
+    # the same documents as splitting the whole text at once
+    rng = random.Random(0)
+    pieces = [_BPE_EOT, "<|", "endoftext|>", "a", "bc ", " ", "\n", "\r\n", "é", "<", "|>", "x" * 40]
+    path = tmp_path / "t.txt"
+    for i in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
+        path.write_bytes((b"\xef\xbb\xbf" if i % 7 == 0 else b"") + text.encode("utf-8"))
+        want = [d.strip() for d in text.split(_BPE_EOT) if d.strip()]
+        chunk = rng.randint(1, 14)
+        assert list(fineweb.file_docs(path, chunk_chars=chunk)) == want, (text, chunk)
+
+
 @needs_gpt2_files
 def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
     import tiktoken
