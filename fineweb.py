@@ -231,6 +231,15 @@ _worker = {}
 def _init_worker(tokenizer_ref, dtype, in_pool=False):
     if in_pool:  # Ctrl-C is handled once, by the main process, which then stops the pool
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:   # a pool restarts a worker whose initializer fails, forever: the error waits for the first batch
+            _start_worker(tokenizer_ref, dtype)
+        except Exception as e:
+            _worker["error"] = e
+    else:
+        _start_worker(tokenizer_ref, dtype)
+
+
+def _start_worker(tokenizer_ref, dtype):
     tok = load_tokenizer(tokenizer_ref)
     if tok.eot_id is None:
         raise ValueError(f"{tokenizer_ref}: the tokenizer has no {EOT} special token, needed to separate documents")
@@ -244,6 +253,8 @@ def _init_worker(tokenizer_ref, dtype, in_pool=False):
 
 
 def _encode_batch(docs):
+    if "error" in _worker:
+        raise _worker["error"]
     encode, eot = _worker["encode"], _worker["eot"]
     ids, lengths = [], []
     for doc in docs:
@@ -305,14 +316,15 @@ class Progress:
     """One line rewritten in place on a terminal (documents, tokens, throughput); in a log file, one line
     every 30 s instead, so a long run does not fill the log with carriage returns."""
 
-    def __init__(self, enabled=True):
+    def __init__(self, enabled=True, start_tokens=0):   # start_tokens: written by an earlier run (a resume)
         self.enabled, self.tty, self.t0, self.last = enabled, sys.stderr.isatty(), time.time(), 0.0
+        self.start_tokens = start_tokens
 
     def update(self, docs, tokens, extra="", force=False):
         now = time.time()
         if self.enabled and (force or now - self.last >= (0.5 if self.tty else 30)):
             self.last = now
-            rate = tokens / max(now - self.t0, 1e-9)
+            rate = (tokens - self.start_tokens) / max(now - self.t0, 1e-9)   # this run's rate
             line = f"{docs:,} docs | {tokens:,} tokens | {rate / 1e6:.2f} M tok/s {extra}"
             sys.stderr.write(f"\r{line}  " if self.tty else line + "\n")
             sys.stderr.flush()
@@ -349,16 +361,22 @@ def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=N
     tokenizer = str(tokenizer)
     tok = load_tokenizer(tokenizer)
     dtype = choose_dtype(tok.vocab_size, dtype)
+    if tok.eot_id is None:
+        raise ValueError(f"{tokenizer}: the tokenizer has no {EOT} special token, needed to separate documents")
     n_tokens = n_docs = 0
     bar = Progress(progress)
     tmp = f"{out_path}.tmp"
-    with open(tmp, "wb") as fh:
-        for ids, lengths in encode_docs(docs, tokenizer, dtype, num_workers):
-            fh.write(ids.tobytes())
-            n_tokens, n_docs = n_tokens + len(ids), n_docs + len(lengths)
-            bar.update(n_docs, n_tokens, Path(out_path).name)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            for ids, lengths in encode_docs(docs, tokenizer, dtype, num_workers):
+                fh.write(ids.tobytes())
+                n_tokens, n_docs = n_tokens + len(ids), n_docs + len(lengths)
+                bar.update(n_docs, n_tokens, Path(out_path).name)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:   # an unreadable input, Ctrl-C: no half-written file left behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
     bar.update(n_docs, n_tokens, Path(out_path).name, force=True)
     bar.done()
     if n_docs == 0:
@@ -408,7 +426,7 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
     doc_index = start_doc  # index in the stream of the first document of the current batch
     t0 = time.time()
     new_tokens = new_docs = 0
-    bar = Progress(progress)
+    bar = Progress(progress, start_tokens=meta.get("num_tokens", 0))
 
     def flush(end_doc, end_offset):
         nonlocal fill, shard_docs

@@ -4867,6 +4867,37 @@ def test_bpe_tokenizer_without_special_tokens_still_loads_and_says_no_doc_count(
     assert json.loads(Path(f"{out}.json").read_text())["eot_id"] is None
 
 
+def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
+    # a worker whose start-up fails used to be restarted by the pool forever (a hang, tracebacks without end): the
+    # error now reaches the caller, from write_token_file before any work and from encode_docs at the first batch
+    # (run in a child process, so a regression fails on its timeout instead of hanging the suite)
+    d = _bad_tok_dir(tmp_path, specials=())
+    code = f"""
+import fineweb, sys
+for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
+                                               {str(d)!r}, num_workers=2),
+             lambda: list(fineweb.encode_docs(iter(["hello world"]), {str(d)!r}, "uint16", num_workers=2))):
+    try:
+        call()
+    except ValueError as e:
+        print("ValueError:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    want = f"ValueError: {d}: the tokenizer has no <|endoftext|> special token, needed to separate documents"
+    assert r.stdout.splitlines() == [want, want], r.stderr[-2000:]
+    assert not list(tmp_path.glob("x.bin*"))
+
+
+def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
+    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput
+    now = [100.0]
+    monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
+    bar = fineweb.Progress(True, start_tokens=3_000_000)
+    now[0] += 2.0
+    bar.update(10, 5_000_000, force=True)
+    assert "5,000,000 tokens | 1.00 M tok/s" in capsys.readouterr().err
+
+
 def test_bpe_input_directory_says_it_is_a_directory(tmp_path, monkeypatch):
     (tmp_path / "dir").mkdir()
     with pytest.raises(ValueError, match="dir: is a directory, expected a text file"):
