@@ -400,7 +400,7 @@ def main():
     parser.add_argument("--context_length", "--block_size", dest="context_length", type=int, default=None,
                         help="override the model's context length (also the default --context)")
     parser.add_argument("--vocab_size", type=int, default=None, help="override vocabulary size")
-    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; None = 8/3*d rounded to 64 for swiglu, 4*d for silu)")
+    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; None = 8/3*d rounded to 64, at least 64, for swiglu, 4*d for silu)")
     parser.add_argument("--ffn_type", default=None, choices=["swiglu", "silu"], help="llama FFN type (None = swiglu)")
     parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=None, help="gpt2 vocabulary padding (None = 1)")
     parser.add_argument("--context", nargs="+", default=None,

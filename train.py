@@ -116,7 +116,7 @@ CONFIG = [
     ("lambada_path", "", "local LAMBADA jsonl (default: OpenAI's test set, downloaded once)"),
     # system
     ("device", "auto", "auto | cpu | cuda | cuda:N"),
-    ("dtype", "auto", "autocast dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16"),
+    ("dtype", "auto", "autocast dtype: auto (bfloat16 on a CUDA GPU with native bf16, else float32) | float32 | bfloat16"),
     ("compile", "auto", "torch.compile the training module (auto = on CUDA); eval and sampling use the plain module"),
     ("compile_backend", "inductor", "torch.compile backend"),
     ("tf32", "auto", "TF32 matmuls on CUDA"),
@@ -928,20 +928,22 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         say(f"resumed {ckpt_path} at step {step}")
         old = ckpt.get("config", {})
         old_decay = old.get("lr_decay_iters") or old.get("max_iters")
-        if step > 0 and old_decay and old_decay != decay_iters:   # e.g. a larger --max_iters to train on
+        clocked = budget is not None or bool(old.get("time_budget"))
+        if step > 0 and old_decay and old_decay != decay_iters and not clocked:   # e.g. a larger --max_iters
             say(f"train.py: the cosine now ends at step {decay_iters:,}, not {old_decay:,} as in the checkpoint's "
                 f"run, so the learning rate jumps at step {step:,} (pass --lr_decay_iters={old_decay} to keep its "
                 "schedule)")
-        # under a budget the clock is mapped onto max_iters: another --max_iters or --time_budget moves the schedule
-        changed = [f"--{k} {old[k] or 'none'} -> {cfg[k] or 'none'}" for k in ("time_budget", "max_iters")
-                   if k in old and old[k] != cfg[k] and (k == "time_budget" or budget is not None)]
-        if step > 0 and changed and (budget is not None or old.get("time_budget")):
-            was = scheduled_lr({**cfg, **{k: old[k] for k in ("time_budget", "max_iters", "lr_decay_iters")
-                                          if k in old}}, step, elapsed)
+        # under a budget the clock is mapped onto max_iters as well: no flag keeps the schedule while extending
+        # the run, so say what the change does to the learning rate
+        keys = ("time_budget", "max_iters", "lr_decay_iters")
+        changed = [f"--{k} {old[k] if old[k] != '' else 'none'} -> {cfg[k] if cfg[k] != '' else 'none'}"
+                   for k in keys if k in old and old[k] != cfg[k]]
+        if step > 0 and changed and clocked:
+            was = scheduled_lr({**cfg, **{k: old[k] for k in keys if k in old}}, step, elapsed)
             now = scheduled_lr(cfg, step, elapsed)
-            if not math.isclose(now, was, rel_tol=1e-9):
+            if f"{now:.3g}" != f"{was:.3g}":
                 say(f"train.py: under --time_budget the schedule maps the clock onto --max_iters; with "
-                    f"{', '.join(changed)} the learning rate at step {step:,} is {now:.2e}, not {was:.2e} as in the "
+                    f"{', '.join(changed)} the learning rate at step {step:,} is {now:.3g}, not {was:.3g} as in the "
                     f"checkpoint's run")
     cfg.pop("_resume_ckpt", None)
 
