@@ -117,6 +117,7 @@ def _tok_bench_encode(args, text_path):
         from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
         hf = HFTokenizer(models.BPE.from_file(str(_TOK_GPT2_VOCAB), str(_TOK_GPT2_MERGES)))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        hf.add_special_tokens(["<|endoftext|>"])   # else each separator is 5 ordinary tokens
     except Exception as e:  # the peer is optional
         print(f"(HF tokenizers unavailable: {e})")
     for _ in range(args.repeats):
@@ -126,7 +127,8 @@ def _tok_bench_encode(args, text_path):
         ref = enc.encode(text, allowed_special="all"); t3 = time.perf_counter()
         cold.append(mb / (t1 - t0)); warm.append(mb / (t2 - t1)); tk.append(mb / (t3 - t2))
         if hf is not None and args.hf_encode:
-            t4 = time.perf_counter(); hf.encode(text); hf_t.append(mb / (time.perf_counter() - t4))
+            t4 = time.perf_counter(); hf_ids = hf.encode(text).ids; hf_t.append(mb / (time.perf_counter() - t4))
+            assert hf_ids == ref, "HF tokenizers' ids differ from tiktoken"
         assert ids == ref, "ids differ from tiktoken"
     print("| encoder | MB/s | vs tiktoken |\n|---|---|---|")
     t = _tok_median(tk)
@@ -199,6 +201,22 @@ def _bench_llama_pair(attn_impl):
                       num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=256,
                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
     ref = LlamaForCausalLM(cfg)  # attn_implementation defaults to sdpa
+    H, d_k = 16, 512 // 16
+
+    def halves(w):  # our RoPE rotates (2i, 2i+1); Llama rotates (i, i + d_k/2): reorder rows within each head
+        return w.view(H, d_k // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+    sd = {"model.embed_tokens.weight": ours.token_embeddings.weight, "model.norm.weight": ours.ln_final.weight,
+          "lm_head.weight": ours.lm_head.weight}
+    for i, layer in enumerate(ours.layers):   # the same weights: the first step's losses must agree
+        p = f"model.layers.{i}."
+        sd |= {p + "self_attn.q_proj.weight": halves(layer.attn.q_proj.weight),
+               p + "self_attn.k_proj.weight": halves(layer.attn.k_proj.weight),
+               p + "self_attn.v_proj.weight": layer.attn.v_proj.weight,
+               p + "self_attn.o_proj.weight": layer.attn.output_proj.weight,
+               p + "mlp.gate_proj.weight": layer.ffn.w1.weight, p + "mlp.up_proj.weight": layer.ffn.w3.weight,
+               p + "mlp.down_proj.weight": layer.ffn.w2.weight, p + "input_layernorm.weight": layer.ln1.weight,
+               p + "post_attention_layernorm.weight": layer.ln2.weight}
+    ref.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
     return ours, ref, 10000
 
 
@@ -220,7 +238,9 @@ def _bench_ours_loss(model, x, y):
 
 
 def _bench_ref_loss(model, x, y):
-    return model(input_ids=x, labels=x).loss  # Hugging Face's own path (it shifts labels inside)
+    # Hugging Face's own loss path on the same targets (shift_labels: y is already the next tokens), and no KV cache
+    # (use_cache defaults to True, which builds one in every training forward)
+    return model(input_ids=x, labels=y, shift_labels=y, use_cache=False).loss
 
 
 def _bench_step(model, loss_fn, opt, x, y, dtype):
@@ -256,6 +276,9 @@ def _bench_train(args, rows):
         g = torch.Generator().manual_seed(0)
         x = torch.randint(0, vocab, (B, T), generator=g)
         y = torch.randint(0, vocab, (B, T), generator=g)
+        with torch.no_grad():   # the same weights and targets, so the same loss: both sides do the same work
+            a, b = _bench_ours_loss(ours, x, y).item(), _bench_ref_loss(ref, x, y).item()
+        assert abs(a - b) < 1e-4, f"{arch}: loss {a} (ours) vs {b} (transformers) on the same weights"
         opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-4, weight_decay=0.1)
         opt_r = torch.optim.AdamW(ref.parameters(), lr=1e-4, weight_decay=0.1)
         med = _bench_interleaved({"ours": lambda: _bench_step(ours, _bench_ours_loss, opt_o, x, y, dtype),
@@ -321,15 +344,14 @@ def _bench_generate(args, rows):
     def run_ref():
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
-                               do_sample=False, use_cache=True, pad_token_id=0)
+            out = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, do_sample=False,
+                               use_cache=True, pad_token_id=0, eos_token_id=None)   # no stop, no eos ban: as ours
         got["ref"] = out[:, prompt.size(1):]
         return time.perf_counter() - t0
 
     med = _bench_interleaved({"ours": run_ours, "ref": run_ref}, args.repeats)
-    same = (got["ours"] == got["ref"]).float().mean().item()
-    rows.append((f"generate gpt2 4x256 kv-cache greedy (same tokens: {same:.0%})", n / med["ours"], n / med["ref"],
-                 "tok/s"))
+    assert torch.equal(got["ours"], got["ref"]), "greedy tokens differ from GPT2LMHeadModel.generate"
+    rows.append(("decode loop gpt2 4x256 kv-cache greedy b1", n / med["ours"], n / med["ref"], "tok/s"))
     print(_bench_fmt(rows[-1]), flush=True)
 
 
