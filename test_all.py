@@ -2012,6 +2012,31 @@ def test_train_resume_from_a_step_0_checkpoint_keeps_its_log(tmp_path, _train_da
     assert [r["resumed_at_step"] for r in recs if r["type"] == "config"] == [None, 0]
 
 
+def test_train_output_piped_into_a_reader_that_leaves_does_not_stop_training(tmp_path, _train_data):
+    # `python train.py | head -3`: the run goes on to its end and its checkpoint (it used to die at the next line,
+    # with the steps since the last checkpoint lost)
+    args = _train_main_args(_train_data, tmp_path / "o") + ["--max_iters=30", "--log_interval=1", "--num_threads=1"]
+    p = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 0, err[-2000:]
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 30
+
+
+def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
+    # --fresh removes the old run's checkpoint and log only once every check has passed
+    d, _ = _train_byte_data(tmp_path)
+    out = tmp_path / "o"
+    train.train(_train_cfg(d, out, vocab_size=257, max_iters=2), log=_train_quiet)
+    log = (out / "log.jsonl").read_text()
+    with pytest.raises(ValueError, match="--lambada_path: "):
+        train.train(_train_cfg(d, out, vocab_size=257, fresh=True, lambada=True,
+                               lambada_path=str(tmp_path / "typo.jsonl")), log=_train_quiet)
+    assert (out / "ckpt.pt").is_file() and (out / "log.jsonl").read_text() == log
+
+
 def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, capsys):
     # checkpointed but cut short: a script running train.py (experiments.py) must not take it as a finished run
     real_train = train.train

@@ -760,7 +760,10 @@ class _Stop:
 
 
 def _print(*args, **kw):
-    print(*args, **kw, flush=True)   # progress shows up at once even through a pipe or a log file
+    try:
+        print(*args, **kw, flush=True)   # progress shows up at once even through a pipe or a log file
+    except BrokenPipeError:   # the reader went away (`| head`): train on quietly, log.jsonl keeps every line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
@@ -970,6 +973,25 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         eval_iters = max(1, min(cfg["eval_iters"], (len(scored) - 1) // (B * T * world)))
     bpt = None if tokenizer is None else bytes_per_token(tokenizer, scored[1:eval_iters * B * T * world + 1], eot_id)
 
+    # ---- downstream tasks and samples: checked before the log or a checkpoint is touched ----------------------
+    def task_examples(name, lib):
+        """The examples of a downstream task asked for with --NAME (scored with the data's tokenizer), or None."""
+        if not cfg[name] or tokenizer is None:
+            return None
+        try:
+            return lib.load_examples(cfg[f"{name}_path"] or None)
+        except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
+            raise ValueError(f"--{name}_path: {e}" if cfg[f"{name}_path"] else f"--{name}: {e}") from None
+
+    if tokenizer is None and (cfg["hellaswag"] or cfg["lambada"]):
+        say("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
+    hellaswag_examples, lambada_examples = task_examples("hellaswag", hellaswag), task_examples("lambada", lambada)
+    if tokenizer is not None and cfg["num_samples"] > 0 and cfg["sample_prompt"]:
+        n = len(tokenizer.encode(cfg["sample_prompt"]))
+        if n > raw.context_length:
+            say(f"train.py: --sample_prompt is {n} tokens, the context is {raw.context_length}: the samples keep "
+                f"its last {raw.context_length}")
+
     # ---- logging ---------------------------------------------------------------------------------------------------------
     log_path = out_dir / "log.jsonl"
     logf, run = None, None
@@ -1026,24 +1048,6 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     def lr_at(step):
         return scheduled_lr(cfg, step, elapsed)
-
-    def task_examples(name, lib):
-        """The examples of a downstream task asked for with --NAME (scored with the data's tokenizer), or None."""
-        if not cfg[name] or tokenizer is None:
-            return None
-        try:
-            return lib.load_examples(cfg[f"{name}_path"] or None)
-        except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
-            raise ValueError(f"--{name}_path: {e}" if cfg[f"{name}_path"] else f"--{name}: {e}") from None
-
-    if tokenizer is None and (cfg["hellaswag"] or cfg["lambada"]):
-        say("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
-    hellaswag_examples, lambada_examples = task_examples("hellaswag", hellaswag), task_examples("lambada", lambada)
-    if tokenizer is not None and cfg["num_samples"] > 0 and cfg["sample_prompt"]:
-        n = len(tokenizer.encode(cfg["sample_prompt"]))
-        if n > raw.context_length:
-            say(f"train.py: --sample_prompt is {n} tokens, the context is {raw.context_length}: the samples keep "
-                f"its last {raw.context_length}")
 
     # ---- the loop ----------------------------------------------------------------------------------------------------------
     ckpt_every = cfg["ckpt_interval"] or cfg["eval_interval"]
