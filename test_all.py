@@ -2025,6 +2025,18 @@ def test_train_output_piped_into_a_reader_that_leaves_does_not_stop_training(tmp
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 30
 
 
+def test_train_resume_with_a_data_position_that_no_longer_exists_is_one_line(tmp_path, _train_data):
+    # the checkpoint's loader was in a shard that is gone (the data folder changed): one line, not an IndexError
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
+    ck = torch.load(out / "ckpt.pt", weights_only=True)
+    ck["loader"]["shard"] = 3
+    torch.save(ck, out / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt.pt: its data position does not exist in .* \(1 training file\(s\)\): "
+                                         r"the data changed since the checkpoint"):
+        train.train(_train_cfg(_train_data, out, max_iters=4, resume=True), log=_train_quiet)
+
+
 def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
     # --fresh removes the old run's checkpoint and log only once every check has passed
     d, _ = _train_byte_data(tmp_path)

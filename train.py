@@ -924,7 +924,12 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         if saved_world != world:
             raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
                              f"(this run has {world}) so every rank continues its own data stream")
-        loader.load_state_dict(ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"])
+        try:
+            loader.load_state_dict(ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"])
+        except (IndexError, KeyError, TypeError, ValueError):   # e.g. a shard that is no longer there
+            raise ValueError(f"{ckpt_path}: its data position does not exist in {cfg['data_dir']} ("
+                             f"{len(train_shards)} training file(s)): the data changed since the checkpoint; resume "
+                             f"with the same data, or start over with --fresh") from None
         set_rng_state(ckpt["rng"])
         # (val_step: checkpoints written before it was saved were evaluated at their step, unless ckpt_interval)
         elapsed, best_val, val_step = ckpt.get("elapsed", 0.0), ckpt.get("val_loss"), ckpt.get("val_step", step)
