@@ -381,9 +381,10 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
     except (OSError, ValueError) as e:
         hint = "" if tokenizer_ref else " (if it moved, or the path is relative to another folder: pass --tokenizer)"
         raise SystemExit(f"sample.py: {where}: cannot load {whose} {ref!r} ({e}){hint}")
-    if tokenizer.vocab_size > model.vocab_size:  # else its ids would index past the embedding table
+    if tokenizer.vocab_size != model.vocab_size:  # more: ids past the embedding table; fewer: ids it cannot decode
         raise SystemExit(f"sample.py: {where}: {whose} {ref!r} has {tokenizer.vocab_size} tokens but the model "
-                         f"only {model.vocab_size}: not the tokenizer this model was trained with")
+                         f"{'only ' if tokenizer.vocab_size > model.vocab_size else ''}{model.vocab_size}: not the "
+                         f"tokenizer this model was trained with")
     return model, tokenizer
 
 

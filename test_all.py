@@ -2575,6 +2575,11 @@ def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, 
         monkeypatch.setattr(sys, "argv", argv + ["--tokenizer=gpt2"])
         with pytest.raises(SystemExit, match=r"the --tokenizer 'gpt2' has 50257 tokens but the model only \d+: "):
             sample.main()
+    small = _bpe_small_tokenizer(tmp_path, vocab_size=280)   # fewer ids: the model could sample one it cannot decode
+    small.save_dir(tmp_path / "small")
+    monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'small'}"])
+    with pytest.raises(SystemExit, match=r"has 280 tokens but the model 300: not the tokenizer this model was trained"):
+        sample.main()
     monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'tok'}"])
     sample.main()  # (gpt2's 50,257 ids would not fit this 300-id model: it would stop with an error)
     assert capsys.readouterr().out.startswith("---------- sample 1/1\nthe cat")
