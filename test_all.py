@@ -2025,6 +2025,15 @@ def test_train_output_piped_into_a_reader_that_leaves_does_not_stop_training(tmp
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 30
 
 
+def test_train_next_commands_quote_a_path_with_a_space(tmp_path, _train_data, capsys):
+    import shlex
+    out = tmp_path / "my run"
+    train.main(_train_main_args(_train_data, out))
+    cmds = [line.split("#")[0].strip() for line in capsys.readouterr().out.split("next:\n")[1].splitlines()]
+    assert shlex.split(cmds[0])[2:] == [f"--ckpt={out / 'ckpt.pt'}", "--top_p", "0.9"]
+    assert shlex.split(cmds[1])[2:] == [f"--plot={out / 'log.jsonl'}"]
+
+
 def test_train_resume_with_a_data_position_that_no_longer_exists_is_one_line(tmp_path, _train_data):
     # the checkpoint's loader was in a shard that is gone (the data folder changed): one line, not an IndexError
     out = tmp_path / "o"

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import shlex
 import signal
 import sys
 import time
@@ -1270,12 +1271,12 @@ def main(argv=None):
     if summary["samples"]:
         print(f"sample: {summary['samples'][0]}")
     print(f"checkpoint: {summary['ckpt']}   log: {summary['log']}")
-    out_dir = Path(summary["ckpt"]).parent
-    steps = [(f"python sample.py{'' if out_dir == Path('out') else ' --ckpt=' + summary['ckpt']} --top_p 0.9",
+    out_dir, q = Path(summary["ckpt"]).parent, shlex.quote   # (quoted: a path with a space pastes as one argument)
+    steps = [(f"python sample.py{'' if out_dir == Path('out') else ' ' + q('--ckpt=' + summary['ckpt'])} --top_p 0.9",
               "more samples from this model"),
-             (f"python train.py --plot={summary['log']}", "loss curves as PNG")]
+             (f"python train.py {q('--plot=' + summary['log'])}", "loss curves as PNG")]
     if summary["interrupted"]:
-        steps.insert(0, (f"python train.py --resume{'' if out_dir == Path('out') else f' --out_dir={out_dir}'}",
+        steps.insert(0, (f"python train.py --resume{'' if out_dir == Path('out') else ' ' + q(f'--out_dir={out_dir}')}",
                          "continue from the checkpoint"))
     main_job = not cfg["preset"] and cfg["data_dir"] == DEFAULTS["data_dir"]
     if main_job:
