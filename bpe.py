@@ -1127,4 +1127,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
+        sys.exit(1)
+    except KeyboardInterrupt:   # (training and encoding say what was written; this is Ctrl-C anywhere else)
+        raise SystemExit("\nbpe.py: interrupted") from None

@@ -422,6 +422,8 @@ def main():
         raise SystemExit(f"sample.py: --{e}") from None
     if args.num_samples < 1:
         raise SystemExit(f"sample.py: --num_samples must be >= 1, got {args.num_samples}")
+    if not 0 <= args.seed < 2 ** 64:   # torch's seed range
+        raise SystemExit(f"sample.py: --seed must be in [0, 2**64), got {args.seed}")
     if args.max_new_tokens < 0:
         raise SystemExit(f"sample.py: --max_new_tokens must be >= 0, got {args.max_new_tokens}")
     prompt = args.prompt

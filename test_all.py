@@ -4771,7 +4771,10 @@ def test_sample_prompt_file_must_be_non_empty_utf8(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("flag, expect", [("--max_new_tokens=-5", "--max_new_tokens must be >= 0, got -5"),
-                                          ("--num_samples=0", "--num_samples must be >= 1, got 0")])
+                                          ("--num_samples=0", "--num_samples must be >= 1, got 0"),
+                                          ("--seed=18446744073709551616",
+                                           "--seed must be in [0, 2**64), got 18446744073709551616"),
+                                          ("--seed=-1", "--seed must be in [0, 2**64), got -1")])
 def test_sample_count_errors_name_the_wrong_flag_and_value(monkeypatch, flag, expect):
     assert _bad_exit(monkeypatch, sample, flag) == f"sample.py: {expect}"
 
