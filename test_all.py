@@ -2025,6 +2025,28 @@ def test_train_output_piped_into_a_reader_that_leaves_does_not_stop_training(tmp
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 30
 
 
+def test_train_two_runs_in_one_out_dir_are_refused(tmp_path, _train_data):
+    # a second train.py on an out_dir in use would interleave its log and checkpoints with the first one's
+    out = tmp_path / "o"
+    held = train._lock(out, "training run")   # what the first run holds while it trains
+    try:
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(out))}: in use by another training run"):
+            train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
+        assert not (out / "log.jsonl").exists()
+    finally:
+        held.close()
+    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)   # free again: it trains
+    train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)   # (released at the end)
+    data = tmp_path / "fresh_data"   # two main jobs preparing one data folder: the second is refused, not crashed
+    held = train._lock(data, "train.py preparing its data")
+    try:
+        with pytest.raises(ValueError, match="in use by another train.py preparing its data"):
+            train.train(_train_cfg(data, tmp_path / "o2", prepare_data=True, vocab_size=300, corpus_bytes=60000,
+                                   download=False), log=_train_quiet)
+    finally:
+        held.close()
+
+
 def test_train_next_commands_quote_a_path_with_a_space(tmp_path, _train_data, capsys):
     import shlex
     out = tmp_path / "my run"

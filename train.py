@@ -767,6 +767,24 @@ def _print(*args, **kw):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _lock(folder, what):
+    """Hold folder/.lock exclusively until the returned file is closed, so that two runs cannot write one folder at
+    once (their logs and checkpoints would interleave); None where fcntl does not exist (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    f = open(Path(folder) / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ValueError(f"{folder}: in use by another {what} (it holds {Path(folder) / '.lock'}): wait for it to "
+                         f"finish, or use another folder") from None
+    return f
+
+
 def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     """Run one training job described by cfg (a full config dict, see CONFIG). Returns a summary dict.
     clock: the time source for --time_budget (tests inject a fake one). on_step(step): called after each
@@ -808,9 +826,10 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         # than the 10 minutes NCCL allows one collective (if rank 0 fails, torchrun stops them all)
         wait = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(hours=3)) if ddp else None
         if master:
-            fineweb.prepare_tinystories(
-                data_dir=cfg["data_dir"], vocab_size=cfg["vocab_size"], allow_download=cfg["download"],
-                fresh=cfg["fresh"], log=say, corpus_bytes=cfg["corpus_bytes"])
+            with _lock(data_dir, "train.py preparing its data") or contextlib.nullcontext():
+                fineweb.prepare_tinystories(
+                    data_dir=cfg["data_dir"], vocab_size=cfg["vocab_size"], allow_download=cfg["download"],
+                    fresh=cfg["fresh"], log=say, corpus_bytes=cfg["corpus_bytes"])
         if ddp:
             torch.distributed.barrier(group=wait)
             torch.distributed.destroy_process_group(wait)
@@ -1000,9 +1019,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
 
     # ---- logging ---------------------------------------------------------------------------------------------------------
     log_path = out_dir / "log.jsonl"
-    logf, run = None, None
+    logf, run, lock = None, None, None
     if master:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = _lock(out_dir, "training run")
         for stale in out_dir.glob(f"{ckpt_path.name}.tmp*"):   # a save cut short by a hard kill (SIGKILL skips the
             stale.unlink(missing_ok=True)                        # cleanup): gigabytes at GPT-2 scale
         if resume_ckpt is not None and log_path.exists():   # drop what a crashed run logged after its checkpoint
@@ -1154,6 +1173,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             signal.signal(sig, signal.SIG_IGN if ddp and _Stop.requested else old)   # signal may still get its repeat
         if logf is not None:
             logf.close()
+        if lock is not None:
+            lock.close()
         if run is not None:
             run.finish()
     bpb = val_loss / math.log(2) / bpt if (bpt and val_loss is not None) else None
