@@ -151,6 +151,18 @@ def file_docs(path, chunk_chars=1 << 20):
         yield buf.strip()
 
 
+def input_stamp(path):
+    """Sizes and modification times of a --input file or folder's files, hashed: recorded with the shards, so a rerun
+    on an input that has changed since is refused instead of resuming (or reusing) shards of the old text."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(p) if f != p else ''}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:12]
+
+
 def folder_docs(path):
     """One document per file, files in sorted order of their relative path (hidden files skipped)."""
     files = sorted(p for p in Path(path).rglob("*")
@@ -491,6 +503,10 @@ def _resume_or_start(out, config):
                              f"(fingerprint {old.get('tokenizer_fingerprint')}), not {config['tokenizer']!r} "
                              f"({config['tokenizer_fingerprint']}): choose another --out_dir or empty this one")
         diff = [k for k in config if old.get(k) != config[k]]
+        was, now = str(old.get("source")).split("@")[0], str(config["source"]).split("@")[0]
+        if diff == ["source"] and was == now and now.startswith("file:"):
+            raise ValueError(f"{out}: its shards were made from {now[5:]} as it was before: the input has changed "
+                             f"since (size or modification time); use another --out_dir, or empty this one")
         if diff:
             was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
             raise ValueError(f"{out}: was written with different settings ({was}): "
@@ -737,7 +753,7 @@ def main():
         if args.input:
             check_input(args.input)
             open_docs = lambda: folder_docs(args.input) if Path(args.input).is_dir() else file_docs(args.input)
-            source, name = f"file:{Path(args.input).resolve()}", Path(args.input).stem
+            source, name = f"file:{Path(args.input).resolve()}@{input_stamp(args.input)}", Path(args.input).stem
         else:
             open_docs = lambda: hf_docs(args.dataset)
             source, name = f"hf:{DATASETS.get(args.dataset, {}).get('path')}", args.dataset

@@ -6735,6 +6735,22 @@ def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _f
     assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
 
 
+def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatch, _fw_bpe_dir):
+    # a rerun on the same --input finds its shards complete; after the file changed it is refused (it said
+    # "already complete" and kept the old text's shards, and a half-done run would have resumed into the new text)
+    path, _ = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
+    argv = ["fineweb.py", f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}",
+            "--shard_size=500", "--num_workers=1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    fineweb.main()
+    fineweb.main()   # unchanged: reused
+    path.write_text(path.read_text()[: len(path.read_text()) // 2], encoding="utf-8")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    with pytest.raises(SystemExit, match=rf"out: its shards were made from {re.escape(str(path.resolve()))} as it "
+                                         r"was before: the input has changed since"):
+        fineweb.main()
+
+
 def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["stories.py", "--print", "3", "--seed", "1"])
     stories.main()
