@@ -1074,6 +1074,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     def lr_at(step):
         return scheduled_lr(cfg, step, elapsed)
 
+    def finished():   # the run's end: max_iters, or the time budget spent
+        return step >= max_iters or (budget is not None and elapsed >= budget)
+
     # ---- the loop ----------------------------------------------------------------------------------------------------------
     ckpt_every = cfg["ckpt_interval"] or cfg["eval_interval"]
     stop_signals = [getattr(signal, n) for n in ("SIGINT", "SIGTERM") if hasattr(signal, n)] if _is_main_thread() else []
@@ -1085,7 +1088,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     t_run = clock()
     try:
         while True:
-            done = step >= max_iters or (budget is not None and elapsed >= budget)
+            done = finished()
             if not ddp:   # (under DDP `stop` is set at the end of each step, once every rank knows of the request)
                 stop = _Stop.requested
             stop = None if done else stop   # a request at the last step changes nothing: the run is finished
@@ -1151,8 +1154,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                 elapsed, asked = t.tolist()
                 stop = (_Stop.requested or "a stop request on another rank") if asked else None
             # a line every log_interval steps, and at the step the run ends (max_iters, the budget or a stop request)
-            if (step % cfg["log_interval"] == 0 or step >= max_iters or (budget is not None and elapsed >= budget)
-                    or (stop if ddp else _Stop.requested) is not None):
+            if step % cfg["log_interval"] == 0 or finished() or (stop if ddp else _Stop.requested) is not None:
                 if ddp:
                     torch.distributed.all_reduce(loss_acc)
                     loss_acc /= world
