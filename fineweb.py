@@ -155,7 +155,7 @@ def input_stamp(path):
     """Sizes and modification times of a --input file or folder's files, hashed: recorded with the shards, so a rerun
     on an input that has changed since is refused instead of resuming (or reusing) shards of the old text."""
     p = Path(path)
-    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    files = [p] if p.is_file() else _folder_files(p)
     h = hashlib.sha256()
     for f in files:
         st = f.stat()
@@ -163,10 +163,15 @@ def input_stamp(path):
     return h.hexdigest()[:12]
 
 
+def _folder_files(path):
+    """The files of a folder in sorted order of their relative path, hidden files and folders skipped."""
+    return sorted(p for p in Path(path).rglob("*")
+                  if p.is_file() and not any(s.startswith(".") for s in p.relative_to(path).parts))
+
+
 def folder_docs(path):
     """One document per file, files in sorted order of their relative path (hidden files skipped)."""
-    files = sorted(p for p in Path(path).rglob("*")
-                   if p.is_file() and not any(s.startswith(".") for s in p.relative_to(path).parts))
+    files = _folder_files(path)
     if not files:
         raise ValueError(f"{path}: the folder holds no files")
     for p in files:
