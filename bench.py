@@ -201,7 +201,8 @@ def _bench_llama_pair(attn_impl):
                       num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=256,
                       rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
     ref = LlamaForCausalLM(cfg)  # attn_implementation defaults to sdpa
-    H, d_k = 16, 512 // 16
+    c = ours.model_config()
+    H, d_k = c["num_heads"], c["d_model"] // c["num_heads"]
 
     def halves(w):  # our RoPE rotates (2i, 2i+1); Llama rotates (i, i + d_k/2): reorder rows within each head
         return w.view(H, d_k // 2, 2, -1).transpose(1, 2).reshape(w.shape)
