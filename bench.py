@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+import flops
 import model as M
 import numpy as np
 import torch
@@ -576,12 +577,12 @@ def bench_sample(args):
 #     python bench.py gpu                                   # CUDA: GPT-2 124M shape, ~5 min on one H100 / H200
 #     python bench.py gpu --device cpu --tiny               # the same code on tiny shapes (the test suite runs it)
 #
-# Checks (each one line, OK or FAIL): the model on the device against float32 on the CPU; bf16 autocast against
+# Checks (each one line, OK or FAIL): both models on the device against float32 on the CPU; bf16 autocast against
 # float32; flash attention (SDPA forced to its flash kernel on CUDA) against the from-scratch attention; PyTorch's
 # fused AdamW against train.AdamW; a torch.compile'd forward against eager; KV-cached against uncached greedy
 # decoding; HellaSwag and LAMBADA scores on the device against the CPU. Then train.train() itself on random tokens,
-# compiled and eager: tokens/s, MFU (flops.py's peak for this GPU) and peak memory. DDP over NCCL needs 2+ GPUs
-# and is not run here (gloo DDP is in the test suite).
+# GPT-2 and Llama at the same shape, compiled and eager: tokens/s, MFU (flops.py's peak for this GPU) and peak
+# memory. DDP over NCCL needs 2+ GPUs and is not run here (gloo DDP is in the test suite).
 
 def bench_gpu(args):
     import bpe
@@ -608,26 +609,32 @@ def bench_gpu(args):
         if not ok:
             failed.append(what)
 
-    def gpt(seed=0):
+    def build(arch, seed=0):  # the GPT-2 124M shape in either architecture (Llama: SwiGLU, d_ff 8/3*d, RoPE)
         torch.manual_seed(seed)
+        if arch == "llama":
+            return M.build_model(dict(arch="llama", d_ff=flops.llama_d_ff(shape["d_model"]), **shape))
         return M.GPT(M.GPTConfig(block_size=shape["context_length"], vocab_size=shape["vocab_size"],
                                  n_layer=shape["num_layers"], n_head=shape["num_heads"], n_embd=shape["d_model"]))
+
+    def logits(model, idx):   # GPT returns (logits, loss), TransformerLM the logits
+        out = model(idx)
+        return out[0] if isinstance(out, tuple) else out
 
     bf16 = torch.autocast(dev.type, dtype=torch.bfloat16)
     B, T = 2, shape["context_length"]
     x = torch.randint(0, shape["vocab_size"], (B, T), generator=torch.Generator().manual_seed(0))
     torch.set_float32_matmul_precision("highest")  # exact float32 for the checks (train.py turns TF32 on)
-    ref = gpt().eval()
     with torch.no_grad():
-        ref_logits, _ = ref(x, x)
-        model = gpt().to(dev).eval()
-        logits, loss = model(x.to(dev), x.to(dev))
-        diff = (logits.float().cpu() - ref_logits).abs().max().item()
-        check("float32 forward on the device vs CPU", diff < 1e-3, f"max |logit diff| {diff:.2e}")
-        with bf16:
-            _, loss16 = model(x.to(dev), x.to(dev))
-        rel = abs(loss16.item() - loss.item()) / loss.item()
-        check("bf16 autocast loss vs float32", rel < 1e-2, f"{loss16.item():.4f} vs {loss.item():.4f} (rel {rel:.1e})")
+        for arch in ("llama", "gpt2"):   # the GPT-2 model stays on the device for the checks after this loop
+            ref, model = build(arch).eval(), build(arch).to(dev).eval()
+            diff = (logits(model, x.to(dev)).float().cpu() - logits(ref, x)).abs().max().item()
+            check(f"{arch}: float32 forward on the device vs CPU", diff < 1e-3, f"max |logit diff| {diff:.2e}")
+            loss = M.lm_loss(model, x.to(dev), x.to(dev))
+            with bf16:
+                loss16 = M.lm_loss(model, x.to(dev), x.to(dev))
+            rel = abs(loss16.item() - loss.item()) / loss.item()
+            check(f"{arch}: bf16 autocast loss vs float32", rel < 1e-2,
+                  f"{loss16.item():.4f} vs {loss.item():.4f} (rel {rel:.1e})")
 
         H, D = shape["num_heads"], shape["d_model"] // shape["num_heads"]
         q, k, v = torch.randn(3, B, H, T, D, generator=torch.Generator().manual_seed(1)).to(dev).unbind(0)
@@ -646,7 +653,7 @@ def bench_gpu(args):
 
     # fused AdamW (what --fused=auto picks on CUDA) against this project's AdamW, fed the very same gradients
     # (computed once: CUDA backward kernels are not bit-reproducible, and Adam magnifies tiny gradient differences)
-    ours, theirs = gpt(1).to(dev), gpt(1).to(dev)
+    ours, theirs = build("gpt2", 1).to(dev), build("gpt2", 1).to(dev)
     opt_ours = train.AdamW(M.param_groups(ours, 0.1), lr=1e-3, betas=(0.9, 0.95))
     opt_theirs = torch.optim.AdamW(M.param_groups(theirs, 0.1), lr=1e-3, betas=(0.9, 0.95), fused=True)
     for step in range(5):
@@ -681,7 +688,7 @@ def bench_gpu(args):
         ("He tied his shoes and", ["went out for a run.", "ate the table.", "flew to the sun.", "swam in soup."])])]
     passages = [{"text": "The cat sat on the mat and looked at the other cat"},
                 {"text": "She opened the door with her key and put the key"}]
-    cpu_model = gpt().eval()
+    cpu_model = build("gpt2").eval()
     hs_dev, hs_cpu = (hellaswag.evaluate(m, tok, rows, d) for m, d in ((model, device), (cpu_model, "cpu")))
     lb_dev, lb_cpu = (lambada.evaluate(m, tok, passages, d) for m, d in ((model, device), (cpu_model, "cpu")))
     same = hs_dev == hs_cpu and lb_dev["num_correct"] == lb_cpu["num_correct"]
@@ -695,15 +702,16 @@ def bench_gpu(args):
     (tmp / "data").mkdir()
     _write_tokens(tmp / "data" / "train.bin", 4_000_000 if not args.tiny else 50_000, shape["vocab_size"], 0)
     _write_tokens(tmp / "data" / "val.bin", 200_000 if not args.tiny else 10_000, shape["vocab_size"], 1)
-    print(f"{'train.train (GPT-2, random tokens)':<30} {'batch':>7} {'tok/s':>12} {'MFU':>7} {'peak mem':>10}")
-    for label, compile_flag in (("compiled", "true"), ("eager", "false")):
+    print(f"{'train.train (random tokens)':<30} {'batch':>7} {'tok/s':>12} {'MFU':>7} {'peak mem':>10}")
+    for arch, mode in [(arch, mode) for arch in ("gpt2", "llama") for mode in ("compiled", "eager")]:
+        label = f"{arch} {mode}"
         if cuda:
             torch.cuda.reset_peak_memory_stats(dev)
-        out = tmp / label
-        cfg = dict(train.DEFAULTS, model="gpt2", **shape, batch_size=args.batch_size, data_dir=str(tmp / "data"),
+        out = tmp / label.replace(" ", "_")
+        cfg = dict(train.DEFAULTS, model=arch, **shape, batch_size=args.batch_size, data_dir=str(tmp / "data"),
                    out_dir=str(out), prepare_data=False, resume=False, max_iters=args.steps, warmup_iters=2,
                    eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0, device=device,
-                   compile=compile_flag, compile_backend=args.compile_backend, time_budget="", sampler="random")
+                   compile=str(mode == "compiled").lower(), compile_backend=args.compile_backend, time_budget="", sampler="random")
         try:
             train.train(cfg, log=lambda *a, **k: None)
         except Exception as e:  # report and go on: the other mode's figures are still worth having

@@ -4382,10 +4382,10 @@ def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
                         else register(f, *a, **k))
     bench.bench_gpu(_bench_gpu_args())
     out = capsys.readouterr().out
-    assert out.count("\nOK ") == 9 and "FAIL" not in out and out.rstrip().endswith("all checks passed")
-    assert "\ncompiled " in out and "\neager " in out  # both timed training runs printed their figures
+    assert out.count("\nOK ") == 13 and "FAIL" not in out and out.rstrip().endswith("all checks passed")
+    assert all(f"\n{a} {m} " in out for a in ("gpt2", "llama") for m in ("compiled", "eager"))  # each timed run printed
     (tmp,) = removed_at_exit  # the data and both checkpoints (GPT-2-sized on a GPU) go when bench.py exits
-    assert tmp.name.startswith("bench_gpu_") and (tmp / "compiled" / "ckpt.pt").is_file()
+    assert tmp.name.startswith("bench_gpu_") and (tmp / "llama_compiled" / "ckpt.pt").is_file()
     shutil.rmtree(tmp)
 
 
