@@ -1793,14 +1793,23 @@ def test_train_time_budget_follows_injected_clock(tmp_path, _train_data):
     assert [(r["step"], r["tokens"]) for r in rows if r["type"] == "train"] == [(10, 10 * 4 * 16)]
 
 
-def test_train_compiled_training_with_eval_and_generation(tmp_path, _train_data):
-    # eval and samples run on the plain module while training goes through torch.compile
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_train_compiled_run_equals_the_eager_run(tmp_path, _train_data, arch):
+    # torch.compile takes train.LossOf, the model with its loss: a compiled run (aot_eager: the traced graph run by
+    # the same kernels) trains to the eager run's losses and weights; eval and samples use the plain module meanwhile
     from sample import generate
-    cfg = _train_cfg(_train_data, tmp_path / "o", compile=True, compile_backend="aot_eager", max_iters=3,
-                     eval_interval=2)
-    s = train.train(cfg, log=_train_quiet)
+    runs = {}
+    for compiled in (False, True):
+        out = tmp_path / str(compiled)
+        cfg = _train_cfg(_train_data, out, model=arch, compile=compiled, compile_backend="aot_eager", max_iters=3,
+                         eval_interval=2, log_interval=1)
+        s = train.train(cfg, log=_train_quiet)
+        runs[compiled] = [r["loss"] for r in _train_records(out, "train")], _train_weights(out / "ckpt.pt"), s
+    (eager_losses, eager_w, _), (losses, w, s) = runs[False], runs[True]
+    assert len(losses) == 3 and losses == pytest.approx(eager_losses, rel=1e-5)
+    assert all(torch.allclose(w[k], eager_w[k], atol=1e-5) for k in eager_w)
     assert s["step"] == 3 and math.isfinite(s["val_loss"])
-    m = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
+    m = M.model_from_checkpoint(torch.load(tmp_path / "True" / "ckpt.pt", weights_only=True))
     out = generate(m, [[0, 5, 8]], 5, temperature=0)
     assert len(out[0]) <= 5
 
@@ -7195,8 +7204,8 @@ def test_train_bf16_autocast_on_cpu_covers_training_and_evaluation(tmp_path, _tr
 
 
 def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
-    # --compile=true: torch.compile (with --compile_backend) wraps the module the training steps run through;
-    # evaluation and the samples use the plain module, so the compiled one is only ever called with gradients on
+    # --compile=true: torch.compile (with --compile_backend) wraps train.LossOf, the model with its loss (so the loss is
+    # compiled too); evaluation and the samples use the plain module, so the compiled one only ever runs with gradients
     d, _ = _train_byte_data(tmp_path)
     compiled, calls = [], []
 
@@ -7210,13 +7219,13 @@ def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
             return self._orig_mod(*a, **k)
 
     def fake_compile(m, backend="inductor", **kw):
-        compiled.append((type(m).__name__, backend))
+        compiled.append((type(m).__name__, type(getattr(m, "model", None)).__name__, backend))
         return FakeCompiled(m)
     monkeypatch.setattr(torch, "compile", fake_compile)
     cfg = _train_cfg(d, tmp_path / "o", compile=True, compile_backend="aot_eager", max_iters=3, eval_interval=2,
                      num_samples=1, sample_tokens=4)
     s = train.train(cfg, log=_train_quiet)
-    assert compiled == [("TransformerLM", "aot_eager")]
+    assert compiled == [("LossOf", "TransformerLM", "aot_eager")]   # the loss in the compiled graph with the model
     assert calls == [True] * 3                       # the 3 training steps; no evaluation, no sample
     assert len(s["samples"]) == 1 and len(_train_records(tmp_path / "o", "eval")) == 3
 
