@@ -31,6 +31,7 @@ pre-tokenisation is independent of their neighbours; the slow regex then runs on
 """
 import argparse
 import codecs
+import hashlib
 import json
 import os
 import re
@@ -932,6 +933,19 @@ def load_tokenizer(ref):
     return Tokenizer.from_dir(ref)
 
 
+def tokenizer_fingerprint(ref):
+    """A tokenizer identified by content: token files, checkpoints and fineweb.py's shards record it, so a tokenizer
+    retrained into the same folder is told apart from the one the data was encoded (or the model trained) with."""
+    ref = str(ref)
+    if ref == "gpt2":
+        return "gpt2"
+    h = hashlib.sha256()
+    for name in ("vocab.json", "merges.txt", "special_tokens.json"):
+        p = Path(ref, name)
+        h.update(p.read_bytes() if p.is_file() else b"")
+    return h.hexdigest()[:16]
+
+
 # -----------------------------------------------------------------------------
 # encoding a whole file with all cores
 
@@ -973,7 +987,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     """
     import numpy as np  # only in file encoding: training and Tokenizer.encode never need it (~15 MB per process)
     path, size = _input_file(input_path)
-    tok = load_tokenizer(tokenizer_ref)
+    tok, fingerprint = load_tokenizer(tokenizer_ref), tokenizer_fingerprint(tokenizer_ref)
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     num_workers = num_workers or _default_workers()
     ranges = _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, tok.special_tokens)
@@ -1028,7 +1042,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     _warn_replaced(path, bad)
     meta = {"format": "tokens-v1", "dtype": np.dtype(dtype).name, "vocab_size": tok.vocab_size,
             "num_tokens": num_tokens, "num_docs": num_docs if tok.eot_id is not None else None,
-            "tokenizer": str(tokenizer_ref), "eot_id": tok.eot_id}
+            "tokenizer": str(tokenizer_ref), "tokenizer_fingerprint": fingerprint, "eot_id": tok.eot_id}
     side_tmp = side_path.with_name(side_path.name + ".tmp")
     with open(side_tmp, "w") as f:
         json.dump(meta, f, indent=1)

@@ -12,9 +12,9 @@ data set that `python train.py` trains on.
 Output (what train.py --data_dir reads): val_000000.bin (shard 0 = validation), train_000001.bin, ... each of
 --shard_size tokens (the last one shorter), raw little-endian uint16 ids (uint32 when the vocabulary has more
 than 65536 ids) with a sidecar X.bin.json {"format": "tokens-v1", dtype, vocab_size, num_tokens, num_docs,
-tokenizer, eot_id}, and meta.json for the whole directory (tokenizer, vocabulary size, dtype, token and
-document counts, and the position in the document stream after every shard, which is what makes resuming
-exact).
+tokenizer, tokenizer_fingerprint, eot_id}, and meta.json for the whole directory (tokenizer, vocabulary size,
+dtype, token and document counts, and the position in the document stream after every shard, which is what
+makes resuming exact).
 
 The end-of-text token goes BEFORE every document (as build-nanogpt does): every document then starts right
 after an <|endoftext|>, so a training window that crosses a boundary sees "end of previous text, start of a
@@ -88,14 +88,11 @@ def load_tokenizer(ref):
 
 
 def tokenizer_fingerprint(ref):
-    """Identifies a tokenizer by content, so a retrained tokenizer in the same folder is not mistaken for the old."""
-    if ref == "gpt2":
+    """"gpt2" for tiktoken's GPT-2; a directory's content hash (bpe.tokenizer_fingerprint) otherwise."""
+    if str(ref) == "gpt2":
         return "gpt2"
-    h = hashlib.sha256()
-    for name in ("vocab.json", "merges.txt", "special_tokens.json"):
-        p = Path(ref, name)
-        h.update(p.read_bytes() if p.is_file() else b"")
-    return h.hexdigest()[:16]
+    import bpe
+    return bpe.tokenizer_fingerprint(ref)
 
 
 def choose_dtype(vocab_size, dtype=None):
@@ -368,15 +365,16 @@ def _write_json(path, obj):
     _atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
-def sidecar(dtype, vocab_size, num_tokens, num_docs, tokenizer, eot_id):
+def sidecar(dtype, vocab_size, num_tokens, num_docs, tokenizer, fingerprint, eot_id):
     return {"format": "tokens-v1", "dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(num_tokens),
-            "num_docs": None if num_docs is None else int(num_docs), "tokenizer": tokenizer, "eot_id": eot_id}
+            "num_docs": None if num_docs is None else int(num_docs), "tokenizer": tokenizer,
+            "tokenizer_fingerprint": fingerprint, "eot_id": eot_id}
 
 
 def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=None, progress=False):
     """Tokenise documents (eot before each) into ONE token file + sidecar, streamed to disk. Returns the sidecar."""
     tokenizer = str(tokenizer)
-    tok = load_tokenizer(tokenizer)
+    tok, fingerprint = load_tokenizer(tokenizer), tokenizer_fingerprint(tokenizer)
     dtype = choose_dtype(tok.vocab_size, dtype)
     if tok.eot_id is None:
         raise ValueError(f"{tokenizer}: the tokenizer has no {EOT} special token, needed to separate documents")
@@ -399,7 +397,7 @@ def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=N
     if n_docs == 0:
         os.remove(tmp)
         raise ValueError(f"{out_path}: no documents to tokenise (empty input)")
-    meta = sidecar(dtype, tok.vocab_size, n_tokens, n_docs, tokenizer, tok.eot_id)
+    meta = sidecar(dtype, tok.vocab_size, n_tokens, n_docs, tokenizer, fingerprint, tok.eot_id)
     os.replace(tmp, out_path)
     _write_json(f"{out_path}.json", meta)
     return meta
@@ -450,7 +448,8 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
         index = len(shards)
         name = shard_name(index)
         _atomic_write(out / name, buf[:fill].tobytes())
-        _write_json(out / f"{name}.json", sidecar(dtype, tok.vocab_size, fill, shard_docs, tokenizer, tok.eot_id))
+        _write_json(out / f"{name}.json", sidecar(dtype, tok.vocab_size, fill, shard_docs, tokenizer,
+                                                  config["tokenizer_fingerprint"], tok.eot_id))
         shards.append({"file": name, "num_tokens": int(fill), "num_docs": int(shard_docs),
                        "end_doc": int(end_doc), "end_offset": int(end_offset)})
         meta.update(num_tokens=sum(s["num_tokens"] for s in shards), num_docs=int(end_doc + (end_offset > 0)))

@@ -263,7 +263,7 @@ def result_line(r):
 def load_model(args, device, prog="hellaswag.py"):
     """(model, tokenizer) from --ckpt or --init_from; any problem -> SystemExit naming prog and the flag.
     lambada.py loads its model through this too."""
-    from bpe import load_tokenizer  # imported here so evaluate() works with any module and tokenizer
+    from bpe import load_tokenizer, tokenizer_fingerprint  # here: evaluate() works with any module and tokenizer
     from model import GPT, model_from_checkpoint, read_checkpoint
     if args.init_from:
         try:
@@ -272,6 +272,7 @@ def load_model(args, device, prog="hellaswag.py"):
             raise SystemExit(f"{prog}: --init_from {args.init_from}: cannot load GPT-2 weights ({e})")
         ref = args.tokenizer or "gpt2"
         where = "--tokenizer" if args.tokenizer else "--init_from"
+        trained_with = None
     else:
         if not os.path.exists(args.ckpt):
             raise SystemExit(f"{prog}: --ckpt {args.ckpt}: no such file")
@@ -288,6 +289,7 @@ def load_model(args, device, prog="hellaswag.py"):
             raise SystemExit(f"{prog}: --ckpt {args.ckpt}: {e}")
         ref = args.tokenizer or ckpt.get("tokenizer")
         where = "--tokenizer" if args.tokenizer else f"the tokenizer stored in {args.ckpt}"
+        trained_with = ckpt.get("tokenizer_fingerprint")   # content hash (older checkpoints: none)
         if not ref:
             raise SystemExit(f"{prog}: --ckpt {args.ckpt} names no tokenizer; pass --tokenizer gpt2|DIR")
     try:
@@ -297,6 +299,9 @@ def load_model(args, device, prog="hellaswag.py"):
     if tokenizer.vocab_size > model.vocab_size:
         raise SystemExit(f"{prog}: {where} ({ref!r}) has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.vocab_size}: not the tokenizer this model was trained with")
+    if trained_with and tokenizer_fingerprint(ref) != trained_with:   # same size, other tokens: retrained since?
+        raise SystemExit(f"{prog}: {where} ({ref!r}) is not the tokenizer this model was trained with (fingerprint "
+                         f"{tokenizer_fingerprint(ref)}, the checkpoint's {trained_with}); pass --tokenizer gpt2|DIR")
     return model.to(device), tokenizer
 
 

@@ -354,7 +354,7 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
             model = model_lib.GPT.from_pretrained(init_from)
         except Exception as e:  # network or file problems: one line naming the flag
             raise SystemExit(f"sample.py: --init_from {init_from}: could not load the weights ({e})")
-        model, ref, where = model.to(device), "gpt2", f"--init_from {init_from}"
+        model, ref, where, trained_with = model.to(device), "gpt2", f"--init_from {init_from}", None
     else:
         where = f"--ckpt {ckpt_path}"
         if not os.path.exists(ckpt_path):
@@ -370,7 +370,7 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
             model = model_lib.model_from_checkpoint(ckpt, device=device)
         except ValueError as e:
             raise SystemExit(f"sample.py: {where}: {e}")
-        ref = ckpt.get("tokenizer")
+        ref, trained_with = ckpt.get("tokenizer"), ckpt.get("tokenizer_fingerprint")   # (older checkpoints: none)
         if not (ref or tokenizer_ref):
             raise SystemExit(f"sample.py: {where}: the checkpoint names no tokenizer (its training data had none): "
                              f"give one with --tokenizer (gpt2, or a bpe.py tokenizer folder)")
@@ -385,6 +385,10 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
         raise SystemExit(f"sample.py: {where}: {whose} {ref!r} has {tokenizer.vocab_size} tokens but the model "
                          f"{'only ' if tokenizer.vocab_size > model.vocab_size else ''}{model.vocab_size}: not the "
                          f"tokenizer this model was trained with")
+    if trained_with and bpe.tokenizer_fingerprint(ref) != trained_with:   # same size, other tokens: retrained since?
+        raise SystemExit(f"sample.py: {where}: {whose} {ref!r} is not the one this model was trained with (fingerprint "
+                         f"{bpe.tokenizer_fingerprint(ref)}, the checkpoint's {trained_with})"
+                         + ("" if tokenizer_ref else ": it was retrained or replaced since; pass --tokenizer"))
     return model, tokenizer
 
 

@@ -551,7 +551,8 @@ def test_bpe_encode_file_matches_encode_and_writes_sidecar(tmp_path):
     assert ids.tolist() == tok.encode(text)
     side = json.loads((tmp_path / "out.bin.json").read_text())
     assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": tok.vocab_size, "num_tokens": len(ids),
-                    "num_docs": 300, "tokenizer": str(tmp_path / "tok"), "eot_id": 0}
+                    "num_docs": 300, "tokenizer": str(tmp_path / "tok"),
+                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(tmp_path / "tok"), "eot_id": 0}
     assert meta["num_tokens"] == len(ids)
 
 
@@ -2850,7 +2851,8 @@ def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
     for s, a in zip(meta["shards"], arrays):
         side = json.loads((out / f"{s['file']}.json").read_text())
         assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 50257, "num_tokens": len(a),
-                        "num_docs": int((a == enc.eot_token).sum()), "tokenizer": "gpt2", "eot_id": 50256}
+                        "num_docs": int((a == enc.eot_token).sum()), "tokenizer": "gpt2",
+                        "tokenizer_fingerprint": "gpt2", "eot_id": 50256}
     assert sum(s["num_docs"] for s in meta["shards"]) == len(docs)
     assert (out / "val_000000.bin").stat().st_size == 2 * 5000
     assert not list(out.glob("*.tmp"))
@@ -4656,6 +4658,57 @@ def test_train_sidecar_naming_a_tokenizer_of_another_size_is_refused(tmp_path, _
     assert not (tmp_path / "o").exists()
 
 
+def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch):
+    # bpe.py --out into an existing tokenizer folder keeps its path and size but changes what the ids mean: the token
+    # files and the checkpoint record its content fingerprint, so train.py, sample.py, hellaswag.py and lambada.py
+    # refuse it in one line instead of scoring, sampling and evaluating with the wrong tokens
+    import argparse
+    d, tok_dir = tmp_path / "data", tmp_path / "data" / "tok"
+    d.mkdir()
+    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(tok_dir)
+    shutil.copytree(tok_dir, tmp_path / "original")
+
+    def encode(*names):
+        for name in names:
+            (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
+            bpe.encode_file(tmp_path / f"{name}.txt", str(tok_dir), d / f"{name}.bin", num_workers=1)
+    encode("train", "val")
+    old = bpe.tokenizer_fingerprint(tok_dir)
+    train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
+    ckpt = tmp_path / "o" / "ckpt.pt"
+    assert torch.load(ckpt, weights_only=True)["tokenizer_fingerprint"] == old
+
+    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
+    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
+    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(tok_dir)   # retrained in place: same path, same 300 ids
+    new = bpe.tokenizer_fingerprint(tok_dir)
+    assert new != old
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
+    assert str(e.value) == (f"{d / 'train.bin'}.json: encoded with tokenizer {str(tok_dir)!r} as it was then "
+                            f"(fingerprint {old}); it has changed since ({new}), so the ids no longer mean its "
+                            f"tokens: re-encode the data with it")
+    with pytest.raises(SystemExit) as e:
+        sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
+    assert str(e.value) == (f"sample.py: --ckpt {ckpt}: its tokenizer {str(tok_dir)!r} is not the one this model was "
+                            f"trained with (fingerprint {new}, the checkpoint's {old}): it was retrained or replaced "
+                            f"since; pass --tokenizer")
+    for script in (hellaswag, lambada):
+        assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu") == (
+            f"{script.__name__}.py: the tokenizer stored in {ckpt} ({str(tok_dir)!r}) is not the tokenizer this "
+            f"model was trained with (fingerprint {new}, the checkpoint's {old}); pass --tokenizer gpt2|DIR")
+    # the original kept elsewhere is accepted by both; the data half re-encoded is refused as mixed, then trains
+    assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
+    args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
+    assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
+    encode("val")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: token files were written by different versions of "
+                                         f"tokenizer {re.escape(repr(str(tok_dir)))} \\(fingerprints "):
+        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
+    encode("train")
+    assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
+
+
 def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_data):
     data = _train_data
     _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)                # one batch needs 4*16+1 = 65 tokens
@@ -6193,7 +6246,7 @@ def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_
         side = json.loads((out / f"{s['file']}.json").read_text())
         assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
                         "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
-                        "eot_id": tok.eot_id}
+                        "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
 
 
 def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
@@ -6330,7 +6383,8 @@ def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_d
     side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
     ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
     assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
-                    "num_docs": 20, "tokenizer": _fw_bpe_dir, "eot_id": tok.eot_id}
+                    "num_docs": 20, "tokenizer": _fw_bpe_dir,
+                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
     assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
     assert json.loads((tmp_path / "one.bin.json").read_text()) == side
 

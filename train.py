@@ -862,6 +862,10 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     if any(m.get("tokenizer") != tok_ref for m in metas):
         raise ValueError(f"{cfg['data_dir']}: token files were written by different tokenizers "
                          f"{sorted({str(m.get('tokenizer')) for m in metas})}")
+    fingerprints = {m["tokenizer_fingerprint"] for m in metas if m.get("tokenizer_fingerprint")}  # older: none
+    if len(fingerprints) > 1:
+        raise ValueError(f"{cfg['data_dir']}: token files were written by different versions of tokenizer "
+                         f"{tok_ref!r} (fingerprints {', '.join(sorted(fingerprints))}): re-encode them all with one")
     first = None   # (sidecar, vocab_size) of the first token file: every other one must agree
     for path, _, m in train_shards + val_shards:
         if "vocab_size" not in m:
@@ -892,6 +896,12 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         if tokenizer is not None and tokenizer.vocab_size != data_vocab:   # bits/byte, samples, HellaSwag: all wrong
             raise ValueError(f"{first[0]}: vocab_size {data_vocab}, but its tokenizer {tok_ref!r} has "
                              f"{tokenizer.vocab_size} tokens: the token files and the tokenizer do not belong together")
+        now = bpe.tokenizer_fingerprint(ref) if tokenizer is not None else None
+        if now and fingerprints and now not in fingerprints:   # a tokenizer retrained into the same folder
+            raise ValueError(f"{first[0]}: encoded with tokenizer {tok_ref!r} as it was then (fingerprint "
+                             f"{next(iter(fingerprints))}); it has changed since ({now}), so the ids no longer "
+                             f"mean its tokens: re-encode the data with it")
+        fingerprints = fingerprints or {now}
 
     # ---- batch arithmetic ------------------------------------------------------------------------------------------
     B, T = cfg["batch_size"], cfg["context_length"]
@@ -1080,7 +1090,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
             torch.distributed.all_gather_object(loader_states, loader.state_dict())
         if master:
             save_checkpoint(raw, optimizer, step, ckpt_path, config={k: v for k, v in cfg.items() if not k.startswith("_")},
-                            tokenizer=tok_ref or "", rng=rng_state(), loader=loader_states if ddp else loader_states[0],
+                            tokenizer=tok_ref or "", tokenizer_fingerprint=next(iter(fingerprints), None),
+                            rng=rng_state(), loader=loader_states if ddp else loader_states[0],
                             val_loss=val_loss, val_step=val_step, elapsed=elapsed)
 
     def lr_at(step):
