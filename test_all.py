@@ -1821,14 +1821,16 @@ def _train_free_port():
         return s.getsockname()[1]
 
 
-def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data, compiled):
     # 1 process x 2 accumulation steps == 2 processes x 1: both average the gradient of the same 2*B windows
     # (the sequential sampler gives rank r the r-th of every W windows). float32 all-reduce vs sequential
-    # accumulation differ in summation order only: tolerance 1e-5 after 3 AdamW steps.
-    common = ["--prepare_data=false", "--resume=false", f"--data_dir={_train_data}", "--vocab_size=64",
+    # accumulation differ in summation order only: tolerance 1e-5 after 3 AdamW steps. Compiled (aot_eager), the
+    # two processes run DDP around torch.compile(train.LossOf) as on a GPU node, against the eager single process.
+    common = [f"--compile={str(compiled).lower()}", "--compile_backend=aot_eager", "--prepare_data=false", "--resume=false", f"--data_dir={_train_data}", "--vocab_size=64",
               "--context_length=16", "--d_model=32", "--num_layers=2", "--num_heads=2", "--batch_size=4",
               "--total_batch_tokens=128", "--max_iters=3", "--eval_interval=1000", "--eval_iters=2",
-              "--num_samples=0", "--compile=false", "--device=cpu", "--num_threads=1", "--time_budget=",
+              "--num_samples=0", "--device=cpu", "--num_threads=1", "--time_budget=",
               "--seed=0", "--warmup_iters=2", "--learning_rate=3e-3", "--dtype=float32"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))   # TMPDIR: torchrun's log folder goes there
     one = train.train(_train_cfg(_train_data, tmp_path / "one", total_batch_tokens=128, max_iters=3,
@@ -1837,7 +1839,7 @@ def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data):
                           f"--master_port={_train_free_port()}", "train.py", f"--out_dir={tmp_path}/two", *common],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
-    assert "1 accum x 2 procs" in two.stdout and one["step"] == 3
+    assert "1 accum x 2 procs" in two.stdout and one["step"] == 3 and ("| compiled" in two.stdout) == compiled
     a, b = _train_weights(tmp_path / "one" / "ckpt.pt"), _train_weights(tmp_path / "two" / "ckpt.pt")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
