@@ -299,9 +299,9 @@ def load_model(args, device, prog="hellaswag.py"):
     if tokenizer.vocab_size > model.vocab_size:
         raise SystemExit(f"{prog}: {where} ({ref!r}) has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.vocab_size}: not the tokenizer this model was trained with")
-    if trained_with and tokenizer_fingerprint(ref) != trained_with:   # same size, other tokens: retrained since?
+    if trained_with and (now := tokenizer_fingerprint(ref)) != trained_with:   # same size, other tokens
         raise SystemExit(f"{prog}: {where} ({ref!r}) is not the tokenizer this model was trained with (fingerprint "
-                         f"{tokenizer_fingerprint(ref)}, the checkpoint's {trained_with}); pass --tokenizer gpt2|DIR")
+                         f"{now}, the checkpoint's {trained_with}); pass --tokenizer gpt2|DIR")
     return model.to(device), tokenizer
 
 

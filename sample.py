@@ -385,9 +385,9 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
         raise SystemExit(f"sample.py: {where}: {whose} {ref!r} has {tokenizer.vocab_size} tokens but the model "
                          f"{'only ' if tokenizer.vocab_size > model.vocab_size else ''}{model.vocab_size}: not the "
                          f"tokenizer this model was trained with")
-    if trained_with and bpe.tokenizer_fingerprint(ref) != trained_with:   # same size, other tokens: retrained since?
+    if trained_with and (now := bpe.tokenizer_fingerprint(ref)) != trained_with:   # same size, other tokens
         raise SystemExit(f"sample.py: {where}: {whose} {ref!r} is not the one this model was trained with (fingerprint "
-                         f"{bpe.tokenizer_fingerprint(ref)}, the checkpoint's {trained_with})"
+                         f"{now}, the checkpoint's {trained_with})"
                          + ("" if tokenizer_ref else ": it was retrained or replaced since; pass --tokenizer"))
     return model, tokenizer
 

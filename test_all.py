@@ -4709,6 +4709,12 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
         train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
     encode("train")
     assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
+    # the model trained on the old ids is not resumed on the new ones
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
+    assert str(e.value) == (f"{ckpt}: trained on ids of tokenizer fingerprint {old}, but the data in {d} was encoded "
+                            f"with {new} (tokenizer {str(tok_dir)!r}): resume on the data it was trained on, or start "
+                            f"a new run with --fresh")
 
 
 def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_data):

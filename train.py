@@ -932,6 +932,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         source = f"--init_from={cfg['init_from']}" if resume_ckpt is None else str(ckpt_path)
         raise ValueError(f"{source}: the model has a vocabulary of {vocab_size:,} ids, the data in {cfg['data_dir']} "
                          f"{data_vocab:,} (tokenizer {tok_ref!r}): tokenize the data with the model's tokenizer")
+    trained_with = resume_ckpt.get("tokenizer_fingerprint") if resume_ckpt is not None else None   # older: none
+    if trained_with and next(iter(fingerprints), None) not in (None, trained_with):   # same size, other tokens
+        raise ValueError(f"{ckpt_path}: trained on ids of tokenizer fingerprint {trained_with}, but the data in "
+                         f"{cfg['data_dir']} was encoded with {next(iter(fingerprints))} (tokenizer {tok_ref!r}): "
+                         f"resume on the data it was trained on, or start a new run with --fresh")
     for path, arr, _ in train_shards + val_shards:   # an id >= vocab_size is refused before training starts
         check_token_range(arr, vocab_size, path)
     raw.to(device)
