@@ -190,8 +190,9 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print):
     for split, text in (("train", p["train_text"]), ("val", p["val_text"])):
         out = data_dir / f"{split}.bin"
         side = Path(str(out) + ".json")
-        if side.is_file() and json.loads(side.read_text()).get("tokenizer") == tok_ref:
-            meta[split] = json.loads(side.read_text())
+        old = json.loads(side.read_text()) if side.is_file() else {}
+        if (old.get("tokenizer"), old.get("tokenizer_fingerprint")) == (tok_ref, bpe.tokenizer_fingerprint(tok_dir)):
+            meta[split] = old   # encoded by this very tokenizer: kept
             continue
         meta[split] = bpe.encode_file(str(text), tok_ref, str(out))
         log(f"encoded {text.name}: {meta[split]['num_tokens']:,} tokens -> {_rel(out)}")

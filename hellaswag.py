@@ -300,8 +300,11 @@ def load_model(args, device, prog="hellaswag.py"):
         raise SystemExit(f"{prog}: {where} ({ref!r}) has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.vocab_size}: not the tokenizer this model was trained with")
     if trained_with and (now := tokenizer_fingerprint(ref)) != trained_with:   # same size, other tokens
-        raise SystemExit(f"{prog}: {where} ({ref!r}) is not the tokenizer this model was trained with (fingerprint "
-                         f"{now}, the checkpoint's {trained_with}); pass --tokenizer gpt2|DIR")
+        what = (f"{prog}: {where} ({ref!r}) is not the tokenizer this model was trained with (fingerprint {now}, "
+                f"the checkpoint's {trained_with})")
+        if not args.tokenizer:   # retrained in its folder since; a --tokenizer given is the user's choice
+            raise SystemExit(f"{what}; pass --tokenizer gpt2|DIR")
+        print(f"{what}; using it as asked", file=sys.stderr)
     return model.to(device), tokenizer
 
 

@@ -386,9 +386,11 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
                          f"{'only ' if tokenizer.vocab_size > model.vocab_size else ''}{model.vocab_size}: not the "
                          f"tokenizer this model was trained with")
     if trained_with and (now := bpe.tokenizer_fingerprint(ref)) != trained_with:   # same size, other tokens
-        raise SystemExit(f"sample.py: {where}: {whose} {ref!r} is not the one this model was trained with (fingerprint "
-                         f"{now}, the checkpoint's {trained_with})"
-                         + ("" if tokenizer_ref else ": it was retrained or replaced since; pass --tokenizer"))
+        what = (f"sample.py: {where}: {whose} {ref!r} is not the one this model was trained with (fingerprint {now}, "
+                f"the checkpoint's {trained_with})")
+        if not tokenizer_ref:   # retrained in its folder since; a --tokenizer given is the user's choice
+            raise SystemExit(f"{what}: it was retrained or replaced since; pass --tokenizer")
+        print(f"{what}; using it as asked", file=sys.stderr)
     return model, tokenizer
 
 

@@ -4660,7 +4660,8 @@ def test_train_sidecar_naming_a_tokenizer_of_another_size_is_refused(tmp_path, _
     assert not (tmp_path / "o").exists()
 
 
-def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch):
+def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch,
+                                                                                          capsys):
     # bpe.py --out into an existing tokenizer folder keeps its path and size but changes what the ids mean: the token
     # files and the checkpoint record its content fingerprint, so train.py, sample.py, hellaswag.py and lambada.py
     # refuse it in one line instead of scoring, sampling and evaluating with the wrong tokens
@@ -4703,6 +4704,17 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
     args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
     assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
+    capsys.readouterr()
+    # another tokenizer given with --tokenizer is the user's choice: used, with a warning naming both fingerprints
+    assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))[1].vocab_size == 300
+    assert capsys.readouterr().err == (f"sample.py: --ckpt {ckpt}: the --tokenizer {str(tok_dir)!r} is not the one "
+                                       f"this model was trained with (fingerprint {new}, the checkpoint's {old}); "
+                                       f"using it as asked\n")
+    args.tokenizer = str(tok_dir)
+    assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
+    assert capsys.readouterr().err == (f"hellaswag.py: --tokenizer ({str(tok_dir)!r}) is not the tokenizer this model "
+                                       f"was trained with (fingerprint {new}, the checkpoint's {old}); using it as "
+                                       f"asked\n")
     encode("val")
     with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: token files were written by different versions of "
                                          f"tokenizer {re.escape(repr(str(tok_dir)))} \\(fingerprints "):
@@ -4715,6 +4727,28 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     assert str(e.value) == (f"{ckpt}: trained on ids of tokenizer fingerprint {old}, but the data in {d} was encoded "
                             f"with {new} (tokenizer {str(tok_dir)!r}): resume on the data it was trained on, or start "
                             f"a new run with --fresh")
+
+
+def test_train_takes_the_tokenizer_copied_with_its_data_and_one_tokenizer_named_by_two_paths(tmp_path, monkeypatch):
+    # token files name one tokenizer relatively and absolutely (the same fingerprint: one tokenizer); the data folder
+    # is copied with it, and the original is retrained in place: train.py, run where the relative name finds the
+    # retrained one, takes the copy beside the data (its fingerprint matches) and the checkpoint names that copy
+    a = tmp_path / "a" / "data"
+    a.mkdir(parents=True)
+    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(a / "tok")
+    monkeypatch.chdir(tmp_path / "a")
+    for name, ref in (("train", "data/tok"), ("val", str(a / "tok"))):
+        (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
+        bpe.encode_file(tmp_path / f"{name}.txt", ref, a / f"{name}.bin", num_workers=1)
+    copy = tmp_path / "b" / "data"
+    shutil.copytree(a, copy)
+    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
+    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
+    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(a / "tok")
+    s = train.train(_train_cfg(copy, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
+    assert s["step"] == 1 and s["val_bpb"] is not None
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["tokenizer"] == str(copy / "tok") and ck["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(copy / "tok")
 
 
 def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_data):

@@ -859,13 +859,16 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         train_shards = train_shards[:-1]
     metas = [m for _, _, m in train_shards + val_shards]
     tok_ref = metas[0].get("tokenizer")
-    if any(m.get("tokenizer") != tok_ref for m in metas):
-        raise ValueError(f"{cfg['data_dir']}: token files were written by different tokenizers "
-                         f"{sorted({str(m.get('tokenizer')) for m in metas})}")
-    fingerprints = {m["tokenizer_fingerprint"] for m in metas if m.get("tokenizer_fingerprint")}  # older: none
-    if len(fingerprints) > 1:
-        raise ValueError(f"{cfg['data_dir']}: token files were written by different versions of tokenizer "
-                         f"{tok_ref!r} (fingerprints {', '.join(sorted(fingerprints))}): re-encode them all with one")
+    fingerprints = {m.get("tokenizer_fingerprint") for m in metas}   # the tokenizer's content (older files: none)
+    if None in fingerprints or len(fingerprints) > 1:   # else one tokenizer, though named by several paths
+        if any(m.get("tokenizer") != tok_ref for m in metas):
+            raise ValueError(f"{cfg['data_dir']}: token files were written by different tokenizers "
+                             f"{sorted({str(m.get('tokenizer')) for m in metas})}")
+        if len(fingerprints - {None}) > 1:
+            raise ValueError(f"{cfg['data_dir']}: token files were written by different versions of tokenizer "
+                             f"{tok_ref!r} (fingerprints {', '.join(sorted(fingerprints - {None}))}): re-encode "
+                             f"them all with one")
+    fingerprints.discard(None)
     first = None   # (sidecar, vocab_size) of the first token file: every other one must agree
     for path, _, m in train_shards + val_shards:
         if "vocab_size" not in m:
@@ -886,17 +889,22 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         say(f"train.py: the data's vocabulary is {data_vocab} (--vocab_size={cfg['vocab_size']}): using {data_vocab}")
     tokenizer = None
     if tok_ref:
-        ref = tok_ref
-        if ref != "gpt2" and not Path(ref).exists() and (Path(cfg["data_dir"]) / Path(ref).name).exists():
-            ref = str(Path(cfg["data_dir"]) / Path(ref).name)   # a data folder that was moved with its tokenizer
+        # the tokenizer named, or the one beside the data when the data folder was moved or copied with it: the
+        # one named is gone, or was retrained since while the copy beside the data still matches. The checkpoint
+        # names the one used.
+        beside = Path(cfg["data_dir"]) / Path(tok_ref).name
+        if tok_ref != "gpt2" and beside.exists() and (not Path(tok_ref).exists() or (
+                fingerprints and bpe.tokenizer_fingerprint(tok_ref) not in fingerprints
+                and bpe.tokenizer_fingerprint(beside) in fingerprints)):
+            tok_ref = str(beside)
         try:
-            tokenizer = bpe.load_tokenizer(ref)
+            tokenizer = bpe.load_tokenizer(tok_ref)
         except Exception as e:
             say(f"train.py: tokenizer {tok_ref!r} could not be loaded ({e}): no bits/byte or samples")
         if tokenizer is not None and tokenizer.vocab_size != data_vocab:   # bits/byte, samples, HellaSwag: all wrong
             raise ValueError(f"{first[0]}: vocab_size {data_vocab}, but its tokenizer {tok_ref!r} has "
                              f"{tokenizer.vocab_size} tokens: the token files and the tokenizer do not belong together")
-        now = bpe.tokenizer_fingerprint(ref) if tokenizer is not None else None
+        now = bpe.tokenizer_fingerprint(tok_ref) if tokenizer is not None else None
         if now and fingerprints and now not in fingerprints:   # a tokenizer retrained into the same folder
             raise ValueError(f"{first[0]}: encoded with tokenizer {tok_ref!r} as it was then (fingerprint "
                              f"{next(iter(fingerprints))}); it has changed since ({now}), so the ids no longer "
