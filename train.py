@@ -1218,6 +1218,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     bpb = val_loss / math.log(2) / bpt if (bpt and val_loss is not None) else None
     final_lr = lr_at(step)
     if ddp and cfg.get("_destroy_pg", True):
+        del model   # DDP and its reducer go before their process group: freed after it (on return), a compiled
+        # run's rank 1 hung in the teardown ~1 run in 10 (gloo)
         torch.distributed.barrier()   # ranks tear gloo down together: one leaving early aborted its peer ~1 run in 20
         torch.distributed.destroy_process_group()
     stopped_by = stop or ("max_iters" if step >= max_iters else
