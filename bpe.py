@@ -1066,15 +1066,19 @@ def sample_documents(path, n=10, special=EOT, seed=0, max_bytes=1 << 26):
 def main():
     p = argparse.ArgumentParser(description="Train a byte-level BPE tokenizer, or encode a text file with one.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--input", default=None, help="training text file (UTF-8); None: ../shared/data/tinystories/tinystories_sample.txt")
+    p.add_argument("--input", type=os.path.expanduser, default=None,
+                   help="training text file (UTF-8); None: ../shared/data/tinystories/tinystories_sample.txt")
     p.add_argument("--vocab", type=int, default=10000, help="vocabulary size, special tokens and the 256 bytes included")
     p.add_argument("--special", action="append", default=None,
                    help='special token (repeatable); default "<|endoftext|>"; pass --special "" for none')
-    p.add_argument("--out", default=None, help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab>), "
-                                              "or the .bin file to write (--encode)")
+    p.add_argument("--out", type=os.path.expanduser, default=None,
+                   help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab>), "
+                        "or the .bin file to write (--encode)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
-    p.add_argument("--encode", default=None, metavar="FILE", help="encode this text file into --out (a .bin of token ids)")
-    p.add_argument("--tokenizer", default="gpt2", help="with --encode: 'gpt2' (tiktoken) or a tokenizer directory")
+    p.add_argument("--encode", type=os.path.expanduser, default=None, metavar="FILE",
+                   help="encode this text file into --out (a .bin of token ids)")
+    p.add_argument("--tokenizer", type=os.path.expanduser, default="gpt2",
+                   help="with --encode: 'gpt2' (tiktoken) or a tokenizer directory")
     p.add_argument("--sample_docs", type=int, default=10, help="documents sampled for the bytes/token figure")
     p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
     args = p.parse_args()

@@ -537,8 +537,10 @@ def main(argv=None):
     ap.add_argument("--all", action="store_true", help="also the extra runs (largest batch, batches at the unscaled lr, "
                     "a second seed, the ablations at the best lr)")
     ap.add_argument("--rerun", action="store_true", help="train again even when results/logs holds the same run")
-    ap.add_argument("--scratch", default="data/experiments", help="folder for data, checkpoints, consoles (not committed)")
-    ap.add_argument("--data_dir", default="", help="use this prepared train*.bin/val*.bin folder instead of the "
+    ap.add_argument("--scratch", type=os.path.expanduser, default="data/experiments",
+                    help="folder for data, checkpoints, consoles (not committed)")
+    ap.add_argument("--data_dir", type=os.path.expanduser, default="",
+                    help="use this prepared train*.bin/val*.bin folder instead of the "
                     "preset's data (no tokenizer training)")
     ap.add_argument("--no_samples", action="store_true", help="skip the samples from the best model")
     ap.error = lambda message: ap.exit(2, f"{ap.prog}: {message} (see --help)\n")   # one line, no usage block

@@ -714,11 +714,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", default="fineweb-edu", help=f"Hugging Face corpus to stream: {', '.join(DATASETS)}")
-    p.add_argument("--input", default=None, help="local corpus instead: a text file (documents separated by "
+    p.add_argument("--input", type=os.path.expanduser, default=None,
+                   help="local corpus instead: a text file (documents separated by "
                    f"{EOT}) or a folder (one document per file)")
-    p.add_argument("--out_dir", default=None, help="output folder; None means data/edu_fineweb10B for the "
+    p.add_argument("--out_dir", type=os.path.expanduser, default=None,
+                   help="output folder; None means data/edu_fineweb10B for the "
                    "default run, else data/<dataset or input name>-<gpt2|bpe> (data/tinystories with --prepare_tinystories)")
-    p.add_argument("--tokenizer", default="gpt2", help="'gpt2' (tiktoken) or a bpe.py tokenizer directory")
+    p.add_argument("--tokenizer", type=os.path.expanduser, default="gpt2",
+                   help="'gpt2' (tiktoken) or a bpe.py tokenizer directory")
     p.add_argument("--vocab_size", type=int, default=None, help="train a bpe.py tokenizer of this size on the corpus first "
                    "(saved in OUT_DIR/tokenizer) instead of --tokenizer; with --prepare_tinystories the default is 2048")
     p.add_argument("--bpe_train_bytes", type=int, default=100_000_000, help="with --vocab_size: train the tokenizer on "

@@ -393,7 +393,8 @@ def main():
     parser.add_argument("--arch", default=None, choices=["llama", "gpt2"],
                         help="llama (RMSNorm/SwiGLU/RoPE, untied head: the spec's reference; None = llama) or gpt2 "
                              "(the real GPT-2)")
-    parser.add_argument("--ckpt", default=None, help="read the shape from this checkpoint's model_config instead")
+    parser.add_argument("--ckpt", type=os.path.expanduser, default=None,
+                        help="read the shape from this checkpoint's model_config instead")
     parser.add_argument("--num_layers", "--n_layer", dest="num_layers", type=int, default=None, help="override layers")
     parser.add_argument("--d_model", "--n_embd", dest="d_model", type=int, default=None, help="override d_model")
     parser.add_argument("--num_heads", "--n_head", dest="num_heads", type=int, default=None, help="override heads")

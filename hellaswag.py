@@ -337,13 +337,16 @@ def setup_device(device, prog):
 def main():
     parser = argparse.ArgumentParser(description="HellaSwag accuracy (acc_norm and acc) of a checkpoint or of "
                                      "released GPT-2 weights.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--ckpt", default=None, help="train.py checkpoint to evaluate (either model.py architecture)")
-    parser.add_argument("--init_from", default=None,
+    parser.add_argument("--ckpt", type=os.path.expanduser, default=None,
+                        help="train.py checkpoint to evaluate (either model.py architecture)")
+    parser.add_argument("--init_from", type=os.path.expanduser, default=None,
                         help="released weights instead: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF directory")
-    parser.add_argument("--tokenizer", default=None,
+    parser.add_argument("--tokenizer", type=os.path.expanduser, default=None,
                         help="tokenizer ref overriding the checkpoint's (gpt2 or a bpe.py tokenizer directory)")
-    parser.add_argument("--data", default=None, help="local HellaSwag jsonl; default: the official val set, downloaded")
-    parser.add_argument("--data_dir", default=str(DATA_DIR), help="where the downloaded val set is cached")
+    parser.add_argument("--data", type=os.path.expanduser, default=None,
+                        help="local HellaSwag jsonl; default: the official val set, downloaded")
+    parser.add_argument("--data_dir", type=os.path.expanduser, default=str(DATA_DIR),
+                        help="where the downloaded val set is cached")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
     parser.add_argument("--batch_examples", type=int, default=4, help="examples per forward (4 rows each)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps; default cuda if available else cpu")

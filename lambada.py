@@ -188,13 +188,16 @@ def result_line(r):
 def main():
     parser = argparse.ArgumentParser(description="LAMBADA last-word accuracy and perplexity of a checkpoint or of "
                                      "released GPT-2 weights.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--ckpt", default=None, help="train.py checkpoint to evaluate (either model.py architecture)")
-    parser.add_argument("--init_from", default=None,
+    parser.add_argument("--ckpt", type=os.path.expanduser, default=None,
+                        help="train.py checkpoint to evaluate (either model.py architecture)")
+    parser.add_argument("--init_from", type=os.path.expanduser, default=None,
                         help="released weights instead: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF directory")
-    parser.add_argument("--tokenizer", default=None,
+    parser.add_argument("--tokenizer", type=os.path.expanduser, default=None,
                         help="tokenizer ref overriding the checkpoint's (gpt2 or a bpe.py tokenizer directory)")
-    parser.add_argument("--data", default=None, help="local LAMBADA jsonl; default: OpenAI's test set, downloaded")
-    parser.add_argument("--data_dir", default=str(DATA_DIR), help="where the downloaded test set is cached")
+    parser.add_argument("--data", type=os.path.expanduser, default=None,
+                        help="local LAMBADA jsonl; default: OpenAI's test set, downloaded")
+    parser.add_argument("--data_dir", type=os.path.expanduser, default=str(DATA_DIR),
+                        help="where the downloaded test set is cached")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N passages")
     parser.add_argument("--batch_size", type=int, default=8, help="passages per forward")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps; default cuda if available else cpu")

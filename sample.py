@@ -397,12 +397,14 @@ def load_model_and_tokenizer(ckpt_path, init_from, device, tokenizer_ref=None):
 def main():
     parser = argparse.ArgumentParser(description="Generate text from a checkpoint or GPT-2 weights.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--ckpt", default=None, help="checkpoint written by train.py (out/ckpt.pt when neither "
-                                                      "--ckpt nor --init_from is given)")
-    parser.add_argument("--init_from", default=None,
+    parser.add_argument("--ckpt", type=os.path.expanduser, default=None,
+                        help="checkpoint written by train.py (out/ckpt.pt when neither "
+                             "--ckpt nor --init_from is given)")
+    parser.add_argument("--init_from", type=os.path.expanduser, default=None,
                         help="released weights instead of --ckpt: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF dir")
-    parser.add_argument("--tokenizer", default=None, help="instead of the checkpoint's tokenizer: gpt2 or a bpe.py "
-                        "tokenizer folder (for a checkpoint that names none, or whose tokenizer folder moved)")
+    parser.add_argument("--tokenizer", type=os.path.expanduser, default=None,
+                        help="instead of the checkpoint's tokenizer: gpt2 or a bpe.py "
+                             "tokenizer folder (for a checkpoint that names none, or whose tokenizer folder moved)")
     parser.add_argument("--prompt", default="", help="prompt text, or FILE:path to read it from a file; "
                                                      "empty = start from <|endoftext|>")
     parser.add_argument("--num_samples", type=int, default=3, help="number of samples")
@@ -434,7 +436,7 @@ def main():
         raise SystemExit(f"sample.py: --max_new_tokens must be >= 0, got {args.max_new_tokens}")
     prompt = args.prompt
     if prompt.startswith("FILE:"):
-        path = prompt[len("FILE:"):]
+        path = os.path.expanduser(prompt[len("FILE:"):])
         try:
             with open(path, encoding="utf-8") as f:
                 prompt = f.read()

@@ -418,7 +418,7 @@ def write_corpus(path, num_bytes, seed=0):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default="data/stories.txt", help="output text file")
+    p.add_argument("--out", type=os.path.expanduser, default="data/stories.txt", help="output text file")
     p.add_argument("--num_bytes", type=int, default=4_000_000, help="size of the corpus in bytes (at least)")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same corpus")
     p.add_argument("--print", type=int, default=0, metavar="N", help="print N stories instead of writing a file")

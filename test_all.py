@@ -4857,6 +4857,31 @@ def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, 
     assert message.startswith(f"{script.__name__}.py: --ckpt {bad}: {expect}")
 
 
+@pytest.mark.parametrize("script, argv", [
+    (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
+    (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
+    (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
+    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
+def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
+    # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    argv = [a.replace("CKPT", str(_tiny_llama_ckpt(tmp_path))) for a in argv]
+    message = _bad_exit(monkeypatch, script, *argv)
+    assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
+
+
+def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg, _ = train.get_config(["--out_dir=~/runs", "--data_dir=~/data", "--plot=~/log.jsonl", "--lambada_path=~/l",
+                               "--hellaswag_path=~/h", "--sample_prompt=~/not a path"])
+    assert [cfg[k] for k in ("out_dir", "data_dir", "plot", "lambada_path", "hellaswag_path", "sample_prompt")] == [
+        f"{tmp_path}/runs", f"{tmp_path}/data", f"{tmp_path}/log.jsonl", f"{tmp_path}/l", f"{tmp_path}/h", "~/not a path"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["stories.py", "--out=~/s.txt", "--num_bytes=1000"])
+    stories.main()
+    assert (tmp_path / "s.txt").stat().st_size >= 1000 and not (tmp_path / "~").exists()
+
+
 @pytest.mark.parametrize("script", [sample, hellaswag, lambada])
 def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
     ckpt = _tiny_llama_ckpt(tmp_path)

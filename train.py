@@ -530,6 +530,7 @@ def set_rng_state(state):
 # configuration helpers
 
 AUTO_FLAGS = ("compile", "tf32", "fused", "resume", "pad_vocab")  # true/false/auto; every other switch is true/false
+PATH_FLAGS = ("out_dir", "data_dir", "plot", "hellaswag_path", "lambada_path")
 
 
 def _parse_bool(s, allow_auto=True):
@@ -572,8 +573,9 @@ def build_parser():
         if isinstance(default, bool) or name in AUTO_FLAGS:
             p.add_argument(f"--{name}", type=_parse_bool if name in AUTO_FLAGS else _parse_switch, nargs="?",
                            const=True, default=default, help=help_text)
-        else:
-            p.add_argument(f"--{name}", type=type(default), default=default, help=help_text)
+        else:   # a path's ~ is expanded here: the shell leaves --out_dir=~/runs as it is
+            p.add_argument(f"--{name}", type=os.path.expanduser if name in PATH_FLAGS else type(default), default=default,
+                           help=help_text)
     p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
     return p
 
