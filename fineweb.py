@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -484,8 +485,24 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
         f"({shard_name(0)} = validation); this run {new_tokens:,} tokens in {dt:.1f}s = "
         f"{new_tokens / max(dt, 1e-9) / 1e6:.2f} M tok/s, {new_docs / max(dt, 1e-9):,.0f} docs/s")
     if len(shards) == 1:
-        log(f"{out}: only shard 0 (validation) was written: lower --shard_size to get training shards")
+        log(f"{out}: only shard 0 (validation) was written: lower --shard_size (with --fresh) to get training shards")
     return meta
+
+
+def clear_shards(out_dir, log=print):
+    """--fresh: remove what fineweb.py wrote in out_dir (shards, their sidecars, meta.json, a tokenizer it trained
+    there), so that the next write_shards starts over. Files it did not write stay."""
+    out = Path(out_dir)
+    names = re.compile(r"(val|train)_\d{6}\.bin(\.json)?(\.tmp)?")
+    shards = [p for p in out.glob("*") if names.fullmatch(p.name)] if (out / "meta.json").is_file() else []
+    for p in shards + [out / "meta.json", out / "meta.json.tmp", out / "bpe_train.txt.tmp"]:
+        p.unlink(missing_ok=True)
+    trained = (out / "tokenizer" / "request.json").is_file()   # a tokenizer trained by --vocab_size
+    if trained:
+        shutil.rmtree(out / "tokenizer")
+    if shards or trained:
+        log(f"{out}: --fresh: removed {len([p for p in shards if p.suffix == '.bin'])} shard(s)"
+            f"{' and the tokenizer trained there' if trained else ''}")
 
 
 def _resume_or_start(out, config):
@@ -505,16 +522,16 @@ def _resume_or_start(out, config):
         if [old.get(k) for k in same] != [config[k] for k in same]:
             raise ValueError(f"{out}: holds shards made with tokenizer {old.get('tokenizer')!r} "
                              f"(fingerprint {old.get('tokenizer_fingerprint')}), not {config['tokenizer']!r} "
-                             f"({config['tokenizer_fingerprint']}): choose another --out_dir or empty this one")
+                             f"({config['tokenizer_fingerprint']}): choose another --out_dir, or --fresh to start over")
         diff = [k for k in config if old.get(k) != config[k]]
         was, now = str(old.get("source")).split("@")[0], str(config["source"]).split("@")[0]
         if diff == ["source"] and was == now and now.startswith("file:"):
             raise ValueError(f"{out}: its shards were made from {now[5:]} as it was before: the input has changed "
-                             f"since (size or modification time); use another --out_dir, or empty this one")
+                             f"since (size or modification time); use another --out_dir, or --fresh to start over")
         if diff:
             was = ", ".join(f"{k}={old.get(k)!r}" for k in diff)
             raise ValueError(f"{out}: was written with different settings ({was}): "
-                             "rerun with the same flags to resume, or use another --out_dir")
+                             "rerun with the same flags to resume, --fresh to start over, or use another --out_dir")
         for s in meta["shards"]:  # every listed shard must be intact, or the resume would be silently wrong
             p = out / s["file"]
             if not p.is_file() or p.stat().st_size != s["num_tokens"] * np.dtype(config["dtype"]).itemsize:
@@ -685,7 +702,7 @@ def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_worke
                 return f"vocab_size {r['vocab_size']}, bpe_train_bytes {r['max_bytes'] or 0}" + \
                     (f" on {r['source']}" if r["source"] else "")
             raise ValueError(f"{tok_dir}: holds a tokenizer trained with {asked(old)}, not {asked(request)}: "
-                             "choose another --out_dir, or delete that folder and its shards")
+                             "choose another --out_dir, or --fresh to start over")
         log(f"tokenizer: reusing {tok_dir}")
         return str(tok_dir)
     tok_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -738,7 +755,8 @@ def main():
                    "(TinyStories or the generated corpus, a BPE tokenizer, train.bin/val.bin) in --out_dir")
     p.add_argument("--corpus_bytes", type=int, default=4_000_000, help="with --prepare_tinystories: bytes of stories "
                    "(0: all of TinyStories, with its official validation split)")
-    p.add_argument("--fresh", action="store_true", help="with --prepare_tinystories: redo every step")
+    p.add_argument("--fresh", action="store_true", help="start over: remove OUT_DIR's shards, meta.json and the "
+                   "tokenizer trained there first (with --prepare_tinystories: redo every step)")
     p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
     args = p.parse_args()
     for flag, ok, expected in (  # every numeric flag, before anything is downloaded, trained or written
@@ -771,6 +789,8 @@ def main():
         tok_name = "bpe" if args.vocab_size or args.tokenizer != "gpt2" else "gpt2"
         default_dir = "data/edu_fineweb10B" if (name, tok_name) == ("fineweb-edu", "gpt2") else f"data/{name}-{tok_name}"
         out_dir = args.out_dir or default_dir
+        if args.fresh:
+            clear_shards(out_dir)
         if args.vocab_size:
             args.tokenizer = train_tokenizer_on_docs(docs, args.vocab_size, Path(out_dir) / "tokenizer",
                                                      args.bpe_train_bytes or None, args.num_workers, source=source)

@@ -2080,6 +2080,59 @@ def test_train_resume_with_a_data_position_that_no_longer_exists_is_one_line(tmp
         train.train(_train_cfg(_train_data, out, max_iters=4, resume=True), log=_train_quiet)
 
 
+def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_path, _train_data, capsys):
+    # the checkpoint records its token files (names and sizes, in order): a resume with --data_dir at a moved copy
+    # ends as the uninterrupted run does; other files at the new path, or at the old one, are refused in one line
+    train.main(_train_main_args(_train_data, tmp_path / "straight") + ["--max_iters=4"])
+    train.main(_train_main_args(_train_data, tmp_path / "o"))
+    moved = tmp_path / "moved"
+    shutil.move(_train_data, moved)
+    train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=4", "--resume=true"])
+    assert _train_weights(tmp_path / "o" / "ckpt.pt").keys() == _train_weights(tmp_path / "straight" / "ckpt.pt").keys()
+    for k, v in _train_weights(tmp_path / "straight" / "ckpt.pt").items():
+        assert torch.equal(v, _train_weights(tmp_path / "o" / "ckpt.pt")[k]), k
+    with open(moved / "train.bin", "ab") as f:   # the same names, one file longer
+        f.write(np.zeros(100, np.uint16).tobytes())
+    meta = json.loads((moved / "train.bin.json").read_text())
+    (moved / "train.bin.json").write_text(json.dumps(dict(meta, num_tokens=meta["num_tokens"] + 100)))
+    with pytest.raises(SystemExit, match=r"^train.py: .*ckpt.pt: its run trained on other token files than .*moved "
+                                         r"holds now \(1 file\(s\) of 30,000 tokens then, 1 file\(s\) of 30,100 "
+                                         r"tokens now\): resume with the same data"):
+        train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)   # a checkpoint from before the record: the old
+    del ck["train_files"]                                              # rule, its own data_dir only
+    torch.save(ck, tmp_path / "o" / "ckpt.pt")
+    with pytest.raises(SystemExit, match=rf"ckpt.pt was trained on {re.escape(str(moved))} and predates the record "
+                                         rf"that lets a resume check moved data: resume with --data_dir="):
+        train.main(_train_main_args(shutil.copytree(moved, tmp_path / "copy"), tmp_path / "o") + ["--resume=true"])
+
+
+def test_train_says_when_the_warmup_outlasts_the_schedule(tmp_path, _train_data):
+    # a run shortened below the default warmup stays in it: its learning rate never reaches the peak
+    said = []
+    s = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=3, warmup_iters=5), log=said.append)
+    assert s["last_lr"] < 3e-3 and ("train.py: --warmup_iters=5 is not below the schedule's length of 3 steps "
+                                     "(--lr_decay_iters, else --max_iters): the learning rate never reaches "
+                                     "--learning_rate") in said
+    said.clear()
+    train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=3, warmup_iters=2), log=said.append)
+    assert not [line for line in said if "--warmup_iters" in line]
+
+
+def test_train_save_checkpoint_sees_through_the_module_train_py_compiles(tmp_path):
+    # LossOf (compiled or not) is what train.py trains: save_checkpoint given it writes the model's own keys
+    model = M.build_model(dict(arch="llama", vocab_size=64, context_length=16, d_model=32, num_layers=1, num_heads=2,
+                               d_ff=64))
+    opt = train.AdamW(model.parameters())
+    plain = io.BytesIO()
+    train.save_checkpoint(model, opt, 1, plain)
+    for wrapped in (train.LossOf(model, "llama"), torch.compile(train.LossOf(model, "llama"), backend="eager")):
+        buf = io.BytesIO()
+        train.save_checkpoint(wrapped, opt, 1, buf)
+        a, b = (torch.load(io.BytesIO(x.getvalue()), weights_only=True) for x in (plain, buf))
+        assert b["model"].keys() == a["model"].keys() and b["model_config"] == a["model_config"]
+
+
 def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
     # --fresh removes the old run's checkpoint and log only once every check has passed
     d, _ = _train_byte_data(tmp_path)
@@ -6837,6 +6890,33 @@ def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_p
         assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
         last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
         assert limit <= len(text.encode()) < limit + last, (split, len(text))      # 95 % / 5 % of corpus_bytes
+
+
+def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
+    # the README's way on: a shard size too large for the corpus leaves only the validation shard; the same folder
+    # with a smaller --shard_size is refused (other settings), and with --fresh it is rebuilt, the tokenizer trained
+    # there included, while a file fineweb.py did not write stays
+    path, _ = _fw_corpus(tmp_path, n=60, seed=1)
+    out = tmp_path / "out"
+
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", f"--out_dir={out}", "--vocab_size=300",
+                                          "--num_workers=1", *argv])
+        fineweb.main()
+    run("--shard_size=1000000")
+    assert sorted(p.name for p in out.glob("*.bin")) == ["val_000000.bin"]
+    assert "lower --shard_size (with --fresh)" in capsys.readouterr().out
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match=r"different settings \(shard_size=1000000\): rerun with the same flags to "
+                                         r"resume, --fresh to start over"):
+        run("--shard_size=2000")
+    old_vocab = (out / "tokenizer" / "vocab.json").stat().st_mtime_ns
+    run("--shard_size=2000", "--fresh")
+    assert "removed 1 shard(s) and the tokenizer trained there" in capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["config"]["shard_size"] == 2000 and len(meta["shards"]) > 2 and meta["complete"]
+    assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["file"] for s in meta["shards"])
+    assert (out / "tokenizer" / "vocab.json").stat().st_mtime_ns != old_vocab and (out / "notes.txt").exists()
 
 
 def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):

@@ -169,7 +169,7 @@ RESUMABLE_CHANGES = {"out_dir", "resume", "fresh", "plot", "wandb", "wandb_proje
                      "eval_interval", "eval_iters", "eval_tokens", "log_interval", "ckpt_interval", "num_samples",
                      "sample_tokens", "temperature", "top_p", "sample_prompt", "hellaswag", "hellaswag_path", "lambada",
                      "lambada_path", "device", "compile", "compile_backend", "num_threads", "prepare_data", "download",
-                     "preset", "lr_decay_iters", "fused"}
+                     "preset", "lr_decay_iters", "fused", "data_dir"}   # data_dir: a moved copy of the same files
 
 
 # -----------------------------------------------------------------------------
@@ -449,12 +449,14 @@ class LossOf(nn.Module):
 # checkpoints
 
 def _unwrap(model):
-    """The plain nn.Module under DDP (.module) and torch.compile (._orig_mod) wrappers."""
+    """The plain nn.Module under DDP (.module), torch.compile (._orig_mod) and LossOf (.model) wrappers."""
     while True:
         if hasattr(model, "_orig_mod"):
             model = model._orig_mod
         elif isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
+        elif isinstance(model, LossOf):
+            model = model.model
         else:
             return model
 
@@ -750,6 +752,11 @@ def _fmt_time(s):
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _files_summary(files):
+    """[[name, tokens], ...] -> "2 file(s) of 1,005 tokens"."""
+    return f"{len(files)} file(s) of {sum(n for _, n in files):,} tokens"
+
+
 # -----------------------------------------------------------------------------
 # the training run
 
@@ -962,6 +969,12 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     else:
         optimizer = AdamW(groups, lr=cfg["learning_rate"], betas=betas, eps=cfg["eps"])
 
+    if cfg["warmup_iters"] >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
+        say(f"train.py: --warmup_iters={cfg['warmup_iters']} is not below the schedule's length of {decay_iters} steps "
+            f"(--lr_decay_iters, else --max_iters): the learning rate never reaches --learning_rate")
+    # what a checkpoint records of its training data (a resume checks it, from a moved copy too): file names and
+    # sizes, in the order the sampler's position counts them
+    train_files = [[Path(p).name, len(a)] for p, a, _ in train_shards]
     if cfg["sampler"] == "sequential":
         loader = SequentialSampler(train_shards, B, T, rank, world, seed=cfg["seed"], eot_id=eot_id)
         short = [str(p) for p, a, _ in train_shards if len(a) < B * T * world + 1]
@@ -977,6 +990,14 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         ckpt = resume_ckpt
         for group in ckpt["optimizer"]["param_groups"]:   # torch places each state's "step" by the loaded groups'
             group["fused"] = fused   # flags: on the device for fused AdamW, on the CPU (no sync per .item()) for ours
+        saved_files, saved_dir = ckpt.get("train_files"), ckpt.get("config", {}).get("data_dir")
+        if saved_files is None and saved_dir is not None and saved_dir != cfg["data_dir"]:
+            raise ValueError(f"{ckpt_path} was trained on {saved_dir} and predates the record that lets a resume "
+                             f"check moved data: resume with --data_dir={saved_dir}, or start over with --fresh")
+        if saved_files is not None and saved_files != train_files:   # names and sizes, in the sampler's order
+            raise ValueError(f"{ckpt_path}: its run trained on other token files than {cfg['data_dir']} holds "
+                             f"now ({_files_summary(saved_files)} then, {_files_summary(train_files)} now): resume "
+                             f"with the same data, or start over with --fresh")
         step = load_checkpoint(None, raw, optimizer, ckpt=ckpt)
         saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
         if saved_world != world:
@@ -1106,7 +1127,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         if master:
             save_checkpoint(raw, optimizer, step, ckpt_path, config={k: v for k, v in cfg.items() if not k.startswith("_")},
                             tokenizer=tok_ref or "", tokenizer_fingerprint=next(iter(fingerprints), None),
-                            rng=rng_state(), loader=loader_states if ddp else loader_states[0],
+                            rng=rng_state(), loader=loader_states if ddp else loader_states[0], train_files=train_files,
                             val_loss=val_loss, val_step=val_step, elapsed=elapsed)
 
     def lr_at(step):
