@@ -1085,6 +1085,19 @@ def test_model_from_pretrained_refuses_gpt2_settings_it_does_not_implement(tmp_p
     M.GPT.from_pretrained(str(tmp_path / "ok"))
 
 
+@pytest.mark.parametrize("file_vocab", [101, 140])
+def test_model_from_pretrained_refuses_an_embedding_of_another_size_than_its_config(tmp_path, file_vocab):
+    # config.json says 120 tokens: a smaller wte left 19 rows zero without a word, a larger one was a raw copy_ error
+    from transformers import GPT2Config, GPT2LMHeadModel
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=file_vocab, n_positions=24, n_embd=32, n_layer=1, n_head=2))
+    hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, vocab_size=120)))
+    with pytest.raises(ValueError, match=rf"^GPT.from_pretrained: transformer.wte.weight: expected shape \(120, 32\), "
+                                         rf"file has \({file_vocab}, 32\)$"):
+        M.GPT.from_pretrained(str(tmp_path), pad_vocab_to_multiple_of=64)
+
+
 def test_model_from_pretrained_refuses_an_untied_head(tmp_path):
     # GPT ties lm_head to wte; a file whose head differs (tie_word_embeddings false) would load with wrong logits
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -2473,6 +2486,15 @@ def test_sample_temperature_zero_is_argmax():
     for m in _sample_models():
         got = sample.generate(m, [[1, 2, 3]], 10, temperature=0.0)
         assert got == [_sample_greedy_reference(m, [1, 2, 3], 10)]
+
+
+def test_sample_a_temperature_float32_rounds_to_zero_is_greedy():
+    # below ~7e-46 the float32 division by the temperature is 0/0: NaN probabilities drew id V, outside the vocabulary
+    logits = torch.randn(5, 64)
+    for t in (1e-46, 1e-300):
+        assert torch.equal(sample.sample_next(logits, t), logits.argmax(-1))
+    m = _sample_models()[0]
+    assert sample.generate(m, [[1, 2, 3]], 5, temperature=1e-46) == [_sample_greedy_reference(m, [1, 2, 3], 5)]
 
 
 @pytest.mark.parametrize("numpy_max_batch", [32, 0])  # NumPy for contiguous rows, or the two passes for all
