@@ -1,15 +1,16 @@
 """
 The seed write-up's TinyStories experiments, rerun through train.py: a learning-rate sweep, batch sizes, the four
 architecture ablations, a fixed-wall-clock run, and samples from the best model. Results land in results/
-(the cpu preset on its own data), or results/<preset>[-<data folder>]/ for another preset or --data_dir, so runs
-on different data never share one report.
+(the cpu preset on its own data), or results/<preset>[-<data folder's path>][-<N>steps]/ for another preset,
+--data_dir or --steps, so runs on different data never share one report.
 
     python experiments.py run                   # everything, CPU scale (~2 MB of TinyStories, ~40 min on 2 cores)
     python experiments.py report                # results/results.md + PNGs from results/logs/*.jsonl alone
     python experiments.py list                  # the runs of a preset and the train.py command of each
     python experiments.py run --all             # also the extras (a second seed, ablations at the best lr, ...)
     python experiments.py run --only=baseline,nope   # some runs (names from `list`), in that order
-    python experiments.py run --steps=400       # longer runs (batch-size runs keep tokens equal)
+    python experiments.py run --steps=400       # longer runs (batch-size runs keep tokens equal, the time-budget
+                                                # run its share of the clock)
     python experiments.py run --preset=cs336    # the CS336 baseline shape on full TinyStories (a GPU; needs the
                                                 # data train.py's tinystories preset prints how to prepare)
 
@@ -19,8 +20,8 @@ on different data never share one report.
 2. runs: `python train.py --key=value ...` one after the other (never two at once: they would share the cores
    and the wall times would mean nothing), each in its own scratch folder data/experiments/<preset>/runs/<name>/
    (checkpoints stay there, out of git); its small log.jsonl is copied to results/logs/<name>.jsonl with one
-   extra "experiment" record (name, groups, flags, wall time). A run whose results/logs file holds the same
-   flags is not run again (--rerun forces it);
+   extra "experiment" record (name, groups, flags, data, wall time). A run whose results/logs file holds the
+   same flags on the same data (token files' sizes and tokenizer) is not run again (--rerun forces it);
 3. samples: sample.py on the best run's checkpoint (when it is the one its log describes), temperature 0.8,
    top-p 0.9 -> results/samples.txt;
 then `report`.
@@ -33,6 +34,8 @@ import argparse
 import json
 import math
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -103,6 +106,10 @@ def plan(preset_name, steps=None):
         base["warmup_iters"] = base["warmup_iters"] * steps // base["max_iters"]
         base["eval_interval"] = max(1, base["eval_interval"] * steps // base["max_iters"])
         base["max_iters"] = steps
+    budget = p["time_budget"]
+    if steps:   # the clock-limited run too: its budget scales with the baseline's steps
+        seconds = float(budget[:-1]) * {"s": 1, "m": 60, "h": 3600}[budget[-1]] * steps / p["base"]["max_iters"]
+        budget = f"{seconds:g}s"
     B0, lr0, S0 = base["batch_size"], base["learning_rate"], base["max_iters"]
     base["eval_iters"] = max(1, p["eval_tokens"] // (B0 * base["context_length"]))
     base["time_budget"] = ""   # step-counted, not time-limited
@@ -119,7 +126,7 @@ def plan(preset_name, steps=None):
         add(_lr_name(lr), ["lr"], f"lr {lr:g}", learning_rate=lr)
     # the same training curve as the baseline, but the run stops at a wall-clock budget and the cosine follows the
     # clock; max_iters only sets the schedule's resolution (warmup = warmup_iters / max_iters of the budget)
-    add("time_budget", ["time"], f"--time_budget={p['time_budget']}", time_budget=p["time_budget"],
+    add("time_budget", ["time"], f"--time_budget={budget}", time_budget=budget,
         max_iters=5 * S0, warmup_iters=5 * base["warmup_iters"])
     for B in p["batch_sizes"] + p["extra_batch_sizes"]:
         # equal tokens: steps scale as 1/B; lr by sqrt(B/B0); eval_iters keep the same scored validation tokens
@@ -158,6 +165,12 @@ def train_args(flags, data_dir, out_dir):
 # -----------------------------------------------------------------------------------------------------------------------
 # step 1: data
 
+def _path_tag(path):
+    """A folder as a name: its path from the repository root (or its absolute path) with '-' for '/', so that two
+    data folders of one name (a/data, b/data) never share a results folder."""
+    return str(_rel(Path(path).resolve())).strip("/").replace("/", "-")
+
+
 def data_dir_of(preset_name, scratch, data_dir=None):
     """Where a preset's runs read their tokens: --data_dir, the preset's own folder, or one made in scratch."""
     named = data_dir or PRESETS[preset_name]["data_dir"]
@@ -179,6 +192,14 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print):
             raise SystemExit(f"experiments.py: {path}: training/validation text not found (../shared/data is needed)")
     data_dir = data_dir_of(preset_name, scratch)
     tok_dir = scratch / f"tokenizer-{p['vocab_size']}"
+    made_from = {split: [Path(p[f"{split}_text"]).name, Path(p[f"{split}_text"]).stat().st_size]
+                 for split in ("train", "val")}
+    record = scratch / "made_from.json"
+    if record.is_file() and json.loads(record.read_text()) != made_from:   # the preset's texts were edited
+        log(f"data: {_rel(scratch)} was made from other texts: training the tokenizer and encoding again")
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        for split in ("train", "val"):
+            Path(data_dir, f"{split}.bin.json").unlink(missing_ok=True)
     if not (tok_dir / "vocab.json").is_file():
         t0 = time.perf_counter()
         vocab, merges = bpe.train_bpe(str(p["train_text"]), p["vocab_size"], [bpe.EOT])
@@ -196,6 +217,7 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print):
             continue
         meta[split] = bpe.encode_file(str(text), tok_ref, str(out))
         log(f"encoded {text.name}: {meta[split]['num_tokens']:,} tokens -> {_rel(out)}")
+    record.write_text(json.dumps(made_from) + "\n")
     write_setup(preset_name, data_dir, tok_ref, meta, p)
     return data_dir
 
@@ -238,6 +260,21 @@ def finished(summary):
     return summary["val_loss"] is not None and (bool(cfg.get("time_budget")) or summary["step"] == cfg.get("max_iters"))
 
 
+def data_stamp(data_dir):
+    """What a run's tokens were: each token file's size, vocabulary and tokenizer fingerprint (from its sidecar)."""
+    stamp = {}
+    for side in sorted(Path(data_dir).glob("*.bin.json")):
+        try:
+            meta = json.loads(side.read_text())
+        except ValueError:
+            meta = {}
+        meta = meta if isinstance(meta, dict) else {}
+        binary = side.with_name(side.name[:-len(".json")])
+        stamp[binary.name] = [binary.stat().st_size if binary.is_file() else None, meta.get("vocab_size"),
+                              meta.get("tokenizer_fingerprint")]
+    return stamp
+
+
 def experiment_record(rows):
     return next((r for r in rows if r.get("type") == "experiment"), None)
 
@@ -248,18 +285,20 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
     dest = LOGS / f"{run['name']}.jsonl"
     out_dir = scratch / "runs" / run["name"]
     args = train_args(run["flags"], _rel(data_dir), _rel(out_dir))
+    stamp = data_stamp(data_dir)
     if dest.is_file() and not rerun:
         try:
             rows = read_log(dest)
         except ValueError:
             rows = []
         rec = experiment_record(rows)
-        if rec and rec.get("args") == args and finished(summarize(rows)):
+        # (logs written before the data was recorded count as made on this data)
+        if rec and rec.get("args") == args and rec.get("data", stamp) == stamp and finished(summarize(rows)):
             log(f"[{run['name']}] done before: {_rel(dest)} (--rerun to train again)")
             return dest
-        log(f"[{run['name']}] {_rel(dest)} was made with other flags, or is unfinished: training again")
+        log(f"[{run['name']}] {_rel(dest)} was made with other flags or data, or is unfinished: training again")
     cmd = [sys.executable, "train.py", *args]
-    log(f"[{run['name']}] {' '.join(cmd[1:])}")
+    log(f"[{run['name']}] {shlex.join(cmd[1:])}")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     last = final = ""
@@ -281,7 +320,8 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
                          f"see {_rel(out_dir / 'console.txt')}")
     rows = read_log(out_dir / "log.jsonl")
     rec = dict(type="experiment", name=run["name"], groups=run["groups"], change=run["change"], preset=preset_name,
-               flags=run["flags"], args=args, wall=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               flags=run["flags"], args=args, data=stamp, wall=wall,
+               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     tmp = dest.with_name(dest.name + ".tmp")
     with open(tmp, "w") as f:   # only the small log travels to results/; the checkpoint stays in scratch
@@ -341,7 +381,7 @@ def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, l
     if out.returncode != 0:
         raise SystemExit(f"experiments.py: sample.py failed: {out.stderr.strip().splitlines()[-1:]}")
     head = (f"# samples from the best run, {name} (final val loss {loss:.4f})\n"
-            f"# python {' '.join(cmd[1:])}\n")
+            f"# python {shlex.join(cmd[1:])}\n")
     (RESULTS / "samples.txt").write_text(head + out.stdout)
     log(f"samples: {num_samples} from {name} -> results/samples.txt")
 
@@ -564,7 +604,7 @@ def main(argv=None):
     scratch = (ROOT / args.scratch / args.preset).resolve()
     RESULTS = RESULTS_ROOT   # results/ holds the write-up's cpu runs: never mix other data or step counts in
     if args.preset != "cpu" or args.data_dir or args.steps:
-        RESULTS = RESULTS_ROOT / (args.preset + (f"-{Path(args.data_dir).resolve().name}" if args.data_dir else "")
+        RESULTS = RESULTS_ROOT / (args.preset + (f"-{_path_tag(args.data_dir)}" if args.data_dir else "")
                                   + (f"-{args.steps}steps" if args.steps else ""))
         if args.data_dir or args.steps:
             scratch = scratch.with_name(RESULTS.name)
@@ -574,7 +614,7 @@ def main(argv=None):
         data_dir = _rel(data_dir_of(args.preset, scratch, args.data_dir))
         for r in (selected if args.only else runs):
             print(f"{r['name']:<12} {','.join(r['groups']):<22} {r['change']}{'  (extra)' if r.get('extra') else ''}")
-            print(f"    python train.py {' '.join(train_args(r['flags'], data_dir, _rel(scratch / 'runs' / r['name'])))}")
+            print(f"    python train.py {shlex.join(train_args(r['flags'], data_dir, _rel(scratch / 'runs' / r['name'])))}")
         return
     try:
         if args.command == "run":

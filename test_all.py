@@ -14,6 +14,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -5319,10 +5320,17 @@ def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, 
     # other preset or --data_dir in a folder of its own, however many calls came before
     for argv, want in [(["list", "--preset=cs336"], _bad_results / "cs336"),
                        (["list", "--preset=cs336"], _bad_results / "cs336"),
-                       (["list", f"--data_dir={tmp_path / 'mine'}"], _bad_results / "cpu-mine"),
+                       (["list", f"--data_dir={tmp_path / 'mine'}"], _bad_results / f"cpu{_bad_tag(tmp_path / 'mine')}"),
+                       (["list", f"--data_dir={tmp_path / 'b' / 'mine'}"],   # another folder of that name: another
+                        _bad_results / f"cpu{_bad_tag(tmp_path / 'b' / 'mine')}"),   # report
+                       (["list", "--data_dir=data/mine"], _bad_results / "cpu-data-mine"),   # inside the repository
                        (["list"], _bad_results)]:
         experiments.main(argv)
         assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
+
+
+def _bad_tag(path):
+    return str(path).replace("/", "-")   # an absolute path outside the repository: /tmp/x/mine -> -tmp-x-mine
 
 
 def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(tmp_path, _bad_results, capsys):
@@ -5359,9 +5367,11 @@ def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _bad_resu
     out = capsys.readouterr().out
     assert ("python train.py --data_dir=data/experiments/cpu/data --prepare_data=false "
             "--out_dir=data/experiments/cpu/runs/baseline --fresh") in out and "<" not in out
-    experiments.main(["list", f"--data_dir={tmp_path / 'mine'}"])
-    assert (f"python train.py --data_dir={tmp_path / 'mine'} --prepare_data=false "
-            "--out_dir=data/experiments/cpu-mine/runs/nope --fresh") in capsys.readouterr().out
+    experiments.main(["list", f"--data_dir={tmp_path / 'my data'}"])   # commands that paste into a shell
+    lines = [line.split("python train.py ", 1)[1] for line in capsys.readouterr().out.splitlines() if "train.py" in line]
+    assert shlex.split(lines[1])[:4] == [f"--data_dir={tmp_path / 'my data'}", "--prepare_data=false",
+                                         f"--out_dir=data/experiments/cpu{_bad_tag(tmp_path / 'my data')}/runs/nope",
+                                         "--fresh"]
 
 
 def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _bad_results):
@@ -5414,7 +5424,8 @@ def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _
                           f"--data_dir={data}", "--no_samples"])
     msg = str(e.value.code)
     assert msg.startswith("experiments.py: run baseline failed (train.py exit 1: ") and "sidecar" in msg
-    assert msg.endswith(f"see {tmp_path / 's' / 'tiny-data' / 'runs' / 'baseline' / 'console.txt'}") and "\n" not in msg
+    assert msg.endswith(f"see {tmp_path / 's' / f'tiny{_bad_tag(data)}' / 'runs' / 'baseline' / 'console.txt'}")
+    assert "\n" not in msg
 
 
 
@@ -7052,6 +7063,65 @@ def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags(tmp_
     write([str(a) for a in args], 200)   # --rerun: trained again even though the log matches
     with pytest.raises(Trained):
         experiments.run_one(run, "cpu", data, scratch, rerun=True, log=lambda *a: None)
+
+
+def test_experiments_run_one_reuses_a_log_only_on_the_data_it_was_trained_on(tmp_path, _bad_results, monkeypatch):
+    # the same flags on a --data_dir whose files changed since (re-encoded, another vocabulary) are another run
+    class Trained(Exception):
+        pass
+
+    def popen(*a, **k):
+        raise Trained
+    monkeypatch.setattr(experiments.subprocess, "Popen", popen)
+    run = experiments.plan("cpu")[0]
+    data, scratch = tmp_path / "data", tmp_path / "scratch"
+    data.mkdir()
+    _train_write_tokens(data / "train.bin", _train_docs(300, 0), 64)
+    args = [str(a) for a in experiments.train_args(run["flags"], data, scratch / "runs" / "baseline")]
+    dest = _bad_results / "logs" / "baseline.jsonl"
+    dest.parent.mkdir(parents=True)
+
+    def write(**data_record):
+        rows = [dict(type="experiment", name="baseline", groups=run["groups"], change="baseline", flags=run["flags"],
+                     args=args, wall=3.0, **data_record),
+                dict(type="config", max_iters=200, time_budget=""),
+                dict(type="eval", step=200, val_loss=2.1, val_bpb=0.8, elapsed=9.0)]
+        dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    now = experiments.data_stamp(data)
+    assert now == {"train.bin": [(data / "train.bin").stat().st_size, 64, None]}
+    for record in ({}, {"data": now}):   # a log from before the record, or one on this very data: reused
+        write(**record)
+        assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest
+    write(data=now)
+    _train_write_tokens(data / "train.bin", _train_docs(200, 0), 64)   # the same name, other tokens
+    with pytest.raises(Trained):
+        experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
+
+
+def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_path, _bad_results, _bad_tiny_preset):
+    # an edited preset (another train_text) gets a tokenizer trained on it and its own tokens, not the old ones
+    scratch = tmp_path / "scratch"
+    d = experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None)
+    first = (d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()
+    assert experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None) == d   # unchanged: reused
+    assert ((d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()) == first
+    experiments.PRESETS[_bad_tiny_preset]["train_text"] = _bad_corpus(tmp_path / "other.txt", 120, 7)
+    said = []
+    experiments.prepare_data(_bad_tiny_preset, scratch, log=said.append)
+    assert said[0].startswith("data: ") and said[0].endswith("was made from other texts: training the tokenizer and "
+                                                              "encoding again")
+    assert (scratch / "tokenizer-300" / "merges.txt").read_bytes() != first[1]
+    assert (d / "train.bin").read_bytes() != first[0]
+    setup = json.loads((_bad_results / "setup.json").read_text())
+    assert (setup["train_text"], setup["train_tokens"]) == ("other.txt", (d / "train.bin").stat().st_size // 2)
+
+
+def test_experiments_steps_scale_the_time_budget_runs_clock_too():
+    # with --steps the baseline is shorter: the clock-limited run gets the same share of its budget (2.5m at 200)
+    assert experiments.plan("cpu")[0]["flags"]["max_iters"] == 200
+    for steps, budget in [(None, "2.5m"), (50, "37.5s"), (400, "300s")]:
+        t = next(r for r in experiments.plan("cpu", steps) if r["name"] == "time_budget")
+        assert (t["flags"]["time_budget"], t["change"]) == (budget, f"--time_budget={budget}")
 
 
 def test_experiments_a_time_budget_run_is_finished_before_max_iters():
