@@ -541,7 +541,9 @@ def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
         wcounts.append(c)
         for p in zip(w, w[1:]):
             pair_counts[p] += c
-            pair_words[p].append(i)
+            ws = pair_words[p]
+            if not ws or ws[-1] != i:   # each word once per pair: a word of 40,000 newlines holds (\n, \n) 39,999
+                ws.append(i)            # times, and every copy would be a scan of the word at each merge
     counts.clear()
     heap = [(-c, keys[p[0]] + keys[p[1]], p) for p, c in pair_counts.items()]
     heapify(heap)
@@ -618,9 +620,8 @@ def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
                     out.append(t)
                     i += 1
             words[wi] = out
-            for p in zip(out, out[1:]):
-                if new in p:
-                    pair_words[p].append(wi)
+            for p in {p for p in zip(out, out[1:]) if new in p}:   # (once each, as above)
+                pair_words[p].append(wi)
         del pair_counts[pair]
         for p in touched:  # new pairs enter the heap with their final count for this step
             heappush(heap, (-pair_counts[p], keys[p[0]] + keys[p[1]], p))
@@ -872,11 +873,11 @@ class Tokenizer:
 
 
 def _encode_iterable(tok, iterable, block_chars):
-    parts, n = [], 0
+    parts, n, need = [], 0, block_chars
     for chunk in iterable:
         parts.append(chunk)
         n += len(chunk)
-        if n < block_chars:
+        if n < need:
             continue
         buf = "".join(parts)
         cut = _safe_cut(buf, tok.special_tokens, tok._special_re)
@@ -884,8 +885,9 @@ def _encode_iterable(tok, iterable, block_chars):
             yield from tok.encode(buf[:cut])
             buf = buf[cut:]
         parts, n = [buf], len(buf)
-        if n >= 4 * block_chars and not cut:
-            block_chars = n  # no cut point yet (e.g. one huge word): wait for more text
+        # what is left has no cut point yet (one huge word, 100,000 blank lines): look again once it has doubled, not
+        # at every chunk (each look joins and scans it all: quadratic for text that arrives a line at a time)
+        need = max(block_chars, 2 * n)
     buf = "".join(parts)
     if buf:
         yield from tok.encode(buf)
