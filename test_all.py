@@ -7058,39 +7058,8 @@ def test_experiments_time_budget_and_batch_runs_keep_their_schedule_fractions():
         assert f["warmup_iters"] * B == base["warmup_iters"] * base["batch_size"], B
 
 
-def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags(tmp_path, _bad_results, monkeypatch):
-    class Trained(Exception):
-        pass
-
-    def popen(*a, **k):
-        raise Trained
-    monkeypatch.setattr(experiments.subprocess, "Popen", popen)
-    run = experiments.plan("cpu")[0]
-    data, scratch = tmp_path / "data", tmp_path / "scratch"
-    args = experiments.train_args(run["flags"], data, scratch / "runs" / "baseline")
-    dest = _bad_results / "logs" / "baseline.jsonl"
-    dest.parent.mkdir(parents=True)
-
-    def write(args, last_eval):
-        rows = [dict(type="experiment", name="baseline", groups=run["groups"], change="baseline", flags=run["flags"],
-                     args=args, wall=3.0),
-                dict(type="config", max_iters=200, time_budget=""),
-                dict(type="train", step=200, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=9.0, tokens=819200),
-                dict(type="eval", step=last_eval, val_loss=2.1, val_bpb=0.8, elapsed=9.0)]
-        dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    write([str(a) for a in args], 200)
-    assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest   # the same run: reused
-    for other_args, last_eval in [([*map(str, args[:-1]), "--seed=7"], 200), ([str(a) for a in args], 100)]:
-        write(other_args, last_eval)     # other flags, or a log that does not reach max_iters: trained again
-        with pytest.raises(Trained):
-            experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
-    write([str(a) for a in args], 200)   # --rerun: trained again even though the log matches
-    with pytest.raises(Trained):
-        experiments.run_one(run, "cpu", data, scratch, rerun=True, log=lambda *a: None)
-
-
-def test_experiments_run_one_reuses_a_log_only_on_the_data_it_was_trained_on(tmp_path, _bad_results, monkeypatch):
-    # the same flags on a --data_dir whose files changed since (re-encoded, another vocabulary) are another run
+def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_data(tmp_path, _bad_results,
+                                                                                      monkeypatch):
     class Trained(Exception):
         pass
 
@@ -7105,19 +7074,27 @@ def test_experiments_run_one_reuses_a_log_only_on_the_data_it_was_trained_on(tmp
     dest = _bad_results / "logs" / "baseline.jsonl"
     dest.parent.mkdir(parents=True)
 
-    def write(**data_record):
+    def write(args, last_eval, **data_record):
         rows = [dict(type="experiment", name="baseline", groups=run["groups"], change="baseline", flags=run["flags"],
                      args=args, wall=3.0, **data_record),
                 dict(type="config", max_iters=200, time_budget=""),
-                dict(type="eval", step=200, val_loss=2.1, val_bpb=0.8, elapsed=9.0)]
+                dict(type="train", step=200, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=9.0, tokens=819200),
+                dict(type="eval", step=last_eval, val_loss=2.1, val_bpb=0.8, elapsed=9.0)]
         dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
     now = experiments.data_stamp(data)
     assert now == {"train.bin": [(data / "train.bin").stat().st_size, 64, None]}
-    for record in ({}, {"data": now}):   # a log from before the record, or one on this very data: reused
-        write(**record)
-        assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest
-    write(data=now)
-    _train_write_tokens(data / "train.bin", _train_docs(200, 0), 64)   # the same name, other tokens
+    for record in ({}, {"data": now}):   # a log from before the data was recorded, or one on this very data
+        write(args, 200, **record)
+        assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest   # the same run: reused
+    for other_args, last_eval in [([*args[:-1], "--seed=7"], 200), (args, 100)]:
+        write(other_args, last_eval)     # other flags, or a log that does not reach max_iters: trained again
+        with pytest.raises(Trained):
+            experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
+    write(args, 200)   # --rerun: trained again even though the log matches
+    with pytest.raises(Trained):
+        experiments.run_one(run, "cpu", data, scratch, rerun=True, log=lambda *a: None)
+    write(args, 200, data=now)
+    _train_write_tokens(data / "train.bin", _train_docs(200, 0), 64)   # the same name, other tokens: trained again
     with pytest.raises(Trained):
         experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
 
