@@ -493,10 +493,14 @@ def clear_shards(out_dir, log=print):
     """--fresh: remove what fineweb.py wrote in out_dir (shards, their sidecars, meta.json, a tokenizer it trained
     there), so that the next write_shards starts over. Files it did not write stay."""
     out = Path(out_dir)
-    names = re.compile(r"(val|train)_\d{6}\.bin(\.json)?(\.tmp)?")
-    shards = [p for p in out.glob("*") if names.fullmatch(p.name)] if (out / "meta.json").is_file() else []
-    for p in shards + [out / "meta.json", out / "meta.json.tmp", out / "bpe_train.txt.tmp"]:
-        p.unlink(missing_ok=True)
+    try:   # a folder fineweb.py wrote: its meta.json says so
+        ours = json.loads((out / "meta.json").read_text()).get("format") == "fineweb-v1"
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    names = re.compile(r"(val|train)_\d{6}\.bin(\.json)?(\.tmp)?|meta\.json(\.tmp)?|bpe_train\.txt\.tmp")
+    shards = [p for p in out.glob("*") if names.fullmatch(p.name)] if ours else []
+    for p in shards:
+        p.unlink()
     trained = (out / "tokenizer" / "request.json").is_file()   # a tokenizer trained by --vocab_size
     if trained:
         shutil.rmtree(out / "tokenizer")

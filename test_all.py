@@ -6974,6 +6974,12 @@ def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path,
     assert meta["config"]["shard_size"] == 2000 and len(meta["shards"]) > 2 and meta["complete"]
     assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["file"] for s in meta["shards"])
     assert (out / "tokenizer" / "vocab.json").stat().st_mtime_ns != old_vocab and (out / "notes.txt").exists()
+    other = tmp_path / "other"   # a folder fineweb.py did not write (no meta.json of its own): --fresh removes nothing
+    other.mkdir()
+    (other / "meta.json").write_text('{"format": "mine"}')
+    (other / "train_000001.bin").write_bytes(b"\0\0")
+    fineweb.clear_shards(other)
+    assert sorted(p.name for p in other.iterdir()) == ["meta.json", "train_000001.bin"]
 
 
 def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
