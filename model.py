@@ -635,12 +635,12 @@ class GPT(nn.Module):
                 raise ValueError(f"GPT.from_pretrained: unexpected weight {key!r} in {name_or_path}")
             if key.endswith(conv1d):
                 w = w.t()
-            # wte: the config's vocab_size rows (the model may pad more, which stay zero: their logits are sliced off)
+            # wte: the config's vocab_size rows (the model may pad more: zero, their logits are sliced off anyway)
             want = (config.vocab_size, config.n_embd) if key == "transformer.wte.weight" else tuple(sd[key].shape)
             if tuple(w.shape) != want:
                 raise ValueError(f"GPT.from_pretrained: {key}: expected shape {want}, file has {tuple(w.shape)}")
             with torch.no_grad():
-                sd[key].zero_()
+                sd[key][w.size(0):].zero_()
                 sd[key][: w.size(0)].copy_(w)
             loaded.add(key)
         missing = [k for k in sd if k not in loaded and k != "lm_head.weight"]

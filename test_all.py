@@ -965,6 +965,7 @@ def test_model_gpt_from_pretrained_matches_transformers(tmp_path, safe):
     torch.testing.assert_close(ours_shift, hf_loss, rtol=1e-5, atol=1e-5)
     padded = M.GPT.from_pretrained(str(tmp_path), pad_vocab_to_multiple_of=64).eval()
     assert padded.transformer.wte.weight.shape[0] == 128
+    assert not padded.transformer.wte.weight[padded.vocab_size:].any()   # the padded rows: zero, not random init
     with torch.no_grad():
         torch.testing.assert_close(padded(ids, targets)[0], logits)
 
