@@ -185,7 +185,7 @@ def greedy(logits, block=1024):
 
 def sample_next(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """One token per row from logits (B, V): greedy when temperature == 0, else sampled."""
-    if torch.tensor(temperature, dtype=torch.float32) == 0:   # 0, or so small (< 1e-45) that float32 rounds it to 0
+    if abs(temperature) <= 2 ** -150:   # 0, or so small that float32 rounds it to 0 (no tensor made per step)
         return greedy(logits)
     logits = logits.float()
     # the max subtracted before dividing: a tiny temperature sends the others to -inf instead of overflowing to NaN
