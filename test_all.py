@@ -4401,6 +4401,36 @@ def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compile
     assert sum(" | hellaswag " in line and " | lambada " in line for line in said) == 3
 
 
+@needs_gpt2_files
+def test_train_downstream_examples_the_context_cannot_hold_are_said_once_and_never_scored_as_zero(tmp_path):
+    # a 4-token context holds no HellaSwag ending of these rows (GPT-2 tokens) and not the 11-token last word of one
+    # LAMBADA passage: HellaSwag gets no figure at all (not 0.0), LAMBADA's figures are over the 3 passages that
+    # fit, and each task says so once, not at every evaluation
+    tok = bpe.load_tokenizer("gpt2")
+    assert all(max(len(tok.encode(" " + e)) for e in endings) >= 4 for _, _, endings in _HS_ROWS)
+    hs = _hs_write_rows(tmp_path / "hs.jsonl")
+    texts = _TRAIN_LAMBADA_TEXTS + ["Mary Poppins taught the children a long word: supercalifragilisticexpialidocious"]
+    lam = tmp_path / "lambada.jsonl"
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
+                     context_length=4, max_iters=2, eval_interval=1, hellaswag=True, hellaswag_path=str(hs),
+                     lambada=True, lambada_path=str(lam))
+    said = []
+    train.train(cfg, log=said.append)
+    evals = _train_records(tmp_path / "o", "eval")
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    assert not any("hellaswag_acc_norm" in r for r in evals) and not any(" | hellaswag " in line for line in said)
+    model = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
+    lam_result = lambada.evaluate(model, tok, lambada.load_examples(lam), "cpu")
+    assert (lam_result["num_total"], lam_result["num_skipped"]) == (3, 1)
+    assert evals[-1]["lambada_acc"] == lam_result["acc"]
+    assert evals[-1]["lambada_ppl"] == pytest.approx(lam_result["ppl"], rel=1e-4)
+    notes = [line for line in said if "do not fit" in line]
+    assert notes == ["train.py: HellaSwag: 7 of 7 examples do not fit the model's context (4 tokens): it is not scored",
+                     "train.py: LAMBADA: 1 of 4 examples do not fit the model's context (4 tokens): its figures are "
+                     "over the other 3"]
+
+
 def test_train_downstream_tasks_need_a_tokenizer_and_their_files(tmp_path, _train_data):
     # data without a tokenizer: said once, no task fields; a missing task file: one line naming the flag
     said = []

@@ -1066,6 +1066,19 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
             raise ValueError(f"--{name}_path: {e}" if cfg[f"{name}_path"] else f"--{name}: {e}") from None
 
+    def task_figures(task, res, figures):
+        """The figures of a downstream task's result to log, or none when no example fit the model's context. The
+        examples it cannot score (an ending or target longer than the context) are said once: the context never
+        changes, so neither does their number, and the figures are over the others only."""
+        if res["num_skipped"] and task not in said_skipped:
+            said_skipped.add(task)
+            scored = (f"its figures are over the other {res['num_total']}" if res["num_total"] else
+                      "it is not scored")
+            say(f"train.py: {task}: {res['num_skipped']} of {res['num_skipped'] + res['num_total']} examples do not "
+                f"fit the model's context ({raw.context_length} tokens): {scored}")
+        return figures if res["num_total"] else {}
+
+    said_skipped = set()
     if tokenizer is None and (cfg["hellaswag"] or cfg["lambada"]):
         say("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
     hellaswag_examples, lambada_examples = task_examples("hellaswag", hellaswag), task_examples("lambada", lambada)
@@ -1163,11 +1176,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
                 if hellaswag_examples is not None:
                     with autocast:
                         res = hellaswag.evaluate(raw, tokenizer, hellaswag_examples, device, rank, world)
-                    fields["hellaswag_acc_norm"] = res["acc_norm"]
+                    fields.update(task_figures("HellaSwag", res, dict(hellaswag_acc_norm=res["acc_norm"])))
                 if lambada_examples is not None:
                     with autocast:
                         res = lambada.evaluate(raw, tokenizer, lambada_examples, device, rank, world)
-                    fields.update(lambada_acc=res["acc"], lambada_ppl=res["ppl"])
+                    fields.update(task_figures("LAMBADA", res, dict(lambada_acc=res["acc"], lambada_ppl=res["ppl"])))
                 say(f"step {step:>6} | val loss {val_loss:.4f}" + (f" | val bpb {bpb:.4f}" if bpb else "") +
                     (f" | hellaswag {fields['hellaswag_acc_norm']:.4f}" if "hellaswag_acc_norm" in fields else "") +
                     (f" | lambada {fields['lambada_acc']:.4f} ppl {fields['lambada_ppl']:.1f}"
