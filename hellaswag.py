@@ -69,6 +69,13 @@ def parse_example(line, where):
         row = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not a JSON object ({e.msg})") from None
+    return check_example(row, where)
+
+
+def check_example(row, where):
+    """A HellaSwag row (parsed from the jsonl, or a Hugging Face `datasets` row) -> a copy with an int label, or one
+    ValueError starting with `where`. evaluate() checks every example it is given too: a label left a string would
+    never equal the pick, and a perfect model would score 0."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object with ctx, endings, label")
     ctx, endings, label = row.get("ctx"), row.get("endings"), row.get("label")
@@ -130,6 +137,7 @@ def render_example(example, tokenizer, max_len=None):
 
 def _render(example, tokenizer, max_len):
     """render_example's (tokens, mask, label) and whether the context was cut to fit max_len."""
+    example = check_example(example, f"hellaswag example {example.get('ind') if isinstance(example, dict) else ''}")
     ctx_tokens = tokenizer.encode(example["ctx"])
     num_ctx = len(ctx_tokens)
     end_tokens = [tokenizer.encode(" " + ending) for ending in example["endings"]]

@@ -3516,6 +3516,21 @@ def test_hs_evaluate_controlled_model_gives_known_accuracy():
         assert r["acc_norm"] == pytest.approx(4 / 7)
 
 
+def test_hs_evaluate_takes_rows_with_string_labels_and_refuses_unlabelled_ones():
+    # rows straight from Hugging Face `datasets` (not through load_examples) store the label as a string: the
+    # truthful model still gets them all right (a string label never equalled the pick: it scored 0), and the
+    # hidden test split's empty labels are one clear error, not a score
+    tok = _hs_word_tokenizer()
+    labels = [r[1] for r in _HS_ROWS]
+    truthful = _HsTableLM(_hs_bigram_table(tok, labels))
+    rows = [_hs_row(i, *r, label_as_str=True) for i, r in enumerate(_HS_ROWS)]
+    assert all(isinstance(r["label"], str) for r in rows)
+    r = hellaswag.evaluate(truthful, tok, rows, "cpu")
+    assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (7, 7, 7)
+    with pytest.raises(ValueError, match=r"^hellaswag example 101: 'label' must be an integer in 0\.\.3, got ''$"):
+        hellaswag.evaluate(truthful, tok, [dict(rows[1], label="")], "cpu")
+
+
 def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
     # a small-context model (as during training) skips and counts those examples instead of stopping the run
     tok = _hs_word_tokenizer()
