@@ -433,10 +433,14 @@ GROUPS = [   # (key, title, what varies, the run Δ is measured against: None = 
 
 
 def report(preset="cpu", steps=None, log=print):
-    """results.md and its plots, grouped and ordered as plan(preset, steps) runs them."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """results.md and its plots, grouped and ordered as plan(preset, steps) runs them (the tables alone, with a
+    note, when matplotlib is not installed: it is optional, and `run` ends here after all its training)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        plt = None
 
     files = sorted(LOGS.glob("*.jsonl"))
     if not files:
@@ -520,13 +524,20 @@ def report(preset="cpu", steps=None, log=print):
                          f"{_fmt(r['val_bpb'], '.4f')} | {_fmt(d, '+.4f') if r['name'] != ref_name else '0'} | "
                          f"{_fmt(r['train_time'], '.0f')} s | {_fmt(r['wall'], '.0f')} s | {_fmt(r['tok_s'], ',.0f')} |")
         png = f"{key}.png"
-        plot_group(plt, members, title, unigram, RESULTS / png, lr_panel=(key == "time"))
-        lines += ["", f"![{title}]({png})", ""]
+        if plt is not None:
+            plot_group(plt, members, title, unigram, RESULTS / png, lr_panel=(key == "time"))
+            lines += ["", f"![{title}]({png})", ""]
+        else:
+            lines += [""]
     if (RESULTS / "samples.txt").is_file():
         lines += ["## Samples (temperature 0.8, top-p 0.9)", "", "```", (RESULTS / "samples.txt").read_text().rstrip(),
                   "```", ""]
     (RESULTS / "results.md").write_text("\n".join(lines))
-    log(f"wrote {_rel(RESULTS / 'results.md')} and its PNGs from {len(files)} logs")
+    if plt is not None:
+        log(f"wrote {_rel(RESULTS / 'results.md')} and its PNGs from {len(files)} logs")
+    else:
+        log(f"wrote {_rel(RESULTS / 'results.md')} from {len(files)} logs, without its plots: matplotlib is not "
+            f"installed (pip install matplotlib, then `python experiments.py report`)")
 
 
 def plot_group(plt, members, title, unigram, path, lr_panel=False):

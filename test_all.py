@@ -4602,6 +4602,24 @@ def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
     assert experiments.best_run(runs)[0] == "baseline"
 
 
+def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(tmp_path, monkeypatch):
+    # matplotlib is optional at run time (README): `report`, which `run` ends with after all its training, writes
+    # results.md without the plots and says how to get them, rather than a traceback
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr", "ablation"], 4.0)
+    _experiments_fake_log(tmp_path / "logs" / "nope.jsonl", "nope", ["ablation"], 4.25)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    said = []
+    experiments.report(log=said.append)
+    md = (tmp_path / "results.md").read_text()
+    assert "| nope |" in md and "+0.2500" in md and ".png" not in md
+    assert not list(tmp_path.glob("*.png"))
+    assert said and "matplotlib is not installed" in said[-1] and "pip install matplotlib" in said[-1]
+
+
 # ============================================================================
 # bad input: one clear line naming the flag or file, before any work is done
 # ============================================================================
