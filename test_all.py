@@ -5010,6 +5010,15 @@ def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, ar
     assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
 
 
+def test_train_init_from_a_local_folder_expands_a_leading_tilde(tmp_path, monkeypatch):
+    # --init_from also takes a local Hugging Face folder (README), so ~ is expanded there as in sample.py,
+    # hellaswag.py and lambada.py; the names of OpenAI's releases and "scratch" pass through unchanged
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for value, expected in (("~/hf-gpt2", f"{tmp_path}/hf-gpt2"), ("gpt2-xl", "gpt2-xl"), ("scratch", "scratch")):
+        cfg, _ = train.get_config(["--model=gpt2", f"--init_from={value}"])
+        assert cfg["init_from"] == expected
+
+
 def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg, _ = train.get_config(["--out_dir=~/runs", "--data_dir=~/data", "--plot=~/log.jsonl", "--lambada_path=~/l",

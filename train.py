@@ -63,7 +63,8 @@ CONFIG = [
     ("preset", "", "tinystories | tinystories-cpu | owt | gpt2-124m (sets the documented values; flags still override)"),
     ("resume", "auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the run: use --fresh), true = must, false = never"),
     ("fresh", False, "start over: replace out_dir's checkpoint and log (and re-prepare the data of the main job)"),
-    ("init_from", "scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights, --model=gpt2)"),
+    ("init_from", "scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights) or a local "
+                             "Hugging Face GPT-2 folder (--model=gpt2)"),
     ("plot", "", "path of a log.jsonl: draw loss-vs-steps and loss-vs-time PNGs beside it and exit"),
     ("wandb", False, "also log to Weights & Biases (only if wandb is installed)"),
     ("wandb_project", "lmscratch", "wandb project name"),
@@ -532,7 +533,7 @@ def set_rng_state(state):
 # configuration helpers
 
 AUTO_FLAGS = ("compile", "tf32", "fused", "resume", "pad_vocab")  # true/false/auto; every other switch is true/false
-PATH_FLAGS = ("out_dir", "data_dir", "plot", "hellaswag_path", "lambada_path")
+PATH_FLAGS = ("out_dir", "data_dir", "plot", "hellaswag_path", "lambada_path", "init_from")   # init_from: or a name
 
 
 def _parse_bool(s, allow_auto=True):
