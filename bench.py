@@ -742,7 +742,8 @@ def main():
     p.set_defaults(run=bench_tokenizer)
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement (medians reported)")
     p.add_argument("--parts", default="train,encode,encode_file", help="comma list of train, encode, encode_file")
-    p.add_argument("--mix20", default="/tmp/mix20.txt", help="~20 MB corpus (made by ../shared/data/make_mix20.py if absent)")
+    p.add_argument("--mix20", type=os.path.expanduser, default="/tmp/mix20.txt",
+                   help="~20 MB corpus (made by ../shared/data/make_mix20.py if absent)")
     p.add_argument("--big", type=int, default=1, help="1: also train on the ~20 MB corpus")
     p.add_argument("--hf_encode", type=int, default=1, help="1: also time HF tokenizers' encode")
 
@@ -803,6 +804,14 @@ def main():
                          f"benchmark's GPT-2 has 1,024 positions")
     if args.run is bench_tokenizer and Path(args.mix20).is_dir():
         raise SystemExit(f"bench.py: --mix20 {args.mix20}: expected the corpus file's path (made if absent), got a folder")
+    if (args.run is bench_tokenizer and not Path(args.mix20).is_file()
+            and {"train", "encode_file"} & set(args.parts.split(","))):   # the corpus is made: it must be possible
+        if not (DATA / "make_mix20.py").is_file():
+            raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and {DATA / 'make_mix20.py'}, which makes "
+                             f"it, is absent")
+        if not Path(args.mix20).resolve().parent.is_dir():
+            raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and no folder "
+                             f"{Path(args.mix20).resolve().parent} to make it in")
     if args.run is bench_gpu and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
         raise SystemExit(f"bench.py: --compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
                          f"see torch.compiler.list_backends()), got {args.compile_backend!r}")

@@ -4493,6 +4493,8 @@ def _bench_gpu_args(**kw):
      "bench.py: --prompt_len 1020 + --max_new_tokens 10: the benchmark's GPT-2 has 1,024 positions"),
     (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'"),
     (["tokenizer", "--mix20", "."], "bench.py: --mix20 .: expected the corpus file's path (made if absent), got a folder"),
+    (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "bench.py: --mix20 /nonexistent-dir/mix20.txt: no such "
+                                                             "file, and no folder /nonexistent-dir to make it in"),
     (["gpu", "--compile_backend", "nope", "--tiny"], "bench.py: --compile_backend: expected a torch.compile backend "
                                                       "(inductor, aot_eager, ...: see torch.compiler.list_backends()), got 'nope'")])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
@@ -4502,6 +4504,17 @@ def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, messag
     with pytest.raises(SystemExit) as e:
         bench.main()
     assert str(e.value) == message
+
+
+def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
+    # --mix20 names a file: ~ is expanded as in every script's path flags (README), not made into a folder "~"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mix.txt").write_text("x")
+    ran = []
+    monkeypatch.setattr(sys, "argv", ["bench.py", "tokenizer", "--parts", "encode_file", "--mix20", "~/mix.txt"])
+    monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
+    bench.main()
+    assert ran == [str(tmp_path / "mix.txt")]
 
 
 def test_bpe_cli_refuses_a_bad_sample_docs_before_training(tmp_path):
