@@ -1605,6 +1605,14 @@ def test_train_presets_resolve_to_documented_values():
 def test_train_preset_without_data_prints_the_command(tmp_path, capsys):
     with pytest.raises(SystemExit, match="python fineweb.py"):
         train.main(["--preset=tinystories-cpu", f"--data_dir={tmp_path}/none", f"--out_dir={tmp_path}/o"])
+    # the command prepares the folder the run reads: the one --data_dir names, else the preset's own
+    for preset, data_dir in (("tinystories", f"{tmp_path}/my data"), ("owt", f"{tmp_path}/owt")):
+        with pytest.raises(SystemExit) as e:
+            train.main([f"--preset={preset}", f"--data_dir={data_dir}", f"--out_dir={tmp_path}/o"])
+        own = train.PRESETS[preset]["data_dir"]
+        assert str(e.value).endswith(train.PREPARE_COMMANDS[preset].replace(f"--out_dir={own}",
+                                                                           f"--out_dir={shlex.quote(data_dir)}"))
+        assert shlex.split(str(e.value).splitlines()[-1])[-1] == f"--out_dir={data_dir}"
 
 
 def test_train_presets_run_in_their_own_folder_and_named_data_dirs_are_never_prepared(tmp_path):

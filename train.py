@@ -859,6 +859,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     train_shards, val_shards = find_shards(cfg["data_dir"], "train"), find_shards(cfg["data_dir"], "val")
     if not train_shards:
         cmd = PREPARE_COMMANDS.get(cfg["preset"])
+        own = PRESETS.get(cfg["preset"], {}).get("data_dir")
+        if cmd and cfg["data_dir"] != own:   # the preset's data asked for in another folder: prepare that one
+            cmd = cmd.replace(f"--out_dir={own}", f"--out_dir={shlex.quote(cfg['data_dir'])}")
         raise ValueError(f"{cfg['data_dir']}: no train*.bin token files" +
                          (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py, or "
                                                                    "pass --prepare_data=true for the main job's stories)"))
