@@ -1100,6 +1100,18 @@ def test_model_from_pretrained_refuses_an_embedding_of_another_size_than_its_con
         M.GPT.from_pretrained(str(tmp_path), pad_vocab_to_multiple_of=64)
 
 
+def test_model_from_pretrained_takes_the_block_size_from_n_positions_before_n_ctx(tmp_path):
+    # older transformers wrote n_ctx (1024 by default) beside n_positions: the position table has n_positions rows;
+    # a config with n_ctx alone takes n_ctx
+    from transformers import GPT2Config, GPT2LMHeadModel
+    GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1, n_head=2)).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, n_ctx=1024)))
+    assert M.GPT.from_pretrained(str(tmp_path)).config.block_size == 32
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in dict(cfg, n_ctx=32).items() if k != "n_positions"}))
+    assert M.GPT.from_pretrained(str(tmp_path)).config.block_size == 32
+
+
 def test_model_from_pretrained_refuses_an_untied_head(tmp_path):
     # GPT ties lm_head to wte; a file whose head differs (tie_word_embeddings false) would load with wrong logits
     from transformers import GPT2Config, GPT2LMHeadModel
