@@ -2451,6 +2451,9 @@ def test_sample_top_p_keeps_exactly_the_nucleus():
     assert _sample_kept([0.5, 0.0, 0.5, 0.0], top_p=1.0) == [0, 2]
     assert _sample_kept([0.25] * 4, top_k=2) == [0, 1]      # top-k keeps exactly k, lower ids on ties
     assert _sample_kept(probs, top_k=3, top_p=0.8) == [1, 3]  # top-p on the top-k renormalised mass (0.5/0.875)
+    # the top-2 mass is 0.3 and the smallest positive top_p times 0.3 is 0.0 in float64: "mass ranked above < p *
+    # mass" then holds for no token, and the most likely one must still be kept (not 0/0 probabilities)
+    assert _sample_kept([0.08, 0.2, 0.09, 0.1, 0.1, 0.1, 0.1, 0.08, 0.05, 0.1], top_k=2, top_p=5e-324) == [1]
     kept = sample.filter_probs(torch.tensor([probs]), top_p=0.75)[0]
     assert kept.tolist() == pytest.approx([0, 2 / 3, 0, 1 / 3])
     # sampling only ever draws from the nucleus, and draws all of it
@@ -2513,8 +2516,10 @@ def test_sample_temperature_zero_is_argmax():
 def test_sample_a_temperature_float32_rounds_to_zero_is_greedy():
     # below ~7e-46 the float32 division by the temperature is 0/0: NaN probabilities drew id V, outside the vocabulary
     logits = torch.randn(5, 64)
-    for t in (1e-46, 1e-300):
-        assert torch.equal(sample.sample_next(logits, t), logits.argmax(-1))
+    # 2**-150 itself rounds to 0 in float32 (half the smallest subnormal, ties to even): greedy, or NaN probabilities;
+    # the next double above rounds to 2**-149, a finite division: sampled, and still the argmax
+    for t in (1e-46, 1e-300, 2 ** -150, math.nextafter(2 ** -150, 1.0)):
+        assert torch.equal(sample.sample_next(logits, t), logits.argmax(-1)), t
     m = _sample_models()[0]
     assert sample.generate(m, [[1, 2, 3]], 5, temperature=1e-46) == [_sample_greedy_reference(m, [1, 2, 3], 5)]
 
@@ -2676,6 +2681,9 @@ def test_sample_bad_input_and_long_prompts():
     for p in (0.0, 1.5, -1.0):
         with pytest.raises(ValueError, match="top_p"):
             sample.generate(m, [[1]], 3, top_p=p)
+    # p = 1 is in range (the nucleus is the whole vocabulary): the same draws as no top-p from the same seed
+    draws = [sample.generate(m, [[1]], 6, top_p=p, generator=torch.Generator().manual_seed(0)) for p in (1.0, None)]
+    assert draws[0] == draws[1]
     with pytest.raises(ValueError, match="at least one token"):
         sample.generate(m, [[]], 3)
     long_prompt = list(range(40))  # context is 16: the last 16 tokens are kept, with a warning
