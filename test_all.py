@@ -5581,8 +5581,18 @@ def test_flops_fp32_peak_follows_the_matmul_precision():
         torch.set_float32_matmul_precision("high")
         assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
         assert flops.peak_flops("H100", "tf32") == 494.7e12
+        torch.set_float32_matmul_precision("medium")
+        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_flops_cpu_peak_counts_two_flops_per_multiply_add_of_the_timed_matmul(monkeypatch):
+    # an (n, n) @ (n, n) product is n^3 multiply-adds, 2 n^3 FLOPs: at 0.5 s a product (a fake clock) the peak is
+    # 4 n^3 FLOP/s (half of it would double every CPU MFU that train.py reports)
+    ticks = iter(0.5 * i for i in range(100))
+    monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert flops._measure_cpu_peak("float32", n=8, repeats=3) == 2 * 8 ** 3 / 0.5
 
 
 def test_flops_peak_table_never_matches_a_name_inside_a_longer_model_number():
