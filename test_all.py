@@ -493,6 +493,19 @@ def _bpe_chunkings(text, rng):
         yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
 
 
+def test_bpe_a_pretoken_that_is_a_token_is_that_token_as_tiktoken_does():
+    # b"abc" is in the vocabulary but no merge list reaches it: tiktoken (the reference) takes a pre-token that is a
+    # token whole, and so must encode(); elsewhere (" abc", "xabc", "abcabc" are other pre-tokens) the bytes stay
+    import tiktoken
+    ranks = {bytes([b]): b for b in range(256)}
+    ref = tiktoken.Encoding("abc-test", pat_str=bpe.GPT2_SPLIT_PATTERN, mergeable_ranks={**ranks, b"abc": 256},
+                            special_tokens={})
+    tok = bpe.Tokenizer({**{i: b for b, i in ranks.items()}, 256: b"abc"}, [])
+    for text in ["abc", "abc abc", "xabc", "abcabc", "abc!", "(abc)"]:
+        assert tok.encode(text) == ref.encode(text), text
+    assert tok.encode("abc") == [256]
+
+
 def test_bpe_encode_iterable_equals_encode_for_any_chunking(tmp_path):
     specials = [_BPE_EOT, _BPE_EOT * 2, "<|end of text|>"]  # one with a space: cut points must avoid it
     tok = _bpe_small_tokenizer(tmp_path, specials=specials)
