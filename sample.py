@@ -146,7 +146,7 @@ def draw(probs, generator=None):
     u = torch.rand(probs.size(0), 1, generator=generator, device=gen_device, dtype=torch.float64).to(probs.device)
     cdf = probs.cumsum(-1, dtype=torch.float64)
     total = cdf[:, -1:]
-    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # u * total can round up to total
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # a guard: only u == 1 could reach total
     return torch.searchsorted(cdf, x, right=True).squeeze(-1)  # the first entry whose cdf exceeds x: nonzero
 
 
