@@ -3586,6 +3586,8 @@ def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
         r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=batch_examples)
         assert (r["num_skipped"], r["num_total"], r["num_correct_norm"]) == (too_long, 7 - too_long, 7 - too_long)
         assert max(shape[1] for _, _, shape in model.seen) <= model.context_length
+    # the truthful model gets every scored example right: both accuracies are over the scored ones, not the skipped
+    assert r["acc"] == r["acc_norm"] == 1.0
     assert hellaswag.result_line(r).endswith(f", {too_long} skipped (an ending too long for the context, or an empty context)")
     # the progress line counts skipped examples too, also when a whole batch is skipped (the last one here)
     fits = [e for e, n in zip(examples, longest) if n + 1 <= model.context_length]
