@@ -5661,6 +5661,25 @@ def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
     assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
 
 
+def test_lambada_perplexity_of_a_confidently_wrong_model_is_not_capped_early():
+    # a model that gives every target piece a logit 100 below the rest: the mean nll per passage is ~130 nats, so
+    # ppl is exp(~130) (~1e56), a finite float64: only a mean above ~709 would overflow, and only there may it be
+    # capped (a cap at, say, 70 would report e^70 for any model this bad)
+    tok = _lb_tokenizer()
+    for penalty in (100.0, 1000.0):
+        table = torch.zeros(tok.vocab_size, tok.vocab_size)
+        for target in _LB_TARGETS:
+            table[:, tok.encode(target)] = -penalty
+        nll = sum(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target))[0]
+                  for text, target in zip(_LB_PASSAGES, _LB_TARGETS))
+        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu")
+        assert r["num_total"] == 7 and r["nll"] == pytest.approx(nll, rel=1e-5)
+        if nll / 7 < 700:
+            assert 100 < nll / 7 and r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-4)
+        else:   # exp(1290) overflows a float64: capped, finite, still above every uncapped perplexity below it
+            assert math.isfinite(r["ppl"]) and r["ppl"] >= math.exp(700)
+
+
 def test_experiments_best_run_skips_a_divergent_run_listed_first(tmp_path, monkeypatch):
     monkeypatch.setattr(experiments, "LOGS", tmp_path)
     _experiments_fake_log(tmp_path / "lr_1e+00.jsonl", "lr_1e+00", ["lr"], float("nan"), lr=1.0, nan=True)
