@@ -2903,6 +2903,23 @@ def test_stories_write_corpus_size_and_separator(tmp_path):
     assert (tmp_path / "t.txt").read_bytes() == data
 
 
+def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tmp_path, monkeypatch):
+    # a size met exactly by k stories gets those k (no extra story); sizes count UTF-8 bytes, not characters
+    # (stories.py's own stories are ASCII, so a story with accents stands in); a size of 0 is refused
+    docs = stories.generate_stories(5, seed=7)
+    exact = len("".join(d + stories.SEPARATOR for d in docs).encode())
+    assert stories.write_corpus(tmp_path / "a.txt", exact, seed=7) == (5, exact)
+    assert stories.write_corpus(tmp_path / "b.txt", exact + 1, seed=7)[0] == 6
+    story = "Zo\u00eb ate cr\u00e8me br\u00fbl\u00e9e."  # 21 characters, 25 bytes
+    monkeypatch.setattr(stories, "make_story", lambda r: story)
+    one = (story + stories.SEPARATOR).encode()
+    assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
+    assert (tmp_path / "c.txt").read_bytes() == 3 * one
+    with pytest.raises(ValueError, match="num_bytes must be positive"):
+        stories.write_corpus(tmp_path / "d.txt", 0)
+    assert not (tmp_path / "d.txt").exists()
+
+
 def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
     # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
     calls = []
@@ -5345,7 +5362,7 @@ def test_bpe_output_paths_that_cannot_be_written_give_one_line(tmp_path, monkeyp
 # ---- stories.py --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
-                                        ("--seed", "-5")])
+                                        ("--seed", "-5"), ("--seed", "-1")])
 def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
     value = str(tmp_path) if value == "DIR" else value
     msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
