@@ -7110,6 +7110,74 @@ def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp
     assert logs[2].startswith("tokens: ") and "reusing" not in logs[2]
 
 
+def test_fw_prepare_tinystories_download_stops_at_a_split_size_met_exactly(tmp_path, monkeypatch):
+    # every row is 15 characters, 30 bytes with its separator: 5700 and 300 bytes are 190 and 10 rows exactly, and
+    # a download that has reached its size stops there (one more row would overshoot by a whole story)
+    calls = []
+    rows = {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
+    for split, path, n in (("train", "train.txt", 190), ("validation", "val.txt", 10)):
+        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
+        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n]) and len(text) == 30 * n
+
+
+def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, _fw_bpe_dir):
+    # a short stream (eot before each of 4 documents) sharded at every size from 1 token to past its length: the
+    # shards are full but the last (a last shard of 1 token included) and hold the stream exactly; meta.json records
+    # after each shard the documents complete and the tokens of the next one written (a document ending exactly at
+    # the boundary is complete: offset 0), and each shard counts the documents that start in it
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    docs = ["Tom had a red ball.", "Sue ran.", "The cat sat on the mat and looked at the dog.", "Mom smiled."]
+    pieces = [[tok.eot_id] + tok.encode(d) for d in docs]
+    ref = [i for piece in pieces for i in piece]
+    ends = [sum(len(q) for q in pieces[:j + 1]) for j in range(len(pieces))]
+    starts = [e - len(piece) for e, piece in zip(ends, pieces)]
+    n = len(ref)
+    for batch_chars in (1, 30):  # one document per batch; batches of 2, 1, 1 documents
+        for size in range(1, n + 2):
+            out = tmp_path / f"{batch_chars}_{size}"
+            fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=size, num_workers=1, progress=False,
+                                 log=lambda *a: None, batch_chars=batch_chars)
+            ids, arrays, meta = _fw_read_shards(out)
+            assert ids.tolist() == ref, size
+            assert [len(a) for a in arrays] == [size] * (n // size) + ([n % size] if n % size else []), size
+            for k, s in enumerate(meta["shards"]):
+                lo, hi = k * size, min((k + 1) * size, n)
+                done = sum(e <= hi for e in ends)
+                assert (s["end_doc"], s["end_offset"]) == (done, hi - (ends[done - 1] if done else 0)), (size, k)
+                assert s["num_docs"] == sum(lo <= st < hi for st in starts), (size, k)
+            assert meta["num_docs"] == len(docs) and meta["num_tokens"] == n and meta["complete"]
+
+
+def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path):
+    # an edit that keeps the size (a word for another as long) must still change the stamp, or a rerun would resume
+    # (or reuse) shards of the old text
+    path = tmp_path / "c.txt"
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a red ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18))
+    before = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert [fineweb.input_stamp(path), fineweb.input_stamp(folder)] == before   # the same file: the same stamp
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a big ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18 + 10**9))
+    after = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
+    # a buffer of 1 keeps the order; with a buffer of 2, the document in the second slot leaves long before the end
+    # (never evicting one slot would hold its document back to the final flush)
+    docs = list(range(200))
+    assert list(fineweb.buffer_shuffle(iter(docs), 1, seed=3)) == docs
+    out = list(fineweb.buffer_shuffle(iter(docs), 2, seed=3))
+    assert sorted(out) == docs and out.index(1) < 50
+
+
 def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_path, monkeypatch):
     calls = []
     rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)],
