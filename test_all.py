@@ -3172,6 +3172,11 @@ def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, mon
     (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0")
     with pytest.raises(ValueError, match="wrong size"):
         fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    # ... nor one that grew (one token longer than listed)
+    listed = json.loads((tmp_path / "out/meta.json").read_text())["shards"][0]["num_tokens"]
+    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0" * (listed + 1))
+    with pytest.raises(ValueError, match="wrong size"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
 
 
 # ---- fineweb.prepare_tinystories: train.py's default data --------------------------------------------------
@@ -7223,6 +7228,15 @@ def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path,
     (other / "train_000001.bin").write_bytes(b"\0\0")
     fineweb.clear_shards(other)
     assert sorted(p.name for p in other.iterdir()) == ["meta.json", "train_000001.bin"]
+    # a folder fineweb.py wrote whose tokenizer/ it did not train (no request.json: the user's own, given with
+    # --tokenizer OUT/tokenizer): --fresh removes the shards and meta.json but never that tokenizer
+    mine = tmp_path / "mine"
+    shutil.copytree(out / "tokenizer", mine / "tokenizer")
+    (mine / "tokenizer" / "request.json").unlink()
+    shutil.copy(out / "meta.json", mine / "meta.json")
+    (mine / "val_000000.bin").write_bytes(b"\0\0")
+    fineweb.clear_shards(mine, log=lambda *a: None)
+    assert sorted(p.name for p in mine.iterdir()) == ["tokenizer"] and (mine / "tokenizer" / "vocab.json").is_file()
 
 
 def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
