@@ -3046,6 +3046,7 @@ def test_fw_uint32_and_token_file(tmp_path):
     side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
     one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
     assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
+    assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
     assert json.loads((tmp_path / "one.bin.json").read_text()) == side
 
 
@@ -5663,6 +5664,10 @@ def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
     logs = []
     fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
     assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
+    # a budget met exactly by 3 documents stops there: no 4th
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
+                                    log=logs.append)
+    assert f"on {sum(per_doc[:3]):,} bytes" in logs[-1]
 
 
 def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
