@@ -4854,7 +4854,8 @@ def test_train_sidecar_that_is_not_an_object_or_has_a_bad_vocab_size_or_eot_id(t
             ("val", lambda meta: dict(meta, vocab_size="abc"), "\"vocab_size\" must be a positive integer, got 'abc'"),
             ("val", lambda meta: dict(meta, vocab_size=0), "\"vocab_size\" must be a positive integer, got 0"),
             ("train", lambda meta: dict(meta, eot_id=99999),
-             "\"eot_id\" must be a token id in [0, 64) or null, got 99999")]:
+             "\"eot_id\" must be a token id in [0, 64) or null, got 99999"),
+            ("train", lambda meta: dict(meta, eot_id=64), "\"eot_id\" must be a token id in [0, 64) or null, got 64")]:
         side = data / f"{name}.bin.json"
         good = side.read_text()
         side.write_text(json.dumps(change(json.loads(good))))
@@ -6078,6 +6079,9 @@ def test_train_sample_prompt_longer_than_the_context_is_said_once_and_cut(tmp_pa
     assert [line for line in lines if "--sample_prompt" in line] == [
         "train.py: --sample_prompt is 26 tokens, the context is 16: the samples keep its last 16"]
     assert len(s["samples"]) == 1 and s["samples"][0].startswith("klmnopqrstuvwxyz")
+    # each evaluation's log record carries its samples (the last: the ones the run returns)
+    evals = _train_records(tmp_path / "o", "eval")
+    assert [len(r["samples"]) for r in evals] == [1, 1, 1] and evals[-1]["samples"] == s["samples"]
 
 
 def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train_data):
@@ -6523,6 +6527,73 @@ def test_train_seed_must_fit_in_32_bits(tmp_path, _train_data):
     with pytest.raises(ValueError, match=r"--seed must be in \[0, 2\*\*32\), got 4294967296"):
         train.train(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32), log=_train_quiet)
     train.check_config(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32 - 1))
+
+
+def test_train_check_config_accepts_each_range_at_its_closed_ends(tmp_path):
+    # the other side of the out-of-range tests (a mutation audit found these edges unpinned): min_lr_ratio=1 (a
+    # constant lr after the warmup), top_p=1 (no nucleus cut), beta 0, greedy sampling, and 257 ids, the smallest
+    # vocabulary the main job's tokenizer can be trained to (256 bytes + <|endoftext|>), are settings, not errors
+    base = _train_cfg(tmp_path / "d", tmp_path / "o")
+    for name, value in [("min_lr_ratio", 0.0), ("min_lr_ratio", 1.0), ("top_p", 1.0), ("beta1", 0.0), ("beta2", 0.0),
+                        ("temperature", 0.0), ("batch_size", 1), ("eval_interval", 1), ("log_interval", 1),
+                        ("d_ff", 0), ("max_iters", 0), ("grad_clip", 0.0), ("learning_rate", 0.0), ("seed", 0)]:
+        train.check_config(dict(base, **{name: value}))
+    train.check_config(dict(base, prepare_data=True, vocab_size=257))
+    with pytest.raises(ValueError, match="--vocab_size must be >= 257"):
+        train.check_config(dict(base, prepare_data=True, vocab_size=256))
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_resume_naming_another_preset_is_refused_for_that_presets_settings(tmp_path, _train_data):
+    # --preset=X asks for all of X's settings: over a checkpoint of other ones main() must refuse, not resume the
+    # old run's settings under X's name (the rule that a preset named again leaves the run's overrides alone is
+    # only for the same preset)
+    out = tmp_path / "o"
+    train.main(_train_main_args(_train_data, out))
+    before = torch.load(out / "ckpt.pt", weights_only=True)["iteration"]
+    with pytest.raises(SystemExit, match=r"other settings \(.*context_length 16 -> 256.*d_model 32 -> 512"):
+        train.main(["--preset=tinystories-cpu", f"--out_dir={out}", f"--data_dir={_train_data}", "--resume",
+                    "--max_iters=3", "--device=cpu", "--compile=false"])
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == before
+
+
+def test_train_check_token_range_scans_every_chunk_to_the_last_token(tmp_path):
+    # an id >= vocab_size at any position, the file's last token included, is found whichever chunk holds it (small
+    # chunks stand in for the 16 Mi-token ones of a large file: 9 tokens are chunks [0, 4), [4, 8), [8, 9))
+    for pos in range(9):
+        arr = np.zeros(9, np.uint16)
+        arr[pos] = 64
+        with pytest.raises(ValueError, match="token id 64 >= the model's vocab_size 64"):
+            train.check_token_range(arr, 64, "f.bin", chunk=4)
+        train.check_token_range(arr, 65, "f.bin", chunk=4)
+
+
+def test_train_without_a_val_file_holds_out_the_last_training_file(tmp_path, _train_data):
+    # no val*.bin: the last train*.bin is the validation data and is not trained on (scoring text the model was
+    # trained on would flatter every loss it reports); the same run as with that file named val.bin
+    d = _train_data
+    ref = train.train(_train_cfg(d, tmp_path / "ref", max_iters=2), log=_train_quiet)
+    for suffix in ("", ".json"):
+        (d / f"val.bin{suffix}").rename(d / f"train_z.bin{suffix}")
+    s = train.train(_train_cfg(d, tmp_path / "o", max_iters=2), log=_train_quiet)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["train_files"] == [["train.bin", 30000]]
+    assert s["val_loss"] == ref["val_loss"]
+    # a single training file cannot be split so: refused, not scored on its own training text
+    for suffix in ("", ".json"):
+        (d / f"train_z.bin{suffix}").unlink()
+    with pytest.raises(ValueError, match=r"no val\*\.bin token file next to the train data"):
+        train.train(_train_cfg(d, tmp_path / "o2"), log=_train_quiet)
+
+
+def test_train_token_files_naming_different_tokenizers_without_fingerprints_are_refused(tmp_path, _train_data):
+    # files written before sidecars carried a fingerprint: the tokenizer's name is all there is to compare, and two
+    # names are two tokenizers (the ids of one file would be read with the other's tokens)
+    d = _train_data
+    for name, tok in (("train.bin", "tok_a"), ("val.bin", "tok_b")):
+        _train_write_tokens(d / name, np.fromfile(d / name, dtype=np.uint16), 64, tokenizer=tok)
+    with pytest.raises(ValueError, match=r"token files were written by different tokenizers \['tok_a', 'tok_b'\]"):
+        train.train(_train_cfg(d, tmp_path / "o"), log=_train_quiet)
+    assert not (tmp_path / "o").exists()
 
 
 def test_train_weight_decay_only_on_matrices(tmp_path, _train_data, monkeypatch):
@@ -7400,6 +7471,7 @@ def test_experiments_a_time_budget_run_is_finished_before_max_iters():
                 dict(type="eval", step=37, val_loss=2.1, val_bpb=0.8, elapsed=150.0)]
     assert experiments.finished(experiments.summarize(rows("2.5m")))      # stopped by the clock: done
     assert not experiments.finished(experiments.summarize(rows("")))      # stopped at 37 of 1000 steps: cut short
+    assert not experiments.finished(experiments.summarize(rows("2.5m")[:2]))   # no validation loss: nothing to report
 
 
 def test_experiments_report_groups_runs_as_the_plan_does(tmp_path, monkeypatch):
