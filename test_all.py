@@ -4681,6 +4681,35 @@ def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
     assert experiments.best_run(runs)[0] == "baseline"
 
 
+def test_experiments_report_orders_the_sweep_by_lr_and_takes_ablation_lr_deltas_against_that_lr(tmp_path, monkeypatch):
+    # the lr table reads from the smallest lr to the largest (not in run order); the ablations at the sweep's best
+    # lr are compared with the run at that lr, not with the baseline; a train.py log without the experiment record
+    # (copied in by hand) is skipped with a note
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    for name, groups, final, lr in [("baseline", ["lr", "ablation"], 4.0, 3e-3), ("lr_1e-1", ["lr"], 4.5, 1e-1),
+                                    ("lr_3e-4", ["lr"], 4.4, 3e-4), ("lr_1e-2", ["lr"], 3.8, 1e-2),
+                                    ("nope_lr_1e-2", ["ablation_lr"], 3.9, 1e-2)]:
+        _experiments_fake_log(tmp_path / "logs" / f"{name}.jsonl", name, groups, final, lr=lr)
+    _experiments_fake_log(tmp_path / "logs" / "plain.jsonl", "plain", ["lr"], 3.0)
+    rows = (tmp_path / "logs" / "plain.jsonl").read_text().splitlines()[1:]   # no experiment record
+    (tmp_path / "logs" / "plain.jsonl").write_text("\n".join(rows) + "\n")
+    said = []
+    experiments.report(log=said.append)
+    assert [s for s in said if "plain.jsonl" in s] == [
+        f"experiments.py: report: skipping {experiments._rel(tmp_path / 'logs' / 'plain.jsonl')}: no experiment record "
+        f"(not written by experiments.py run)"]
+    md = (tmp_path / "results.md").read_text()
+    sweep = md.split("## Learning-rate sweep")[1].split("## ")[0]
+    assert [line.split(" | ")[0][2:] for line in sweep.splitlines() if line.startswith(("| lr_", "| baseline"))] == [
+        "lr_3e-4", "baseline", "lr_1e-2", "lr_1e-1"]
+    at_best = md.split("## Ablations at the sweep's best learning rate")[1]
+    assert "| Δ vs lr_1e-2 |" in at_best
+    (nope,) = [line for line in at_best.splitlines() if line.startswith("| nope_lr_1e-2 |")]
+    assert nope.split(" | ")[6] == "+0.1000"   # 3.9 - 3.8, not 3.9 - 4.0 (the baseline)
+
+
 def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(tmp_path, monkeypatch):
     # matplotlib is optional at run time (README): `report`, which `run` ends with after all its training, writes
     # results.md without the plots and says how to get them, rather than a traceback
@@ -7436,6 +7465,14 @@ def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_
     _train_write_tokens(data / "train.bin", _train_docs(200, 0), 64)   # the same name, other tokens: trained again
     with pytest.raises(Trained):
         experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
+    # the same file sizes under a retrained tokenizer of the same size (another fingerprint): other tokens, trained again
+    side = data / "train.bin.json"
+    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="aaaa")))
+    write(args, 200, data=experiments.data_stamp(data))
+    assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest
+    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="bbbb")))
+    with pytest.raises(Trained):
+        experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
 
 
 def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_path, _bad_results, _bad_tiny_preset):
@@ -7454,6 +7491,12 @@ def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_
     assert (d / "train.bin").read_bytes() != first[0]
     setup = json.loads((_bad_results / "setup.json").read_text())
     assert (setup["train_text"], setup["train_tokens"]) == ("other.txt", (d / "train.bin").stat().st_size // 2)
+    # a token file encoded by an earlier tokenizer of the same folder (its sidecar has another fingerprint) is
+    # encoded again, not kept beside a tokenizer whose ids it does not hold
+    side = d / "val.bin.json"
+    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="stale")))
+    experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None)
+    assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
 
 
 def test_experiments_steps_scale_the_time_budget_runs_clock_too():
