@@ -1768,6 +1768,47 @@ def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
         train.main(["--preset=tinystories", f"--out_dir={tmp_path / 'o'}", "--resume", "--learning_rate=1e-3"])
 
 
+def test_train_resume_that_fails_while_rewriting_the_log_leaves_the_old_log_whole(tmp_path, _train_data, monkeypatch):
+    # a resume writes the kept lines to a temp file renamed over log.jsonl: a failure while they are written (a
+    # full disk) leaves the old log as it was, not truncated in place
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
+    before = (out / "log.jsonl").read_text()
+    real_open = open
+
+    def disk_full(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        if "w" in mode and Path(path).name.startswith("log.jsonl"):
+            f.close()   # opened for writing (so emptied), then nothing more fits
+            raise OSError(28, "No space left on device")
+        return f
+    monkeypatch.setattr(train, "open", disk_full, raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True),
+                    log=_train_quiet)
+    assert (out / "log.jsonl").read_text() == before and before.count("\n") >= 6
+
+
+def test_train_resume_at_its_evaluated_step_reports_the_checkpoints_validation_loss(tmp_path, _train_data):
+    # resumed at the step its checkpoint was evaluated at, a run does not evaluate again: the loss it reports (and
+    # would write into its next checkpoint) is the checkpoint's, not none
+    out = tmp_path / "o"
+    first = train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
+    again = train.train(_train_cfg(_train_data, out, max_iters=4, resume=True), log=_train_quiet)
+    assert first["val_loss"] is not None
+    assert (again["step"], again["val_loss"], again["val_step"]) == (4, first["val_loss"], 4)
+
+
+def test_train_resume_after_its_log_was_deleted_starts_a_new_log(tmp_path, _train_data):
+    # the log is the user's to delete: the checkpoint still resumes, into a new log
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
+    (out / "log.jsonl").unlink()
+    assert train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)["step"] == 3
+    assert [r["resumed_at_step"] for r in _train_records(out, "config")] == [2]
+    assert [r["step"] for r in _train_records(out, "eval")] == [3]
+
+
 def test_train_resume_with_fused_adamw_is_fused(tmp_path, _train_data, monkeypatch):
     # a checkpoint of our AdamW resumed with --fused=true: torch's AdamW, with fused on in every group (the loaded
     # groups carry no such key and torch would fill in None, the unfused path)
@@ -1827,6 +1868,10 @@ def test_train_eval_tokens_scores_the_same_text_at_any_batch_size(tmp_path, _tra
         train.train(_train_cfg(_train_data, tmp_path / "r", batch_size=8, eval_tokens=500, **kw), log=_train_quiet)
     with pytest.raises(ValueError, match=r"--eval_tokens=3,072: the validation file scored, .*val.bin, holds only 2,999"):
         train.train(_train_cfg(_train_data, tmp_path / "r", batch_size=8, eval_tokens=3072, **kw), log=_train_quiet)
+    # a file of exactly eval_tokens + 1 tokens holds them all (a token's target is the next one): the same loss
+    _train_write_tokens(_train_data / "val.bin", _train_docs(385, 1), 64)   # the first 385 tokens of the 3,000
+    s = train.train(_train_cfg(_train_data, tmp_path / "x", batch_size=8, eval_tokens=384, **kw), log=_train_quiet)
+    assert s["val_loss"] == pytest.approx(runs[8, 384], rel=1e-6)
 
 
 def test_train_time_budget_follows_injected_clock(tmp_path, _train_data):
@@ -2165,6 +2210,12 @@ def test_train_says_when_the_warmup_outlasts_the_schedule(tmp_path, _train_data)
     said.clear()
     train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=3, warmup_iters=2), log=said.append)
     assert not [line for line in said if "--warmup_iters" in line]
+    # a warmup as long as the schedule: steps 0-2 all train in it, below the peak
+    said.clear()
+    train.train(_train_cfg(_train_data, tmp_path / "c", max_iters=3, warmup_iters=3), log=said.append)
+    assert [line for line in said if "--warmup_iters" in line] == [
+        "train.py: --warmup_iters=3 is not below the schedule's length of 3 steps (--lr_decay_iters, else "
+        "--max_iters): the learning rate never reaches --learning_rate"]
 
 
 def test_train_save_checkpoint_sees_through_the_module_train_py_compiles(tmp_path):
@@ -4519,6 +4570,10 @@ def test_train_downstream_tasks_need_a_tokenizer_and_their_files(tmp_path, _trai
     assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
     evals = _train_records(tmp_path / "o", "eval")
     assert evals and all(set(r) == {"type", "step", "val_loss", "val_bpb", "elapsed"} for r in evals)
+    for task in ("hellaswag", "lambada"):   # either task alone is said too
+        said.clear()
+        train.train(_train_cfg(_train_data, tmp_path / task, max_iters=1, **{task: True}), log=said.append)
+        assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
 
 
 @needs_gpt2_files
