@@ -5823,7 +5823,7 @@ def test_experiments_batch_runs_scale_the_lr_by_the_sqrt_of_the_batch(preset, lr
             assert runs[f"batch_{B}_lr0"]["learning_rate"] == lr0
 
 
-def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss(tmp_path, _bad_results):
+def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss(tmp_path, _bad_results, monkeypatch):
     _bad_results.joinpath("logs").mkdir(parents=True)
     _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope", evals=((0, 7.6), (10, 4.0)))
     scratch = tmp_path / "runs"
@@ -5835,6 +5835,13 @@ def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss
     torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
     assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
     (scratch / "nope" / "ckpt.pt").write_bytes(b"garbage")   # unreadable: not the checkpoint the log describes
+    assert experiments.best_run(runs, require_ckpt_in=scratch) is None
+    # and write_samples asks for that match: no sample.py run from the unreadable one
+    ran, said = [], []
+    monkeypatch.setattr(experiments.subprocess, "run", lambda *a, **k: ran.append(a))
+    experiments.write_samples(runs, tmp_path, log=said.append)
+    assert ran == [] and said == ["samples: no finished run with a checkpoint: skipped"]
+    (scratch / "nope" / "ckpt.pt").unlink()   # none at all (deleted, or never written by this --scratch)
     assert experiments.best_run(runs, require_ckpt_in=scratch) is None
 
 
