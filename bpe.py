@@ -1046,9 +1046,12 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
             "num_tokens": num_tokens, "num_docs": num_docs if tok.eot_id is not None else None,
             "tokenizer": str(tokenizer_ref), "tokenizer_fingerprint": fingerprint, "eot_id": tok.eot_id}
     side_tmp = side_path.with_name(side_path.name + ".tmp")
-    with open(side_tmp, "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(side_tmp, side_path)
+    try:
+        with open(side_tmp, "w") as f:
+            json.dump(meta, f, indent=1)
+        os.replace(side_tmp, side_path)
+    finally:   # a sidecar that could not be written leaves no temp file behind
+        side_tmp.unlink(missing_ok=True)
     meta["seconds"] = time.perf_counter() - t0
     return meta
 

@@ -8115,3 +8115,26 @@ def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
     train.main(args + ["--max_iters=3", "--prepare_data=true"])
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert ck["iteration"] == 3 and ck["config"]["prepare_data"] is True
+
+
+# ---------------------------------------------------------------------------------------------
+# bpe.py I/O and sample.py's command line: what a mutation audit found unpinned
+
+def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_beside_new_ids(tmp_path, monkeypatch):
+    # the new ids replace out.bin before the sidecar is written: the old sidecar must be gone by then, so a run that
+    # dies writing it leaves ids without a sidecar (refused by train.py), never new ids under the old counts, and no
+    # out.bin.json.tmp either
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
+    (tmp_path / "b.txt").write_text(_bpe_synthetic_text(100, seed=11), encoding="utf-8")
+    bpe.encode_file(tmp_path / "a.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(bpe.json, "dump", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        bpe.encode_file(tmp_path / "b.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
+    ids = np.fromfile(tmp_path / "out.bin", dtype=np.uint16).tolist()
+    assert ids == tok.encode((tmp_path / "b.txt").read_text(encoding="utf-8"))
+    assert sorted(p.name for p in tmp_path.glob("out.bin*")) == ["out.bin"]
