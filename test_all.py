@@ -8138,3 +8138,191 @@ def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_besi
     ids = np.fromfile(tmp_path / "out.bin", dtype=np.uint16).tolist()
     assert ids == tok.encode((tmp_path / "b.txt").read_text(encoding="utf-8"))
     assert sorted(p.name for p in tmp_path.glob("out.bin*")) == ["out.bin"]
+
+
+def test_bpe_encode_file_a_small_file_is_one_chunk_and_a_big_one_one_chunk_per_min_chunk_bytes(tmp_path):
+    # a file up to min_chunk_bytes is not worth another process: one chunk whatever the worker count; above it,
+    # at most one chunk per min_chunk_bytes (and never more than the workers, unless chunk_bytes asks for more)
+    path = tmp_path / "in.txt"
+    path.write_text("word " * 2000, encoding="utf-8")   # 10,000 bytes, cut points after every word
+    size = path.stat().st_size
+    assert bpe._chunk_ranges(path, size, 8, 1 << 21, 10_000, [_BPE_EOT]) == [(0, size)]
+    assert len(bpe._chunk_ranges(path, size, 8, 1 << 21, 2_500, [_BPE_EOT])) == 4
+    assert len(bpe._chunk_ranges(path, size, 2, 1 << 21, 1_000, [_BPE_EOT])) == 2
+    assert len(bpe._chunk_ranges(path, size, 2, 2_000, 1_000, [_BPE_EOT])) == 5
+
+
+def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_as_nothing(tmp_path, monkeypatch):
+    # a chunk that fails to encode must stop the run with its error, never leave its ids out of the file in silence
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
+
+    def broken(self, text):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(bpe.Tokenizer, "_encode", broken)
+    with pytest.raises(ValueError, match=r"in\.txt: encoding failed: RuntimeError: boom"):
+        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    assert not list(tmp_path.glob("o.bin*"))
+
+
+def test_bpe_encode_file_invalid_utf8_is_replaced_and_its_bytes_counted_in_a_warning(tmp_path, capsys):
+    # --encode decodes each chunk with U+FFFD replacement as training does, and says how many bytes it replaced
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    data = b"good text \xff\xfe here\n" + _BPE_EOT.encode() + b"\nmore \xe2\x82 text\n"
+    (tmp_path / "bad.txt").write_bytes(data)
+    capsys.readouterr()
+    for workers in (1, 2):
+        bpe.encode_file(tmp_path / "bad.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=workers,
+                        min_chunk_bytes=8)
+        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == tok.encode(data.decode("utf-8", "replace"))
+        err = capsys.readouterr().err
+        assert "bad.txt: 4 bytes of invalid UTF-8 replaced by U+FFFD" in err, err
+
+
+def test_bpe_vocab_json_holds_special_tokens_as_their_text_as_hf_tokenizers_reads_them(tmp_path):
+    # GPT-2's vocab.json has "<|endoftext|>" as it is; a special with a space or a non-ASCII letter must be stored the
+    # same way (not in the bytes-to-unicode alphabet, where " " is "Ġ" and "ü" is "Ã¼"), or HF finds no such token
+    import tokenizers  # the independent reference (requirements-dev.txt)
+    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials).save_dir(tmp_path / "d")
+    vocab = json.loads((tmp_path / "d" / "vocab.json").read_text(encoding="utf-8"))
+    assert {t: vocab.get(t) for t in specials} == {_BPE_EOT: 256, "<|end of text|>": 257, "<|ü|>": 258}
+    hf = tokenizers.models.BPE.from_file(str(tmp_path / "d" / "vocab.json"), str(tmp_path / "d" / "merges.txt"))
+    assert [hf.token_to_id(t) for t in specials] == [256, 257, 258]
+
+
+def test_bpe_tokenizer_fingerprint_changes_with_the_special_tokens_alone(tmp_path):
+    # the same vocab.json and merges.txt read with another special_tokens.json encode "<|endoftext|>" otherwise
+    # (one id, or its bytes as text): data encoded with one is not data encoded with the other
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
+    tok.save_dir(tmp_path / "d")
+    before = bpe.tokenizer_fingerprint(tmp_path / "d")
+    assert bpe.tokenizer_fingerprint(str(tmp_path / "d")) == before and len(before) == 16
+    (tmp_path / "d" / "special_tokens.json").write_text("[]", encoding="utf-8")
+    assert bpe.Tokenizer.from_dir(tmp_path / "d").encode(_BPE_EOT) != tok.encode(_BPE_EOT)
+    assert bpe.tokenizer_fingerprint(tmp_path / "d") != before
+
+
+def test_bpe_cli_workers_below_one_is_refused_and_an_empty_special_means_none(tmp_path, monkeypatch, capsys):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    for n in (0, -2):
+        assert _bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "x.bin", "--workers", n) == \
+            f"bpe.py: --workers {n}: expected a positive number"
+    assert not list(tmp_path.glob("x.bin*"))
+    # --special "" is how the help says to train without special tokens: no empty special token is made
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--vocab", "300", "--input", str(corpus), "--out", str(tmp_path / "d"),
+                                      "--special", "", "--workers", "1", "--sample_docs", "2"])
+    bpe.main()
+    assert json.loads((tmp_path / "d" / "special_tokens.json").read_text()) == []
+    tok = bpe.load_tokenizer(tmp_path / "d")
+    assert tok.vocab_size == 300 and tok.eot_id is None and tok.decode(tok.encode(_BPE_EOT)) == _BPE_EOT
+    assert "trained 300 tokens (44 merges)" in capsys.readouterr().out
+
+
+def test_bpe_cli_an_out_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    (tmp_path / "a_file").write_text("x")
+    # training: refused before any training, as a file cannot hold the tokenizer folder
+    msg = _bad_exit(monkeypatch, bpe, "--vocab", 300, "--input", corpus, "--out", tmp_path / "a_file" / "tok")
+    assert msg == f"bpe.py: --out {tmp_path / 'a_file' / 'tok'}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
+    # --encode into a folder: the OSError is one line too, and no temp file is left behind
+    (tmp_path / "folder").mkdir()
+    msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "folder", "--workers", 1)
+    assert msg.startswith("bpe.py: ") and "folder" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus.txt", "folder"]
+
+
+def test_bpe_an_empty_input_file_is_refused_by_training_and_encoding(tmp_path):
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
+        bpe.encode_file(tmp_path / "empty.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
+        bpe.train_bpe(tmp_path / "empty.txt", 300, [_BPE_EOT], num_workers=1)
+    assert not list(tmp_path.glob("o.bin*"))
+
+
+def test_bpe_eot_id_of_a_vocabulary_holding_endoftext_without_declaring_it_special(tmp_path):
+    # GPT-2's vocab.json read by from_files with no special tokens named still has "<|endoftext|>" (id 50256 there):
+    # eot_id points at it, so sampling can start from it and stop at it; in text it stays plain characters
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[256] = _BPE_EOT.encode()
+    tok = bpe.Tokenizer(vocab, [])
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    for t in (tok, bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")):
+        assert t.special_tokens == [] and t.eot_id == 256 and t.encode("<|") == [ord("<"), ord("|")]
+    assert bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).eot_id is None
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cli_takes_every_seed_torch_takes_and_zero_new_tokens(tmp_path, capsys, monkeypatch):
+    # torch seeds are 64-bit unsigned: 2**64 - 1 is a seed, 2**64 is not; --max_new_tokens=0 prints the prompt only
+    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
+    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
+    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=0"])
+    sample.main()
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
+    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=3", "--no_stop"])
+    sample.main()
+    g = torch.Generator().manual_seed(2 ** 64 - 1)
+    want = _sample_byte_tokenizer(tmp_path)
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi" + \
+        bpe.load_tokenizer(want).decode(sample.generate(m, [[104, 105]], 3, generator=g)[0]) + "\n"
+    assert _bad_exit(monkeypatch, sample, *base[1:], f"--seed={2 ** 64}") == \
+        f"sample.py: --seed must be in [0, 2**64), got {2 ** 64}"
+    assert _bad_exit(monkeypatch, sample, *base[1:], "--max_new_tokens=-1") == \
+        "sample.py: --max_new_tokens must be >= 0, got -1"
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cli_an_empty_prompt_needs_an_endoftext_token_to_start_from(tmp_path, monkeypatch, capsys):
+    m = M.build_model(dict(arch="llama", vocab_size=256, context_length=8, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save_dir(tmp_path / "tok")   # no special tokens
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=str(tmp_path / "tok"))
+    args = (f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--max_new_tokens=2")
+    assert _bad_exit(monkeypatch, sample, *args) == \
+        "sample.py: --prompt is empty and the tokenizer has no <|endoftext|> to start from"
+    monkeypatch.setattr(sys, "argv", ["sample.py", *args, "--prompt=a", "--num_samples=1", "--temperature=0"])
+    sample.main()   # with a prompt it samples (and, with no end-of-text id, never stops early)
+    assert capsys.readouterr().out.startswith("---------- sample 1/1\na")
+
+
+def test_bpe_special_tokens_json_with_an_empty_token_is_refused(tmp_path):
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT]).save_dir(tmp_path / "d")
+    (tmp_path / "d" / "special_tokens.json").write_text(json.dumps([_BPE_EOT, ""]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"special_tokens\.json: expected a JSON list of non-empty strings"):
+        bpe.load_tokenizer(tmp_path / "d")
+
+
+@needs_gpt2_files
+def test_bpe_gpt2_tokenizer_refuses_ids_outside_its_vocabulary():
+    tok = bpe.load_tokenizer("gpt2")
+    assert tok.decode([50256, 31373]) == "<|endoftext|>hello"
+    for bad in (50257, -1, 1 << 40):
+        with pytest.raises(ValueError, match=rf"decode: token id {bad} is outside the vocabulary \[0, 50257\)"):
+            tok.decode([31373, bad])
+
+
+def test_bpe_a_merge_of_hash_signs_survives_the_merges_file_round_trip(tmp_path):
+    # only the FIRST line of merges.txt may be the "#version" header: a merge of "#" and "#" is the line "# #"
+    import tokenizers  # the independent reference (requirements-dev.txt)
+    tok = bpe.Tokenizer({**{i: bytes([i]) for i in range(256)}, 256: b"##", 257: b"###"}, [(b"#", b"#"), (b"##", b"#")])
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert (tmp_path / "merges.txt").read_text(encoding="utf-8") == "#version: 0.2\n# #\n## #\n"
+    again = bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert again.merges == tok.merges and again.encode("#####") == tok.encode("#####") == [256, 257]
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
+    assert hf.encode("#####").ids == [256, 257]
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_init_from_that_cannot_load_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "hf").mkdir()   # a local folder without config.json / weights: no download is tried
+    msg = _bad_exit(monkeypatch, sample, f"--init_from={tmp_path / 'hf'}", "--device=cpu")
+    assert msg.startswith(f"sample.py: --init_from {tmp_path / 'hf'}: could not load the weights (") and "config.json" in msg
