@@ -6397,6 +6397,46 @@ def test_train_cuda_rng_state_is_this_processs_gpu_only(monkeypatch):
     assert restored == [[7], [2]]
 
 
+def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
+    # --tf32/--dtype/--pad_vocab/--fused/--compile=auto: all on for a CUDA device, all off elsewhere; --dtype=auto is
+    # bfloat16 only on a GPU that has it natively (a V100 only emulates it: float32 there); a given value wins
+    native = {True: True, False: True}   # is_bf16_supported(including_emulation=...)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native[including_emulation])
+    on = dict(tf32=True, dtype="bfloat16", pad_vocab=64, fused=True, compile=True)
+    off = dict(tf32=False, dtype="float32", pad_vocab=1, fused=False, compile=False)
+    auto = dict(train.DEFAULTS)
+    assert train.device_settings(auto, torch.device("cuda", 1)) == on
+    assert train.device_settings(auto, torch.device("cpu")) == off
+    native[False] = False   # bf16 emulated only
+    assert train.device_settings(auto, torch.device("cuda")) == dict(on, dtype="float32")
+    given = dict(auto, tf32="false", dtype="bfloat16", pad_vocab="false", fused="false", compile="false")
+    assert train.device_settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
+    given = dict(auto, tf32="true", dtype="float32", pad_vocab="true", fused="true", compile="true")
+    assert train.device_settings(given, torch.device("cpu")) == dict(on, dtype="float32")
+
+
+def test_train_torchrun_rank_takes_its_local_ranks_gpu_and_nccl(monkeypatch):
+    # the second node of two with 8 GPUs each: RANK 9 is LOCAL_RANK 1, so cuda:1 (not cuda:9), and NCCL; gloo off CUDA
+    monkeypatch.setenv("RANK", "9")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert train.torchrun_rank(torch.device("cuda")) == (9, 1, 16, torch.device("cuda", 1), "nccl")
+    assert train.torchrun_rank(torch.device("cpu")) == (9, 1, 16, torch.device("cpu"), "gloo")
+
+
+def test_train_tf32_and_num_threads_reach_torch(tmp_path, _train_data, monkeypatch):
+    # --tf32: matmul precision "high" (TF32 tensor cores; "medium" would allow bfloat16 ones); --num_threads=0 leaves
+    # torch's thread count alone. Both recorded, not applied
+    precision, threads = [], []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", precision.append)
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1, tf32=False, num_threads=0), log=_train_quiet)
+    assert precision == [] and threads == []
+    train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=1, tf32=True, num_threads=1), log=_train_quiet)
+    assert precision == ["high"] and threads == [1]
+
+
 def test_train_time_budget_schedule_follows_steps_when_they_are_ahead_of_the_clock(tmp_path, _train_data):
     # max_iters reached long before the budget: the schedule follows the step count (the further along of the
     # two), so the last step runs at the cosine's step-9 value, not at the clock's 0.9

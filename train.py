@@ -559,6 +559,28 @@ def _auto(value, when_auto):
     return when_auto if value == "auto" else value
 
 
+def torchrun_rank(device):
+    """(rank, local_rank, world_size, device, backend) of a process torchrun started, from its RANK, LOCAL_RANK and
+    WORLD_SIZE: on CUDA the process takes the GPU of its LOCAL_RANK (model.rank_gpu: on a second node of 8 GPUs RANK 9
+    is LOCAL_RANK 1, cuda:1) and NCCL; elsewhere gloo."""
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = model_lib.rank_gpu(local_rank)
+    return rank, local_rank, world, device, "nccl" if device.type == "cuda" else "gloo"
+
+
+def device_settings(cfg, device):
+    """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
+    device and off elsewhere; --dtype=auto is bfloat16 only on a GPU that has it natively (not emulated, as on a V100).
+    Returns dict(tf32, dtype (a name), pad_vocab (the multiple), fused, compile)."""
+    cuda = torch.device(device).type == "cuda"
+    bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
+    return dict(tf32=_auto(cfg["tf32"], cuda), dtype=cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if bf16 else "float32"),
+                pad_vocab=64 if _auto(cfg["pad_vocab"], cuda) else 1, fused=_auto(cfg["fused"], cuda),
+                compile=_auto(cfg["compile"], cuda))
+
+
 def parse_duration(s):
     """'45m' -> 2700.0 seconds ('90s', '1.5h', '600' = seconds)."""
     s = str(s).strip().lower()
@@ -819,23 +841,22 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     device = model_lib.resolve_device(cfg["device"])
     if cfg["num_threads"]:
         torch.set_num_threads(cfg["num_threads"])
-    rank, local_rank, world = 0, 0, 1
+    rank, local_rank, world, backend = 0, 0, 1, None
     if ddp:
-        rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-        if device.type == "cuda":
-            device = model_lib.rank_gpu(local_rank)
+        rank, local_rank, world, device, backend = torchrun_rank(device)
     if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
         torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
     if ddp and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        torch.distributed.init_process_group(backend=backend)
     master = rank == 0
     say = log if master else (lambda *a, **k: None)
     cuda = device.type == "cuda"
-    if _auto(cfg["tf32"], cuda):
+    settings = device_settings(cfg, device)
+    if settings["tf32"]:
         torch.set_float32_matmul_precision("high")
-    dtype_name = cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if cuda and torch.cuda.is_bf16_supported(including_emulation=False) else "float32")
+    dtype_name = settings["dtype"]
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype_name == "bfloat16" else contextlib.nullcontext())
-    cfg["_pad_vocab"] = 64 if _auto(cfg["pad_vocab"], cuda) else 1
+    cfg["_pad_vocab"] = settings["pad_vocab"]
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
     torch.manual_seed(cfg["seed"])   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
@@ -966,7 +987,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
         raise ValueError(f"--context_length={T} is longer than the model's {raw.context_length}")
     mcfg = raw.model_config()
     groups = model_lib.param_groups(raw, cfg["weight_decay"])
-    fused = _auto(cfg["fused"], cuda)
+    fused = settings["fused"]
     betas = (cfg["beta1"], cfg["beta2"])
     if fused:
         optimizer = torch.optim.AdamW(groups, lr=cfg["learning_rate"], betas=betas, eps=cfg["eps"], fused=True)
@@ -1039,7 +1060,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=_print):
     cfg.pop("_resume_ckpt", None)
 
     model = LossOf(raw, arch)   # (x, y) -> loss: compiled, the loss is in the graph with the model
-    compiled = _auto(cfg["compile"], cuda)
+    compiled = settings["compile"]
     if compiled:
         model = torch.compile(model, backend=cfg["compile_backend"])
     if ddp:   # (it broadcasts Llama's constant RoPE buffers every forward: small. The switch against that,
