@@ -7828,6 +7828,46 @@ def test_model_rank_gpu_refuses_a_local_rank_equal_to_the_gpu_count(monkeypatch)
         M.rank_gpu(4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_model_attn_impl_chooses_the_kernel_in_both_architectures(arch, monkeypatch):
+    # sdpa runs torch's fused kernel, scratch this file's reference: the two agree numerically, so only which one
+    # ran tells them apart (an --attn_impl=scratch ablation that silently ran sdpa would compare sdpa with itself)
+    make = _model_llama if arch == "llama" else _model_gpt
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for impl, fused in (("sdpa", True), ("scratch", False)):
+        calls.clear()
+        make(attn_impl=impl)(torch.zeros(1, 4, dtype=torch.long))
+        assert bool(calls) == fused, impl
+    with pytest.raises(ValueError, match="attn_impl must be one of"):
+        make(attn_impl="flash")
+
+
+def test_model_from_pretrained_refuses_another_model_type_and_exact_gelu(tmp_path):
+    # GPTBigCode's config.json has GPT-2's key names (n_embd, n_layer, n_head, n_positions) but another model: refused
+    # by its model_type; exact GELU ("gelu") is not GPT-2's tanh approximation ("gelu_new"): other logits, refused
+    from transformers import GPT2Config, GPT2LMHeadModel
+    GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1, n_head=2)).save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    for key, value in (("model_type", "gpt_bigcode"), ("activation_function", "gelu")):
+        (tmp_path / "config.json").write_text(json.dumps({**hf, key: value}))
+        with pytest.raises(ValueError, match=f"config.json: {key} '{value}' is not supported"):
+            M.GPT.from_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    M.GPT.from_pretrained(str(tmp_path))
+
+
+def test_model_resolve_device_auto_takes_a_gpu_where_there_is_one_and_cuda_n_a_visible_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert M.resolve_device("auto") == torch.device("cuda")
+    assert M.resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"--device cuda:2: no such GPU \(2 visible\)"):
+        M.resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert M.resolve_device("auto") == torch.device("cpu")
+
+
 def test_model_from_pretrained_refuses_missing_weights_and_unknown_overrides(tmp_path):
     # a file lacking a weight would leave it at its random init: refused, naming it; so is an unknown override
     hf = _model_hf_gpt2()
