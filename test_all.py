@@ -4667,6 +4667,48 @@ def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch
     assert out.rstrip().endswith("FAILED: SDPA (no flash kernel here) vs from scratch")
 
 
+def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
+    # on the CPU the "device" is the CPU, so each check is shown able to fail by a fault it exists to find: a device
+    # whose weights differ from the CPU's (.to doubles them), a bf16 autocast loss that is off, a fused AdamW that is
+    # not train.AdamW, a torch.compile that changes the loss, a KV cache that forgets
+    real_to, real_loss, real_adamw = torch.nn.Module.to, M.lm_loss, torch.optim.AdamW
+
+    def doubled_to(self, *a, **k):
+        out = real_to(self, *a, **k)
+        with torch.no_grad():
+            for p in out.parameters():
+                p.mul_(2.0)
+        return out
+
+    def off_under_autocast(model, x, y, **k):
+        return real_loss(model, x, y, **k) + (1.0 if torch.is_autocast_enabled("cpu") else 0.0)
+
+    class BrokenFused(real_adamw):
+        def __init__(self, params, lr=1e-3, fused=None, **k):
+            super().__init__(params, lr=2 * lr if fused else lr, fused=fused, **k)
+
+    def broken_compile(m, **k):
+        return lambda *a, **kw: tuple(o + 1 if i == 1 else o for i, o in enumerate(m(*a, **kw)))
+
+    class Forgetful(M.KVCache):
+        def update(self, layer, k, v):
+            return k, v   # the new positions only
+
+    monkeypatch.setattr(torch.nn.Module, "to", doubled_to)
+    monkeypatch.setattr(M, "lm_loss", off_under_autocast)
+    monkeypatch.setattr(torch.optim, "AdamW", BrokenFused)
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(M, "KVCache", Forgetful)
+    with pytest.raises(SystemExit):
+        bench.bench_gpu(_bench_gpu_args(steps=2))
+    out = capsys.readouterr().out
+    for what in ("llama: float32 forward on the device vs CPU", "gpt2: float32 forward on the device vs CPU",
+                 "llama: bf16 autocast loss vs float32", "gpt2: bf16 autocast loss vs float32",
+                 "fused AdamW vs train.AdamW, 5 steps", "torch.compile forward vs eager (bf16)",
+                 "KV-cached greedy decoding vs uncached", "HellaSwag and LAMBADA on the device vs CPU"):
+        assert f"\nFAIL  {what}" in out, what
+
+
 # ============================================================================
 # experiments.py
 # ============================================================================
