@@ -7080,6 +7080,42 @@ def test_flops_report_6n_figures_and_a_given_token_budget():
     assert f"6*N = {6 * n / 1e9:.3f} GFLOPs with N = all 124.44M params, {6 * n_matmul / 1e9:.3f} with" in flops.report(gpt2, [1024])
 
 
+def test_flops_cli_presets_defaults_and_flags_reach_the_tables(capsys, monkeypatch):
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", ["flops.py", *argv])
+        flops.main()
+        return capsys.readouterr().out
+    out = run()   # --model=gpt2-xl, timed on an H100, an A100 and a B200
+    assert "layers=48 d_model=1600 heads=25 " in out and all(f"1 x {g:<6} bf16 peak" in out for g in ("H100", "A100", "B200"))
+    for model, L, d, h, n in (("gpt2", 12, 768, 12, 124_439_808), ("gpt2-medium", 24, 1024, 16, 354_823_168),
+                              ("gpt2-large", 36, 1280, 20, 774_030_080), ("gpt2-xl", 48, 1600, 25, 1_557_611_200)):
+        out = run(f"--model={model}", "--arch=gpt2")   # OpenAI's GPT-2 sizes
+        assert f"layers={L} d_model={d} heads={h} " in out and f"{n:,}" in out, model
+    out = run("--model=tinystories")   # the model's own context is the default --context
+    assert "layers=4 d_model=512 heads=16 d_ff=1344 (swiglu) vocab=10000 context=256" in out
+    assert "forward FLOPs, context 256, " in out and "context 1,024" not in out
+    out = run("--model=tinystories", "--context_length=512", "--train_tokens=1e9")
+    assert "context=512" in out and "forward FLOPs, context 512, " in out and "time to train 1.00B tokens at" in out
+    # each context its own memory and largest batch; the time to train at the first context given
+    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
+    out = run("--model=tinystories", "--context", "256", "2048", "--gpu_mem=40")
+    for T in (256, 2048):
+        fixed, per_seq = flops.memory_bytes(cfg, T)
+        assert (f"context {T:,}: {per_seq / 1e9:.4f} * batch + {fixed / 1e9:.4f} GB" in out and
+                f"largest batch on 40 GB: {flops.max_batch_size(cfg, T, 40)}\n" in out)
+    assert flops.max_batch_size(cfg, 256, 40) != flops.max_batch_size(cfg, 2048, 40)
+    assert " at context 256: " in out
+    assert "vocab=50304 " in run("--model=gpt2", "--arch=gpt2", "--pad_vocab_to_multiple_of=64")
+    assert "at 100% MFU: " in run("--mfu=1")
+    out = json.loads(run("--model=tinystories", "--context", "2048", "--gpu_mem=40", "--json"))
+    assert out["contexts"]["2048"]["max_batch_size"] == flops.max_batch_size(cfg, 2048, 40)
+
+
+def test_flops_duration_units():
+    assert [flops._duration(s) for s in (3599, 3600, 2 * 86400 - 1, 2 * 86400)] == ["60.0 min", "1.0 h", "48.0 h",
+                                                                                    "2.0 days"]
+
+
 def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_load_back(tmp_path):
     # vocab.json stores special tokens as their own text, not in the bytes-to-unicode alphabet: reading them back
     # must not push them through that alphabet (" " is not a GPT-2 byte character; "ü" stands for byte 0xFC there)
