@@ -576,9 +576,9 @@ def device_settings(cfg, device):
     Returns dict(tf32, dtype (a name), pad_vocab (the multiple), fused, compile)."""
     cuda = torch.device(device).type == "cuda"
     bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
-    return dict(tf32=_auto(cfg["tf32"], cuda), dtype=cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if bf16 else "float32"),
-                pad_vocab=64 if _auto(cfg["pad_vocab"], cuda) else 1, fused=_auto(cfg["fused"], cuda),
-                compile=_auto(cfg["compile"], cuda))
+    dtype = cfg["dtype"] if cfg["dtype"] != "auto" else ("bfloat16" if bf16 else "float32")
+    return dict(tf32=_auto(cfg["tf32"], cuda), dtype=dtype, pad_vocab=64 if _auto(cfg["pad_vocab"], cuda) else 1,
+                fused=_auto(cfg["fused"], cuda), compile=_auto(cfg["compile"], cuda))
 
 
 def parse_duration(s):
