@@ -806,12 +806,12 @@ def main():
         raise SystemExit(f"bench.py: --mix20 {args.mix20}: expected the corpus file's path (made if absent), got a folder")
     if (args.run is bench_tokenizer and not Path(args.mix20).is_file()
             and {"train", "encode_file"} & set(args.parts.split(","))):   # the corpus is made: it must be possible
-        if not (DATA / "make_mix20.py").is_file():
-            raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and {DATA / 'make_mix20.py'}, which makes "
-                             f"it, is absent")
         if not Path(args.mix20).resolve().parent.is_dir():
             raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and no folder "
                              f"{Path(args.mix20).resolve().parent} to make it in")
+        if not (DATA / "make_mix20.py").is_file():
+            raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and {DATA / 'make_mix20.py'}, which makes "
+                             f"it, is absent")
     if args.run is bench_gpu and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
         raise SystemExit(f"bench.py: --compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
                          f"see torch.compiler.list_backends()), got {args.compile_backend!r}")

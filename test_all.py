@@ -8385,11 +8385,15 @@ def test_bpe_cli_an_out_that_cannot_be_written_is_one_line(tmp_path, monkeypatch
     # training: refused before any training, as a file cannot hold the tokenizer folder
     msg = _bad_exit(monkeypatch, bpe, "--vocab", 300, "--input", corpus, "--out", tmp_path / "a_file" / "tok")
     assert msg == f"bpe.py: --out {tmp_path / 'a_file' / 'tok'}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
-    # --encode into a folder: the OSError is one line too, and no temp file is left behind
+    # --encode into a folder: the OSError is one line too, and no temp file is left behind (a local tokenizer: GPT-2's
+    # files are not on every machine)
     (tmp_path / "folder").mkdir()
-    msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "folder", "--workers", 1)
+    (tmp_path / "t").mkdir()
+    tok = _bad_tok_dir(tmp_path / "t")
+    msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", tok, "--out", tmp_path / "folder", "--workers", 1)
     assert msg.startswith("bpe.py: ") and "folder" in msg
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus.txt", "folder"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus.txt", "folder", "t"]
+    assert not list((tmp_path / "folder").iterdir())
 
 
 def test_bpe_an_empty_input_file_is_refused_by_training_and_encoding(tmp_path):
