@@ -4761,12 +4761,17 @@ def _experiments_fake_log(path, name, groups, final, lr=3e-3, nan=False):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
+def _experiments_logs(tmp_path, monkeypatch, *runs):
+    """report() pointed at tmp_path, with a fake log in tmp_path/logs for each (name, groups, final val loss[, lr])."""
     monkeypatch.setattr(experiments, "RESULTS", tmp_path)
     monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
     (tmp_path / "logs").mkdir()
-    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr", "ablation"], 4.0)
-    _experiments_fake_log(tmp_path / "logs" / "nope.jsonl", "nope", ["ablation"], 4.25)
+    for name, groups, final, *lr in runs:
+        _experiments_fake_log(tmp_path / "logs" / f"{name}.jsonl", name, groups, final, *lr)
+
+
+def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
+    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
     _experiments_fake_log(tmp_path / "logs" / "lr_1e-1.jsonl", "lr_1e-1", ["lr"], float("nan"), lr=0.1, nan=True)
     experiments.report(log=lambda *a: None)
     md = (tmp_path / "results.md").read_text()
@@ -4782,14 +4787,9 @@ def test_experiments_report_orders_the_sweep_by_lr_and_takes_ablation_lr_deltas_
     # the lr table reads from the smallest lr to the largest (not in run order); the ablations at the sweep's best
     # lr are compared with the run at that lr, not with the baseline; a train.py log without the experiment record
     # (copied in by hand) is skipped with a note
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
-    (tmp_path / "logs").mkdir()
-    for name, groups, final, lr in [("baseline", ["lr", "ablation"], 4.0, 3e-3), ("lr_1e-1", ["lr"], 4.5, 1e-1),
-                                    ("lr_3e-4", ["lr"], 4.4, 3e-4), ("lr_1e-2", ["lr"], 3.8, 1e-2),
-                                    ("nope_lr_1e-2", ["ablation_lr"], 3.9, 1e-2)]:
-        _experiments_fake_log(tmp_path / "logs" / f"{name}.jsonl", name, groups, final, lr=lr)
-    _experiments_fake_log(tmp_path / "logs" / "plain.jsonl", "plain", ["lr"], 3.0)
+    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0, 3e-3), ("lr_1e-1", ["lr"], 4.5, 1e-1),
+                      ("lr_3e-4", ["lr"], 4.4, 3e-4), ("lr_1e-2", ["lr"], 3.8, 1e-2),
+                      ("nope_lr_1e-2", ["ablation_lr"], 3.9, 1e-2), ("plain", ["lr"], 3.0))
     rows = (tmp_path / "logs" / "plain.jsonl").read_text().splitlines()[1:]   # no experiment record
     (tmp_path / "logs" / "plain.jsonl").write_text("\n".join(rows) + "\n")
     said = []
@@ -4810,11 +4810,7 @@ def test_experiments_report_orders_the_sweep_by_lr_and_takes_ablation_lr_deltas_
 def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(tmp_path, monkeypatch):
     # matplotlib is optional at run time (README): `report`, which `run` ends with after all its training, writes
     # results.md without the plots and says how to get them, rather than a traceback
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
-    (tmp_path / "logs").mkdir()
-    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr", "ablation"], 4.0)
-    _experiments_fake_log(tmp_path / "logs" / "nope.jsonl", "nope", ["ablation"], 4.25)
+    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     said = []
@@ -7698,11 +7694,7 @@ def test_experiments_a_time_budget_run_is_finished_before_max_iters():
 
 
 def test_experiments_report_groups_runs_as_the_plan_does(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
-    (tmp_path / "logs").mkdir()
-    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr"], 4.0)
-    _experiments_fake_log(tmp_path / "logs" / "nope.jsonl", "nope", ["lr"], 4.25)   # a log with a stale grouping
+    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr"], 4.0), ("nope", ["lr"], 4.25))   # nope: a stale grouping
     experiments.report(log=lambda *a: None)
     sections = {s.split("\n", 1)[0]: s for s in (tmp_path / "results.md").read_text().split("## ")[1:]}
     assert "| nope |" in sections["Ablations"] and "| nope |" not in sections["Learning-rate sweep"]
@@ -7711,11 +7703,7 @@ def test_experiments_report_groups_runs_as_the_plan_does(tmp_path, monkeypatch):
 
 def test_experiments_report_groups_by_the_presets_plan(tmp_path, monkeypatch):
     # `report --preset=cs336` groups as the cs336 plan does (no ablations at the best lr there), not as the cpu plan
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
-    (tmp_path / "logs").mkdir()
-    _experiments_fake_log(tmp_path / "logs" / "baseline.jsonl", "baseline", ["lr"], 4.0)
-    _experiments_fake_log(tmp_path / "logs" / "lr_1e-2.jsonl", "lr_1e-2", ["lr", "ablation_lr"], 3.9, lr=1e-2)
+    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr"], 4.0), ("lr_1e-2", ["lr", "ablation_lr"], 3.9, 1e-2))
     for preset in ("cpu", "cs336"):
         experiments.report(preset, log=lambda *a: None)
         md = (tmp_path / "results.md").read_text()
