@@ -25,6 +25,7 @@ import time
 import flops
 import model as M
 import numpy as np
+import runs
 import torch
 import train
 
@@ -402,7 +403,7 @@ def _write_tokens(path, n, vocab, seed=0):
 
 
 def _mcfg(cfg):
-    return train.model_config_from(dict(train.DEFAULTS, **cfg, _pad_vocab=1), cfg["vocab_size"])
+    return train.model_config(dict(train.DEFAULTS, **cfg), cfg["vocab_size"])
 
 
 def _model_step_times(cfg, steps, dtype):
@@ -462,7 +463,7 @@ def bench_train(args):
     data.mkdir()
     _write_tokens(data / "train.bin", 2_000_000, cfg["vocab_size"], 0)
     _write_tokens(data / "val.bin", 100_000, cfg["vocab_size"], 1)
-    shards = train.find_shards(data, "train")
+    shards = runs.find_shards(data, "train")
 
     print(f"train bench: shape {args.shape} {SHAPES[args.shape]}, batch {cfg['batch_size']} x {cfg['context_length']} "
           f"= {tokens:,} tokens/step, {args.threads} threads, {args.steps} steps x {args.repeats} repeats (medians)")
@@ -478,7 +479,8 @@ def bench_train(args):
             loop += _loop_step_times(cfg, args.steps + 1, dtype, data, tmp / f"out{r}")
             step += _model_step_times(cfg, args.steps + 1, dtype)
         t_loop, t_step = statistics.median(loop), statistics.median(step)
-        mfu = train._mfu(_mcfg(cfg), cfg["context_length"], tokens / t_loop, torch.device("cpu"), dtype)
+        mfu = train._mfu(flops.train_flops_per_token(_mcfg(cfg), cfg["context_length"]), tokens / t_loop,
+                         torch.device("cpu"), dtype)
         print(f"{'whole loop (train.train), ' + dtype:<42} {tokens / t_loop:>12,.0f} {t_step / t_loop:>8.3f}"
               + (f"   mfu {100 * mfu:.1f}%" if mfu else ""))
         print(f"{'model-only step (fwd+bwd+clip+AdamW), ' + dtype:<42} {tokens / t_step:>12,.0f} {1.0:>8.3f}")
@@ -612,7 +614,7 @@ def bench_gpu(args):
     def build(arch, seed=0):  # the GPT-2 124M shape in either architecture (Llama: SwiGLU, d_ff 8/3*d, RoPE)
         torch.manual_seed(seed)
         if arch == "llama":
-            return M.build_model(dict(arch="llama", d_ff=flops.llama_d_ff(shape["d_model"]), **shape))
+            return M.build_model(dict(arch="llama", **shape))
         return M.GPT(M.GPTConfig(block_size=shape["context_length"], vocab_size=shape["vocab_size"],
                                  n_layer=shape["num_layers"], n_head=shape["num_heads"], n_embd=shape["d_model"]))
 

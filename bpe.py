@@ -684,6 +684,7 @@ class Tokenizer:
         self.vocab_size = max(self.vocab) + 1
         self.eot_id = self.special_to_id.get(EOT, self.token_to_id.get(EOT.encode()))
         self._decode_table = [self.vocab.get(i, b"") for i in range(self.vocab_size)]
+        self._ordinary = None if self.special_tokens else self
 
     # --- files ---------------------------------------------------------------
     @classmethod
@@ -846,6 +847,13 @@ class Tokenizer:
                 cache[key] = self._bpe(_piece_text(key))
         return reduce(iadd, map(cache.__getitem__, keys), [])  # list += ids for every piece, at C speed
 
+    def encode_ordinary(self, text):
+        """encode() with special tokens' text taken as ordinary text (tiktoken's encode_ordinary): a document's
+        literal "<|endoftext|>" stays text, so the only eot ids in fineweb.py's shards are its separators."""
+        if self._ordinary is None:
+            self._ordinary = Tokenizer(self.vocab, self.merges, [])
+        return self._ordinary.encode(text)
+
     def encode_iterable(self, iterable, block_chars=1 << 16):
         """Lazily yield the ids of the concatenated strings in `iterable` (e.g. a file), in bounded memory.
 
@@ -911,6 +919,9 @@ class TiktokenGPT2:
     def encode(self, text):
         return self.enc.encode(text, allowed_special="all")
 
+    def encode_ordinary(self, text):
+        return self.enc.encode_ordinary(text)
+
     def encode_iterable(self, iterable, block_chars=1 << 16):
         return _encode_iterable(self, iterable, block_chars)  # tiktoken has no streaming API of its own
 
@@ -946,6 +957,26 @@ def tokenizer_fingerprint(ref):
         p = Path(ref, name)
         h.update(p.read_bytes() if p.is_file() else b"")
     return h.hexdigest()[:16]
+
+
+class TokenizerMismatch(ValueError):
+    """A tokenizer that is not the one a model or token files were made with."""
+
+
+def tokenizer_for(ref, vocab_size, fingerprint=None, what="the model"):
+    """Load tokenizer `ref` for `what` (a model, token files): it must have exactly its vocabulary size (more ids
+    would index past the embedding, fewer leave ids it cannot decode) and, when `what` recorded one, its
+    fingerprint (a same-size tokenizer of other tokens). TokenizerMismatch naming both otherwise; a tokenizer that
+    cannot be loaded raises as load_tokenizer does (ValueError, OSError)."""
+    tokenizer = load_tokenizer(ref)
+    if tokenizer.vocab_size != vocab_size:
+        raise TokenizerMismatch(f"tokenizer {ref!r} has {tokenizer.vocab_size} tokens but {what} {vocab_size}: not "
+                                f"the tokenizer {what} was made with")
+    now = tokenizer_fingerprint(ref)
+    if fingerprint and now != fingerprint:
+        raise TokenizerMismatch(f"tokenizer {ref!r} (fingerprint {now}) is not the one {what} was made with "
+                                f"({fingerprint}): retrained or replaced since")
+    return tokenizer
 
 
 # -----------------------------------------------------------------------------

@@ -38,16 +38,16 @@ import random
 import re
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
 from itertools import islice
 from multiprocessing import Pool
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
+
+import bpe
 
 EOT = "<|endoftext|>"
 DATASETS = {  # --dataset name -> where `datasets` streams it from
@@ -55,46 +55,6 @@ DATASETS = {  # --dataset name -> where `datasets` streams it from
     "tinystories": dict(path="roneneldan/TinyStories", name=None, split="train", text="text"),
     "openwebtext": dict(path="Skylion007/openwebtext", name=None, split="train", text="text"),
 }
-
-# ----------------------------------------------------------------------------------------------------------
-# tokenizers: "gpt2" through tiktoken, anything else a bpe.py tokenizer directory
-
-
-class _GPT2:
-    """tiktoken's GPT-2. encode_ordinary: a literal "<|endoftext|>" inside a web page stays text, so the only
-    eot ids in a shard are the document separators we put there."""
-
-    def __init__(self):
-        import tiktoken
-        self.enc = tiktoken.get_encoding("gpt2")
-        self.name, self.vocab_size, self.eot_id = "gpt2", self.enc.n_vocab, self.enc.eot_token
-
-    def encode(self, text):
-        return self.enc.encode_ordinary(text)
-
-    def decode(self, ids):
-        return self.enc.decode(list(ids))
-
-
-def load_tokenizer(ref):
-    """"gpt2" -> tiktoken (works without bpe.py); a directory -> bpe.load_tokenizer(dir)."""
-    ref = str(ref)
-    if ref == "gpt2":
-        return _GPT2()
-    if not Path(ref, "vocab.json").is_file():
-        raise ValueError(f"{ref}: not a tokenizer directory (expected vocab.json, merges.txt, special_tokens.json "
-                         "from bpe.py), and not 'gpt2'")
-    import bpe
-    return bpe.load_tokenizer(str(ref))
-
-
-def tokenizer_fingerprint(ref):
-    """"gpt2" for tiktoken's GPT-2; a directory's content hash (bpe.tokenizer_fingerprint) otherwise."""
-    if str(ref) == "gpt2":
-        return "gpt2"
-    import bpe
-    return bpe.tokenizer_fingerprint(ref)
-
 
 def choose_dtype(vocab_size, dtype=None):
     if dtype in (None, "auto"):
@@ -182,28 +142,11 @@ def folder_docs(path):
             yield doc
 
 
-def hub_reachable(timeout=3.0):
-    """(ok, reason): a quick check before `datasets` spends minutes retrying a hub that cannot be reached."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "0").lower() not in ("0", "", "false", "no"):
-            return False, f"{var} is set"
-    # the same probe as model.py's _hub_reachable (model.py imports no project file, so it has its own copy)
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") + (("HTTP_PROXY", "http_proxy")
-                                                                           if url.scheme == "http" else ())
-    if any(os.environ.get(v) for v in proxies):
-        return True, "behind a proxy: not probed"
-    try:
-        host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
-    except ValueError:  # a port out of range
-        host = None
-    if host is None:  # a malformed HF_ENDPOINT: let the hub client say what is wrong with it
-        return True, "HF_ENDPOINT not understood: not probed"
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True, ""
-    except OSError as e:
-        return False, f"cannot reach {host} ({e})"
+def hub_reachable():
+    """(ok, why not): model.py's quick probe of the Hugging Face hub, before `datasets` spends minutes retrying
+    one that cannot be reached (imported here only: the rest of this file needs no torch)."""
+    from model import hub_reachable
+    return hub_reachable()
 
 
 def hf_docs(dataset, split=None):
@@ -255,16 +198,11 @@ def _init_worker(tokenizer_ref, dtype, in_pool=False):
 
 
 def _start_worker(tokenizer_ref, dtype):
-    tok = load_tokenizer(tokenizer_ref)
+    tok = bpe.load_tokenizer(tokenizer_ref)
     if tok.eot_id is None:
         raise ValueError(f"{tokenizer_ref}: the tokenizer has no {EOT} special token, needed to separate documents")
-    plain = tok
-    if tokenizer_ref != "gpt2" and hasattr(tok, "merges"):
-        # the same BPE without special tokens: a literal "<|endoftext|>" inside a document is encoded as text,
-        # as tiktoken's encode_ordinary does for GPT-2, so the only eot ids are the separators we insert
-        import bpe
-        plain = bpe.Tokenizer(tok.vocab, tok.merges, [])
-    _worker.update(encode=plain.encode, eot=tok.eot_id, dtype=np.dtype(dtype).newbyteorder("<"))
+    # encode_ordinary: a literal "<|endoftext|>" inside a document is text, so the only eot ids are our separators
+    _worker.update(encode=tok.encode_ordinary, eot=tok.eot_id, dtype=np.dtype(dtype).newbyteorder("<"))
 
 
 def _encode_batch(docs):
@@ -375,7 +313,7 @@ def sidecar(dtype, vocab_size, num_tokens, num_docs, tokenizer, fingerprint, eot
 def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=None, progress=False):
     """Tokenise documents (eot before each) into ONE token file + sidecar, streamed to disk. Returns the sidecar."""
     tokenizer = str(tokenizer)
-    tok, fingerprint = load_tokenizer(tokenizer), tokenizer_fingerprint(tokenizer)
+    tok, fingerprint = bpe.load_tokenizer(tokenizer), bpe.tokenizer_fingerprint(tokenizer)
     dtype = choose_dtype(tok.vocab_size, dtype)
     if tok.eot_id is None:
         raise ValueError(f"{tokenizer}: the tokenizer has no {EOT} special token, needed to separate documents")
@@ -420,12 +358,12 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
     tokenizer = str(tokenizer)
     if str(Path(tokenizer)) != "gpt2":  # ./tok/ and tok are one folder (but ./gpt2 is a folder, not tiktoken)
         tokenizer = str(Path(tokenizer))
-    tok = load_tokenizer(tokenizer)
+    tok = bpe.load_tokenizer(tokenizer)
     dtype = choose_dtype(tok.vocab_size, dtype)
     if tok.eot_id is None:
         raise ValueError(f"{tokenizer}: the tokenizer has no {EOT} special token, needed to separate documents")
     out = Path(out_dir)
-    config = {"source": source, "tokenizer": tokenizer, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+    config = {"source": source, "tokenizer": tokenizer, "tokenizer_fingerprint": bpe.tokenizer_fingerprint(tokenizer),
               "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id, "eot_position": "before each document",
               "shard_size": shard_size, "shuffle_docs": shuffle_docs, "seed": seed if shuffle_docs else None}
     meta = _resume_or_start(out, config)
@@ -602,7 +540,6 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
     2. tokenizer: bpe.py BPE with vocab_size ids (<|endoftext|> included) trained on train.txt;
     3. tokens: train.bin / val.bin with an eot before every story, on all cores.
     Returns dict(data_dir=..., tokenizer=...) (plus source and token counts)."""
-    import bpe
     if corpus_bytes is not None and corpus_bytes < 2:
         raise ValueError(f"corpus_bytes must be at least 2 (train + validation) or None (all of TinyStories), got {corpus_bytes}")
     d = Path(data_dir)
@@ -658,14 +595,14 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
     want = {"train_sha256": state["corpus"]["train_sha256"], "vocab_size": vocab_size, "special_tokens": [EOT]}
     t = state.get("tokenizer", {})
     if t.get("request") == want and (tok_dir / "vocab.json").is_file() and \
-            t.get("fingerprint") == tokenizer_fingerprint(str(tok_dir)):
+            t.get("fingerprint") == bpe.tokenizer_fingerprint(str(tok_dir)):
         log(f"tokenizer: reusing {tok_dir} (vocab {vocab_size})")
     else:
         t1 = time.time()
         vocab, merges = bpe.train_bpe(str(train_txt), vocab_size, [EOT], num_workers=num_workers)
         shutil.rmtree(tok_dir, ignore_errors=True)
         bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir))
-        state["tokenizer"] = {"request": want, "fingerprint": tokenizer_fingerprint(str(tok_dir))}
+        state["tokenizer"] = {"request": want, "fingerprint": bpe.tokenizer_fingerprint(str(tok_dir))}
         state.pop("tokens", None)
         _write_json(state_path, state)
         log(f"tokenizer: trained BPE, vocab {vocab_size}, on {train_txt} in {time.time() - t1:.1f}s -> {tok_dir}")
@@ -695,7 +632,6 @@ def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_worke
     and save it to tok_dir; an existing tok_dir trained with the same request is reused (so a resumed run shards
     with the same tokenizer), one trained with another is refused (request.json records what was asked, the
     stream's `source` name included when given)."""
-    import bpe
     tok_dir = Path(tok_dir)
     request = {"vocab_size": vocab_size, "max_bytes": max_bytes, "source": source}
     if (tok_dir / "vocab.json").is_file():

@@ -28,69 +28,55 @@ import os
 import re
 import sys
 import time
+from dataclasses import asdict
+
+import torch
+
+import model as model_lib
 
 # -----------------------------------------------------------------------------
-# the shape of a model, from either architecture's model_config() dict
+# the model itself: parameters and matmul FLOPs are counted on it, so any field of model.py's configs (an
+# ablation that adds or removes a layer) is counted as the model builds it, with no edit here
 
-LLAMA_KEYS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff")
-GPT2_KEYS = ("vocab_size", "block_size", "n_embd", "n_layer", "n_head")
-
-
-def padded_vocab(vocab_size, multiple):
-    multiple = max(1, int(multiple or 1))
-    return (vocab_size + multiple - 1) // multiple * multiple
+def _model(cfg):
+    """The model a model_config() dict describes, built on the meta device: shapes only, no memory, no time."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"flops.py: expected a model_config() dict, got {type(cfg).__name__}")
+    with torch.device("meta"):
+        return model_lib.build_model(cfg)
 
 
 def _shape(cfg):
-    """Normalise a model_config() dict of either architecture to one set of names."""
-    if not isinstance(cfg, dict):
-        raise ValueError(f"flops.py: expected a model_config() dict, got {type(cfg).__name__}")
-    arch = cfg.get("arch", "llama" if "d_model" in cfg else "gpt2")
-    if arch == "llama":
-        missing = [k for k in LLAMA_KEYS if cfg.get(k) is None]
-        if missing:
-            raise ValueError(f"flops.py: llama config is missing {missing}")
-        ffn_type = cfg.get("ffn_type") or "swiglu"
-        if ffn_type not in ("swiglu", "silu"):
-            raise ValueError(f"flops.py: ffn_type must be 'swiglu' or 'silu', got {ffn_type!r}")
-        s = dict(arch="llama", V=cfg["vocab_size"], V_pad=cfg["vocab_size"], T_max=cfg["context_length"],
-                 d=cfg["d_model"], L=cfg["num_layers"], h=cfg["num_heads"], d_ff=cfg["d_ff"],
-                 ffn_mats=3 if ffn_type == "swiglu" else 2, ffn_type=ffn_type,
-                 norm=not cfg.get("remove_rmsnorm", False), tied=False)
-    elif arch == "gpt2":
-        missing = [k for k in GPT2_KEYS if cfg.get(k) is None]
-        if missing:
-            raise ValueError(f"flops.py: gpt2 config is missing {missing}")
-        d = cfg["n_embd"]
-        s = dict(arch="gpt2", V=cfg["vocab_size"], V_pad=padded_vocab(cfg["vocab_size"], cfg.get("pad_vocab_to_multiple_of", 1)),
-                 T_max=cfg["block_size"], d=d, L=cfg["n_layer"], h=cfg["n_head"], d_ff=4 * d,
-                 ffn_mats=2, ffn_type="gelu", norm=True, tied=True, bias=cfg.get("bias", True))
-    else:
-        raise ValueError(f"flops.py: unknown arch {arch!r} (expected 'llama' or 'gpt2')")
-    if s["d"] % s["h"]:
-        raise ValueError(f"flops.py: d_model {s['d']} is not divisible by num_heads {s['h']}")
-    return s
+    return _sizes(_model(cfg))
 
 
-# -----------------------------------------------------------------------------
-# parameters
+def _sizes(m):
+    """The few sizes the analytic parts (attention FLOPs, activation memory) need, from either architecture."""
+    c = m.config
+    if isinstance(c, model_lib.GPTConfig):
+        return dict(arch="gpt2", V=c.vocab_size, V_pad=m.padded_vocab_size, T_max=c.block_size, d=c.n_embd,
+                    L=c.n_layer, h=c.n_head, d_ff=4 * c.n_embd, ffn_type="gelu", norm=True, tied=True)
+    return dict(arch="llama", V=c.vocab_size, V_pad=c.vocab_size, T_max=c.context_length, d=c.d_model,
+                L=c.num_layers, h=c.num_heads, d_ff=c.d_ff, ffn_type=c.ffn_type, norm=not c.remove_rmsnorm,
+                tied=False)
+
+
+# parameter names -> the component they count in (the first fragment found in the name wins)
+COMPONENTS = (("token_embeddings", "embedding"), ("wte", "embedding"), ("wpe", "position"), ("attn", "attention"),
+              ("ffn", "ffn"), ("mlp", "ffn"), ("ln", "norm"), ("lm_head", "lm_head"))
+
+
+def _component(name):
+    parts = name.split(".")
+    return next((comp for frag, comp in COMPONENTS if any(p.startswith(frag) for p in parts)), "other")
+
 
 def count_params(cfg):
-    """Parameters by component; 'total' equals sum(p.numel() for p in model.parameters()) (tied weights once)."""
-    s = _shape(cfg)
-    V, d, L, d_ff = s["V_pad"], s["d"], s["L"], s["d_ff"]
-    if s["arch"] == "llama":
-        attn = 4 * d * d
-        ffn = s["ffn_mats"] * d * d_ff
-        norm = (2 * L + 1) * d if s["norm"] else 0
-        p = dict(embedding=V * d, position=0, attention=L * attn, ffn=L * ffn, norm=norm, lm_head=V * d)
-    else:
-        b = 1 if s["bias"] else 0
-        attn = 4 * d * d + b * 4 * d                       # c_attn (3d) + c_proj (d), with biases
-        ffn = 2 * d * d_ff + b * (d_ff + d)                # c_fc + c_proj
-        norm = (2 * L + 1) * (2 if b else 1) * d           # LayerNorm weight (+ bias)
-        p = dict(embedding=V * d, position=s["T_max"] * d, attention=L * attn, ffn=L * ffn, norm=norm,
-                 lm_head=0)                                # lm_head is tied to the token embedding
+    """Parameters by component; 'total' equals sum(p.numel() for p in model.parameters()) (tied weights once:
+    GPT-2's lm_head is its wte, counted as the embedding)."""
+    p = dict(embedding=0, position=0, attention=0, ffn=0, norm=0, lm_head=0, other=0)
+    for name, param in _model(cfg).named_parameters():
+        p[_component(name)] += param.numel()
     p["total"] = sum(p.values())
     return p
 
@@ -98,21 +84,32 @@ def count_params(cfg):
 # -----------------------------------------------------------------------------
 # FLOPs
 
+def _matmul_key(name):
+    """Which forward_flops entry a linear layer's product counts in."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in ("q_proj", "k_proj", "v_proj", "lm_head"):
+        return leaf
+    if leaf == "c_attn":
+        return "qkv"   # GPT-2's fused Q, K, V: a third each
+    if _component(name) == "attention":
+        return "o_proj"   # output_proj, GPT-2's attn.c_proj
+    return "ffn" if _component(name) == "ffn" else "other"
+
+
 def forward_flops(cfg, context_length, batch_size=1):
-    """Matmul FLOPs of one forward pass over `batch_size` sequences of `context_length` tokens, by component."""
-    s = _shape(cfg)
-    T, V, d, L, d_ff = context_length * batch_size, s["V_pad"], s["d"], s["L"], s["d_ff"]
-    f = dict(
-        q_proj=L * 2 * T * d * d,
-        k_proj=L * 2 * T * d * d,
-        v_proj=L * 2 * T * d * d,
-        o_proj=L * 2 * T * d * d,
-        # per head: (T x d_head) @ (d_head x T), summed over heads that is 2*T*T*d; the same for P @ V
-        attn_scores=L * 2 * T * context_length * d,
-        attn_values=L * 2 * T * context_length * d,
-        ffn=L * 2 * T * s["ffn_mats"] * d * d_ff,
-        lm_head=2 * T * d * V,
-    )
+    """Matmul FLOPs of one forward pass over `batch_size` sequences of `context_length` tokens, by component:
+    2 per multiply-add of every linear layer the model holds, plus the attention products Q K^T and P V."""
+    m = _model(cfg)
+    s, T = _sizes(m), context_length * batch_size
+    f = dict(q_proj=0, k_proj=0, v_proj=0, o_proj=0,
+             # per head: (T x d_head) @ (d_head x T), summed over heads that is 2*T*T*d; the same for P @ V
+             attn_scores=s["L"] * 2 * T * context_length * s["d"], attn_values=s["L"] * 2 * T * context_length * s["d"],
+             ffn=0, lm_head=0, other=0)
+    for name, module in m.named_modules():
+        if isinstance(module, (model_lib.Linear, torch.nn.Linear)):
+            key, n = _matmul_key(name), 2 * T * module.weight.numel()
+            for k in (("q_proj", "k_proj", "v_proj") if key == "qkv" else (key,)):
+                f[k] += n // 3 if key == "qkv" else n
     f["total"] = sum(f.values())
     return f
 
@@ -197,17 +194,12 @@ def _dtype_kind(dtype):
         return 1
     if name in ("fp32", "float32", "float"):
         # torch runs fp32 matmuls on TF32 tensor cores when allowed (train.py turns that on)
-        try:
-            import torch
-            return 1 if torch.get_float32_matmul_precision() != "highest" else 2
-        except ImportError:
-            return 2
+        return 1 if torch.get_float32_matmul_precision() != "highest" else 2
     raise ValueError(f"flops.py: unknown dtype {dtype!r} (expected bf16, fp16, tf32 or fp32)")
 
 
 def _measure_cpu_peak(dtype_name, n=1024, repeats=5):
     """One-off measured matmul throughput of this CPU (best of a few runs), cached for the process."""
-    import torch
     dtype = torch.bfloat16 if dtype_name in ("bfloat16", "bf16") else torch.float32
     gen = torch.Generator().manual_seed(0)   # its own generator: measuring must not move the global RNG (resume)
     a = torch.randn(n, n, dtype=dtype, generator=gen)
@@ -231,7 +223,6 @@ def peak_flops(device, dtype):
             _cpu_peak_cache[key] = _measure_cpu_peak(key)
         return _cpu_peak_cache[key]
     if name.startswith("cuda"):
-        import torch
         name = torch.cuda.get_device_name(torch.device(name))
     kind = _dtype_kind(dtype)
     for gpu, peaks in GPU_PEAK.items():   # most specific names first (dict order)
@@ -248,12 +239,6 @@ def mfu(cfg, context_length, tokens_per_sec, device, dtype):
 # -----------------------------------------------------------------------------
 # presets and the CLI
 
-def llama_d_ff(d_model):
-    """8/3 * d_model rounded to the nearest multiple of 64, at least 64 (SwiGLU keeps the 4*d FFN's parameter
-    count; below d_model 12 the rounding would give no FFN at all)."""
-    return max(64, int(round(8 * d_model / 3 / 64)) * 64)
-
-
 # name: (num_layers, d_model, num_heads, context_length, vocab_size)
 PRESETS = {
     "gpt2": (12, 768, 12, 1024, 50257),
@@ -265,15 +250,16 @@ PRESETS = {
 
 
 def make_config(arch="llama", num_layers=12, d_model=768, num_heads=12, context_length=1024, vocab_size=50257,
-                d_ff=None, ffn_type="swiglu", rope_theta=10000.0, pad_vocab_to_multiple_of=1):
-    """A model_config()-style dict for either architecture (the names model.py uses)."""
+                d_ff=0, ffn_type="swiglu", pad_vocab_to_multiple_of=1):
+    """The model_config() dict of either architecture from the shared names; model.py's dataclasses fill in the
+    rest (d_ff 0: 8/3 d_model rounded to 64 for swiglu, 4 d_model for silu)."""
     if arch == "gpt2":
-        return dict(arch="gpt2", block_size=context_length, vocab_size=vocab_size, n_layer=num_layers,
-                    n_head=num_heads, n_embd=d_model, pad_vocab_to_multiple_of=pad_vocab_to_multiple_of)
-    if d_ff is None:
-        d_ff = llama_d_ff(d_model) if ffn_type == "swiglu" else 4 * d_model
-    return dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=d_model,
-                num_layers=num_layers, num_heads=num_heads, d_ff=d_ff, rope_theta=rope_theta, ffn_type=ffn_type)
+        c = model_lib.GPTConfig(block_size=context_length, vocab_size=vocab_size, n_layer=num_layers,
+                                n_head=num_heads, n_embd=d_model, pad_vocab_to_multiple_of=pad_vocab_to_multiple_of)
+    else:
+        c = model_lib.TransformerLMConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
+                                          ffn_type=ffn_type)
+    return {"arch": arch, **asdict(c)}
 
 
 def _num(x):
@@ -372,16 +358,13 @@ def _contexts(values):
 
 def _load_config(path):
     """The model_config of a train.py checkpoint; any problem -> SystemExit naming --ckpt."""
-    import torch
-    if os.path.isdir(path):
-        raise SystemExit(f"flops.py: --ckpt {path}: is a directory; expected a checkpoint file")
-    if not os.path.isfile(path):
-        raise SystemExit(f"flops.py: --ckpt {path}: no such file")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # truncated zip, empty file, not a pickle: torch's messages run to many lines
-        raise SystemExit(f"flops.py: --ckpt {path}: not a readable checkpoint (truncated or corrupt?)")
-    if not isinstance(ckpt, dict) or "model_config" not in ckpt:
+        ckpt = model_lib.read_checkpoint(path)
+    except FileNotFoundError:
+        raise SystemExit(f"flops.py: --ckpt {path}: no such file") from None
+    except ValueError as e:
+        raise SystemExit(f"flops.py: --ckpt {e}") from None
+    if "model_config" not in ckpt:
         raise SystemExit(f"flops.py: --ckpt {path}: no 'model_config' in the checkpoint")
     return ckpt["model_config"]
 
@@ -446,7 +429,7 @@ def main():
         pick = lambda value, preset: preset if value is None else value  # an override of 0 was rejected above
         cfg = make_config(arch, num_layers=pick(args.num_layers, L), d_model=pick(args.d_model, d),
                           num_heads=pick(args.num_heads, h), context_length=pick(args.context_length, T),
-                          vocab_size=pick(args.vocab_size, V), d_ff=args.d_ff, ffn_type=args.ffn_type or "swiglu",
+                          vocab_size=pick(args.vocab_size, V), d_ff=args.d_ff or 0, ffn_type=args.ffn_type or "swiglu",
                           pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of or 1)
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
     for g in gpus:

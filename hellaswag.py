@@ -35,6 +35,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import model as model_lib
+from sample import load_model_and_tokenizer
+
 # the original repository's copies (rowanz/hellaswag); only val has labels we can score (test is hidden)
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 DATA_DIR = Path(__file__).resolve().parent / "data" / "hellaswag"
@@ -158,15 +161,9 @@ def _render(example, tokenizer, max_len):
     return tokens, mask, example["label"], len(ctx_tokens) < num_ctx
 
 
-def forward_logits(model, idx):
-    """Logits (B, T, vocab) from either model.py architecture: GPT returns (logits, loss), TransformerLM logits."""
-    out = model(idx)
-    return out[0] if isinstance(out, tuple) else out
-
-
 def score_endings(model, tokens, mask):
     """Per row: summed and average cross-entropy of the tokens where mask is 1 -> (sum_loss, avg_loss), (N,) each."""
-    logits = forward_logits(model, tokens)[:, :-1]  # position t predicts token t+1
+    logits = model_lib.logits(model, tokens)[:, :-1]  # position t predicts token t+1
     targets, scored = tokens[:, 1:], mask[:, 1:].bool()
     # cross-entropy (in float32) only where it counts: the ending tokens are a fraction of a padded batch,
     # and with a 50k vocabulary the full (B, T, vocab) float32 copy is the largest tensor in the evaluation
@@ -174,18 +171,6 @@ def score_endings(model, tokens, mask):
     losses[scored] = F.cross_entropy(logits[scored].float(), targets[scored], reduction="none")
     sum_loss = losses.sum(dim=1)
     return sum_loss, sum_loss / scored.sum(dim=1)
-
-
-def unwrap(model):
-    """The plain module under DDP / torch.compile wrappers. Evaluation runs eagerly on it: HellaSwag's varying
-    shapes would make a compiled module recompile, and DDP's forward would expect every rank to step in lockstep."""
-    while True:
-        if hasattr(model, "_orig_mod"):  # torch.compile
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
 
 
 def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, verbose=False,
@@ -201,8 +186,8 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     Runs under no_grad in eval mode and restores the previous mode, so it can be called mid-training; pass
     the uncompiled module (wrappers are stripped anyway). Ties go to the lowest ending index.
     """
-    model = unwrap(model)
-    was_training = model.training
+    model = model_lib.unwrap(model)   # eagerly: the varying shapes would recompile a compiled module, and DDP's
+    was_training = model.training    # forward would expect every rank to step in lockstep
     model.eval()
     max_len = getattr(model, "context_length", None)
     mine = range(ddp_rank, len(examples), ddp_world_size)
@@ -269,51 +254,12 @@ def result_line(r):
 
 
 def load_model(args, device, prog="hellaswag.py"):
-    """(model, tokenizer) from --ckpt or --init_from; any problem -> SystemExit naming prog and the flag.
-    lambada.py loads its model through this too."""
-    from bpe import load_tokenizer, tokenizer_fingerprint  # here: evaluate() works with any module and tokenizer
-    from model import GPT, model_from_checkpoint, read_checkpoint
-    if args.init_from:
-        try:
-            model = GPT.from_pretrained(args.init_from)
-        except Exception as e:  # unknown name, offline hub, broken directory: all end the same way
-            raise SystemExit(f"{prog}: --init_from {args.init_from}: cannot load GPT-2 weights ({e})")
-        ref = args.tokenizer or "gpt2"
-        where = "--tokenizer" if args.tokenizer else "--init_from"
-        trained_with = None
-    else:
-        if not os.path.exists(args.ckpt):
-            raise SystemExit(f"{prog}: --ckpt {args.ckpt}: no such file")
-        try:
-            ckpt = read_checkpoint(args.ckpt)
-        except ValueError as e:
-            raise SystemExit(f"{prog}: --ckpt {e}")
-        if "model" not in ckpt or "model_config" not in ckpt:
-            raise SystemExit(f"{prog}: --ckpt {args.ckpt}: expected a train.py checkpoint "
-                             "(a dict with model, model_config, tokenizer)")
-        try:
-            model = model_from_checkpoint(ckpt, device="cpu")
-        except ValueError as e:
-            raise SystemExit(f"{prog}: --ckpt {args.ckpt}: {e}")
-        ref = args.tokenizer or ckpt.get("tokenizer")
-        where = "--tokenizer" if args.tokenizer else f"the tokenizer stored in {args.ckpt}"
-        trained_with = ckpt.get("tokenizer_fingerprint")   # content hash (older checkpoints: none)
-        if not ref:
-            raise SystemExit(f"{prog}: --ckpt {args.ckpt} names no tokenizer; pass --tokenizer gpt2|DIR")
+    """(model, tokenizer) from --ckpt or --init_from (and --tokenizer) through sample.load_model_and_tokenizer; any
+    problem -> SystemExit naming prog and the flag. lambada.py loads its model through this too."""
     try:
-        tokenizer = load_tokenizer(ref)
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"{prog}: {where} ({ref!r}) cannot be loaded ({e}); pass --tokenizer gpt2|DIR")
-    if tokenizer.vocab_size > model.vocab_size:
-        raise SystemExit(f"{prog}: {where} ({ref!r}) has {tokenizer.vocab_size} tokens but the model only "
-                         f"{model.vocab_size}: not the tokenizer this model was trained with")
-    if trained_with and (now := tokenizer_fingerprint(ref)) != trained_with:   # same size, other tokens
-        what = (f"{prog}: {where} ({ref!r}) is not the tokenizer this model was trained with (fingerprint {now}, "
-                f"the checkpoint's {trained_with})")
-        if not args.tokenizer:   # retrained in its folder since; a --tokenizer given is the user's choice
-            raise SystemExit(f"{what}; pass --tokenizer gpt2|DIR")
-        print(f"{what}; using it as asked", file=sys.stderr)
-    return model.to(device), tokenizer
+        return load_model_and_tokenizer(args.ckpt, args.init_from, device, args.tokenizer)
+    except ValueError as e:
+        raise SystemExit(f"{prog}: {e}") from None
 
 
 def setup_device(device, prog):
@@ -322,16 +268,15 @@ def setup_device(device, prog):
     on CUDA, as the reference figures were measured. lambada.py uses this too."""
     ddp = "RANK" in os.environ
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    from model import rank_gpu, resolve_device
     try:
-        resolve_device(device)
+        model_lib.resolve_device(device)
     except ValueError as e:
         raise SystemExit(f"{prog}: {e}")
     rank, world_size = 0, 1
     if ddp:
         if device.startswith("cuda"):
             try:
-                device = str(rank_gpu(int(os.environ["LOCAL_RANK"])))
+                device = str(model_lib.rank_gpu(int(os.environ["LOCAL_RANK"])))
             except ValueError as e:
                 raise SystemExit(f"{prog}: {e}")
             torch.cuda.set_device(device)

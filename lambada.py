@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hellaswag import Unscorable, download, forward_logits, load_model, read_jsonl, setup_device, unwrap
+import model as model_lib
+from hellaswag import Unscorable, download, load_model, read_jsonl, setup_device
 
 # OpenAI's copy (the one the harness's lambada_openai task was built from)
 TEST_URL = "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
@@ -96,7 +97,7 @@ def render_example(example, tokenizer, max_len=None):
 def score_targets(model, tokens, mask):
     """Per row of a right-padded batch: the summed negative log-likelihood of the tokens where mask is 1, and
     whether every one of them is the model's argmax -> (nll (N,), greedy (N,) bool)."""
-    logits = forward_logits(model, tokens[:, :-1])  # position t predicts token t+1; the last token is no input
+    logits = model_lib.logits(model, tokens[:, :-1])  # position t predicts token t+1; the last token is no input
     targets, scored = tokens[:, 1:], mask[:, 1:].bool()
     picked = logits[scored].float()  # only the target positions: a 50k vocabulary makes full logits costly
     nll = torch.zeros(targets.shape, device=logits.device)
@@ -117,7 +118,7 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     together and all get the totals. batch_size passages go through one padded forward. Runs under no_grad
     in eval mode and restores the previous mode, so it can be called mid-training (wrappers are stripped).
     """
-    model = unwrap(model)
+    model = model_lib.unwrap(model)
     was_training = model.training
     model.eval()
     max_len = getattr(model, "context_length", None)

@@ -6,24 +6,58 @@
 2. GPT-2 (the nanoGPT / Hugging Face shape): learned positions, LayerNorm, GELU MLP, biases, tied lm_head;
    loads OpenAI's released weights.
 
-Both share one small surface so train.py, sample.py and hellaswag.py treat them alike:
-    model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict),
-    model_from_checkpoint(ckpt), get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss(),
-    resolve_device(name) for the scripts' --device flag, and rank_gpu(local_rank) for torchrun's processes.
+Each model is built from its config dataclass (TransformerLMConfig, GPTConfig), declared once here: every field
+is a train.py flag with its default and help, is stored in checkpoints (model_config()), is rebuilt by
+model_from_checkpoint, and is counted by flops.py (which builds the model on the meta device). An ablation is a
+field and its use, both in this file (README: Hacking).
+
+Both models share one small surface so train.py, sample.py and the evaluators treat them alike:
+    model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict), load_model(),
+    get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss(), unwrap().
 
     python -c "import model; m = model.GPT.from_pretrained('gpt2'); print(m.get_num_params())"
 """
 import json
 import math
-import mmap
 import os
 import socket
+from dataclasses import asdict, dataclass, field, fields, replace
 from urllib.parse import urlparse
-from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F  # only for the sdpa switch and the GPT-2 variant
+
+# ----------------------------------------------------------------------------------------------------------
+# Settings: a dataclass field that is also a command-line flag (train.py reads these; so do its own settings)
+
+CHECKS = {  # the range a setting may be held to; the key is also what its error message says
+    ">= 1": lambda v: v >= 1,
+    ">= 0": lambda v: v >= 0,
+    "finite and >= 0": lambda v: 0 <= v < math.inf,
+    "finite and > 0": lambda v: 0 < v < math.inf,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 2**32)": lambda v: 0 <= v < 2 ** 32,
+}
+
+
+def setting(default, help, check=None, choices=None, **meta):
+    """A dataclass field with its --help text, a range check (a key of CHECKS) or allowed values, and any other
+    metadata train.py reads (flag: the flag's name when it differs from the field's, None for no flag)."""
+    if check is not None and check not in CHECKS:
+        raise ValueError(f"setting: unknown check {check!r}; expected one of {list(CHECKS)}")
+    return field(default=default, metadata=dict(help=help, check=check, choices=choices, **meta))
+
+
+def check_setting(name, value, f):
+    """A ValueError naming `name` (train.py passes the flag) when value breaks field f's check or choices."""
+    check, choices = f.metadata.get("check"), f.metadata.get("choices")
+    if check and not CHECKS[check](value):   # (the checks are written so that NaN fails too)
+        raise ValueError(f"{name} must be {check}, got {value}")
+    if choices and value not in choices:
+        raise ValueError(f"{name}: expected {' or '.join(map(str, choices))}, got {value!r}")
 
 
 def _check_ids(idx, vocab_size, context_length, who):
@@ -204,7 +238,7 @@ def _causal_attention(q, k, v, attn_impl):
 
 # "scratch" is the readable reference above; "sdpa" (the default) is numerically the same, fused (flash attention
 # on GPU, a blocked kernel on CPU), never materialises the (T, T) scores, and measured faster on CPU
-ATTN_IMPLS = ("scratch", "sdpa")
+ATTN_IMPLS = ("sdpa", "scratch")
 
 
 class KVCache:
@@ -267,18 +301,59 @@ class MultiHeadSelfAttention(nn.Module):
         return self.output_proj(y.transpose(-3, -2).flatten(-2))
 
 
+def llama_d_ff(d_model):
+    """SwiGLU width: 8/3 d_model (same parameters as a 4x GELU MLP) rounded to the nearest multiple of 64."""
+    return max(64, round(8 * d_model / 3 / 64) * 64)
+
+
+@dataclass
+class TransformerLMConfig:
+    """The Llama-style model. The first seven fields are TransformerLM's positional arguments (CS336's order);
+    the others are its switches. Defaults: the main job's small model (train.py's flag defaults)."""
+    vocab_size: int = setting(2048, "vocabulary size (train.py: what data preparation trains; the model takes the "
+                                    "data's)", check=">= 1")
+    context_length: int = setting(128, "tokens per training window (GPT-2: block_size)", check=">= 1")
+    d_model: int = setting(128, "width (GPT-2: n_embd)", check=">= 1")
+    num_layers: int = setting(4, "Transformer blocks (GPT-2: n_layer)", check=">= 1")
+    num_heads: int = setting(4, "attention heads (GPT-2: n_head)", check=">= 1")
+    d_ff: int = setting(0, "Llama feed-forward width (0 = 8/3*d_model rounded to 64, at least 64, for swiglu; "
+                           "4*d_model for silu)", check=">= 0")
+    rope_theta: float = setting(10000.0, "Llama: RoPE base", check="finite and > 0")
+    remove_rmsnorm: bool = setting(False, "Llama ablation: no RMSNorm anywhere (ln_final included)")
+    use_post_norm: bool = setting(False, "Llama ablation: post-norm blocks (normalise after each residual add)")
+    remove_rope: bool = setting(False, "Llama ablation: no position information (NoPE)")
+    ffn_type: str = setting("swiglu", "Llama ablation: swiglu | silu (W2 SiLU(W1 x), no gate)",
+                            choices=("swiglu", "silu"))
+    attn_impl: str = setting("sdpa", "sdpa (F.scaled_dot_product_attention, flash on GPU) | scratch (the "
+                                     "from-primitives path)", choices=ATTN_IMPLS)
+
+    def __post_init__(self):
+        self.ffn_type = self.ffn_type or "swiglu"   # CS336 configs pass None for the default
+        for f in fields(self):
+            check_setting(f.name, getattr(self, f.name), f)
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model {self.d_model} must be divisible by num_heads {self.num_heads}")
+        if not self.d_ff:   # callers pass d_ff = 4 d_model for the SiLU FFN to keep parameter counts comparable
+            self.d_ff = llama_d_ff(self.d_model) if self.ffn_type == "swiglu" else 4 * self.d_model
+
+
+def norm_layer(config, d_model, device=None, dtype=None):
+    """The normalisation of a block (ln1, ln2) and of the model's end (ln_final); None removes it."""
+    return None if config.remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
+
+
 class TransformerBlock(nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, max_seq_len, theta, remove_rmsnorm=False, use_post_norm=False,
-                 ffn_type="swiglu", attn_impl="sdpa", device=None, dtype=None):
+    """Pre-norm block: x + attn(ln1(x)), then x + ffn(ln2(x)). config: the TransformerLMConfig whose switches
+    (ablations, attn_impl) it follows; None = the defaults."""
+
+    def __init__(self, d_model, num_heads, d_ff, max_seq_len, theta, config=None, device=None, dtype=None):
         super().__init__()
-        self.use_post_norm = use_post_norm
-        self.ln1 = None if remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
-        self.attn = MultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, attn_impl, device, dtype)
-        self.ln2 = None if remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
-        ffn_cls = {"swiglu": SwiGLU, None: SwiGLU, "silu": SiLUFFN}.get(ffn_type)
-        if ffn_cls is None:
-            raise ValueError(f"TransformerBlock: ffn_type must be 'swiglu' or 'silu', got {ffn_type!r}")
-        self.ffn = ffn_cls(d_model, d_ff, device, dtype)
+        c = config or TransformerLMConfig(d_model=d_model, num_heads=num_heads)
+        self.use_post_norm = c.use_post_norm
+        self.ln1 = norm_layer(c, d_model, device, dtype)
+        self.attn = MultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, c.attn_impl, device, dtype)
+        self.ln2 = norm_layer(c, d_model, device, dtype)
+        self.ffn = (SwiGLU if c.ffn_type == "swiglu" else SiLUFFN)(d_model, d_ff, device, dtype)
 
     @staticmethod
     def _norm(ln, x):
@@ -293,41 +368,40 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
+    """TransformerLM(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta, **switches):
+    the keywords are the fields of TransformerLMConfig, which the model keeps as self.config."""
+
     def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta=10000.0,
-                 remove_rmsnorm=False, use_post_norm=False, remove_rope=False, ffn_type="swiglu",
-                 attn_impl="sdpa", device=None, dtype=None):
+                 device=None, dtype=None, **switches):
         super().__init__()
-        self.vocab_size, self.context_length = vocab_size, context_length
-        self._config = dict(vocab_size=vocab_size, context_length=context_length, d_model=d_model,
-                            num_layers=num_layers, num_heads=num_heads, d_ff=d_ff, rope_theta=rope_theta,
-                            remove_rmsnorm=remove_rmsnorm, use_post_norm=use_post_norm, remove_rope=remove_rope,
-                            ffn_type=ffn_type or "swiglu", attn_impl=attn_impl)
-        theta = None if remove_rope else rope_theta
-        self.token_embeddings = Embedding(vocab_size, d_model, device, dtype)
-        self.layers = nn.ModuleList(
-            TransformerBlock(d_model, num_heads, d_ff, context_length, theta, remove_rmsnorm, use_post_norm,
-                             ffn_type, attn_impl, device, dtype) for _ in range(num_layers))
+        self.config = c = TransformerLMConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
+                                              rope_theta, **switches)
+        self.vocab_size, self.context_length = c.vocab_size, c.context_length
+        theta = None if c.remove_rope else c.rope_theta
+        self.token_embeddings = Embedding(c.vocab_size, c.d_model, device, dtype)
+        self.layers = nn.ModuleList(TransformerBlock(c.d_model, c.num_heads, c.d_ff, c.context_length, theta, c,
+                                                     device, dtype) for _ in range(c.num_layers))
         # with use_post_norm the last block already ends in a norm; ln_final stays anyway (a learned rescale),
         # so every ablation keeps the same state-dict keys except remove_rmsnorm and ffn_type="silu" (no w3)
-        self.ln_final = None if remove_rmsnorm else RMSNorm(d_model, device=device, dtype=dtype)
-        self.lm_head = Linear(d_model, vocab_size, device, dtype)
+        self.ln_final = norm_layer(c, c.d_model, device, dtype)
+        self.lm_head = Linear(c.d_model, c.vocab_size, device, dtype)
 
     def model_config(self):
-        return {"arch": "llama", **self._config}
+        return {"arch": "llama", **asdict(self.config)}
 
     def get_num_params(self, non_embedding=True):
         """Non-embedding excludes the token-embedding lookup; the (untied) lm_head is a matmul and counts."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.token_embeddings.weight.numel() if non_embedding else n
 
-    def forward(self, idx, token_positions=None, kv_cache=None, lm_head=None):
+    def forward(self, idx, token_positions=None, kv_cache=None):
         _check_ids(idx, self.vocab_size, self.context_length, "TransformerLM")
         x = self.token_embeddings(idx)
         for i, layer in enumerate(self.layers):
             x = layer(x, token_positions, kv_cache, i)
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return (lm_head or self.lm_head)(x)  # lm_head: the same product by another kernel (sample.py's packed head)
+        return self.lm_head(x)
 
     def init_kv_cache(self, batch_size, max_seq_len=None, device=None, dtype=None):
         p = self.lm_head.weight
@@ -335,13 +409,13 @@ class TransformerLM(nn.Module):
         return KVCache(len(self.layers), batch_size, attn.num_heads, max_seq_len or self.context_length, attn.d_k,
                        device or p.device, dtype or p.dtype)
 
-    def forward_with_cache(self, idx, cache, lm_head=None):
+    def forward_with_cache(self, idx, cache):
         """Logits for idx at positions cache.pos.., attending to everything cached; advances cache.pos."""
         cache.check_room(idx.size(1), "TransformerLM.forward_with_cache")
         if cache.pos + idx.size(1) > self.context_length:
             raise ValueError(f"TransformerLM.forward_with_cache: position {cache.pos + idx.size(1)} exceeds "
                              f"context_length {self.context_length}")
-        logits = self(idx, kv_cache=cache, lm_head=lm_head)
+        logits = self(idx, kv_cache=cache)
         cache.pos += idx.size(1)
         return logits
 
@@ -395,13 +469,28 @@ def cross_entropy(logits, targets, num_classes=None):
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024
-    vocab_size: int = 50257
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    pad_vocab_to_multiple_of: int = 1  # 64/128: aligned matmul shapes on GPU (50257 -> 50304)
-    attn_impl: str = "sdpa"
+    """GPT-2's shape (defaults: the 124M model). `flag`: the train.py flag each field is set by (the flags are
+    named as the Llama model's, so one command line serves both)."""
+    block_size: int = setting(1024, "positions", check=">= 1", flag="context_length")
+    vocab_size: int = setting(50257, "vocabulary size", check=">= 1")
+    n_layer: int = setting(12, "blocks", check=">= 1", flag="num_layers")
+    n_head: int = setting(12, "attention heads", check=">= 1", flag="num_heads")
+    n_embd: int = setting(768, "width", check=">= 1", flag="d_model")
+    pad_vocab_to_multiple_of: int = setting(1, "64/128: aligned matmul shapes on GPU (50257 -> 50304); train.py sets "
+                                               "it from --pad_vocab", flag=None)
+    attn_impl: str = setting("sdpa", "sdpa | scratch", choices=ATTN_IMPLS)
+
+    def __post_init__(self):
+        for f in fields(self):
+            check_setting(f.name, getattr(self, f.name), f)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPT: n_embd {self.n_embd} must be divisible by n_head {self.n_head}")
+
+
+def padded_vocab(vocab_size, multiple):
+    """vocab_size rounded up to a multiple (GPT-2's 50257 -> 50304 at 64)."""
+    m = max(1, int(multiple or 1))
+    return (vocab_size + m - 1) // m * m
 
 
 class CausalSelfAttention(nn.Module):
@@ -448,62 +537,36 @@ _HUB_NAMES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large"
               "gpt2-xl": (48, 25, 1600)}
 
 
-def _hub_reachable(timeout=3.0):
-    """A quick probe: offline, huggingface_hub retries for ~30 s per file before it falls back to its cache."""
+def hub_reachable(timeout=3.0):
+    """(ok, why not): a quick probe of the Hugging Face hub. Offline, huggingface_hub retries for ~25 s per file
+    and `datasets` for minutes before they give up (fineweb.py asks this too)."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "0").lower() not in ("0", "", "false", "no"):
+            return False, f"{var} is set"
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     proxies = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") + (("HTTP_PROXY", "http_proxy")
                                                                            if url.scheme == "http" else ())
     if any(os.environ.get(v) for v in proxies):
-        return True  # behind a proxy a direct connection proves nothing: let huggingface_hub try
+        return True, "behind a proxy: not probed"   # a direct connection would prove nothing
     try:
         host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
     except ValueError:  # a port out of range
         host = None
-    if host is None:  # a malformed HF_ENDPOINT: let huggingface_hub say what is wrong with it
-        return True
+    if host is None:  # a malformed HF_ENDPOINT: let the hub client say what is wrong with it
+        return True, "HF_ENDPOINT not understood: not probed"
     try:
         socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                       "U8": torch.uint8, "BOOL": torch.bool}
-
-
-def load_safetensors(path):
-    """Read a .safetensors file: 8-byte header length, a JSON header of dtype/shape/offsets, raw bytes."""
-    with open(path, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_len))
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable copy-on-write view, no full read
-    base = 8 + header_len
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype, (start, end) = _SAFETENSORS_DTYPES[info["dtype"]], info["data_offsets"]
-        if end == start:
-            out[name] = torch.empty(info["shape"], dtype=dtype)
-        else:
-            t = torch.frombuffer(buf, dtype=dtype, count=(end - start) // dtype.itemsize, offset=base + start)
-            out[name] = t.reshape(info["shape"])
-    return out
+        return True, ""
+    except OSError as e:
+        return False, f"cannot reach {host} ({e})"
 
 
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
-        if config.n_embd % config.n_head:
-            raise ValueError(f"GPT: n_embd {config.n_embd} must be divisible by n_head {config.n_head}")
-        if config.attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"GPT: attn_impl must be one of {ATTN_IMPLS}, got {config.attn_impl!r}")
         self.config = config
         self.vocab_size, self.context_length = config.vocab_size, config.block_size
-        m = max(1, config.pad_vocab_to_multiple_of)
-        self.padded_vocab_size = (config.vocab_size + m - 1) // m * m
+        self.padded_vocab_size = padded_vocab(config.vocab_size, config.pad_vocab_to_multiple_of)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(self.padded_vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
@@ -533,14 +596,14 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def _logits(self, idx, kv_cache=None, lm_head=None):
+    def _logits(self, idx, kv_cache=None):
         _check_ids(idx, self.vocab_size, self.context_length, "GPT")
         start = kv_cache.pos if kv_cache is not None else 0
         pos = torch.arange(start, start + idx.size(1), device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for i, block in enumerate(self.transformer.h):
             x = block(x, kv_cache, i)
-        return (lm_head or self.lm_head)(self.transformer.ln_f(x))  # (B, T, padded vocab)
+        return self.lm_head(self.transformer.ln_f(x))  # (B, T, padded vocab)
 
     def forward(self, idx, targets=None):
         logits = self._logits(idx)
@@ -553,12 +616,12 @@ class GPT(nn.Module):
         return KVCache(c.n_layer, batch_size, c.n_head, max_seq_len or c.block_size, c.n_embd // c.n_head,
                        device or p.device, dtype or p.dtype)
 
-    def forward_with_cache(self, idx, cache, lm_head=None):
+    def forward_with_cache(self, idx, cache):
         cache.check_room(idx.size(1), "GPT.forward_with_cache")
         if cache.pos + idx.size(1) > self.context_length:
             raise ValueError(f"GPT.forward_with_cache: position {cache.pos + idx.size(1)} exceeds block_size "
                              f"{self.context_length}")
-        logits = self._logits(idx, cache, lm_head)
+        logits = self._logits(idx, cache)
         cache.pos += idx.size(1)
         return logits[..., : self.vocab_size]
 
@@ -573,7 +636,7 @@ class GPT(nn.Module):
                      if os.path.isfile(os.path.join(folder, f))}
         elif name_or_path in _HUB_NAMES:
             repo = f"openai-community/{name_or_path}"
-            online = _hub_reachable()  # offline, a copy downloaded before still loads, at once
+            online = hub_reachable()[0]  # offline, a copy downloaded before still loads, at once
             try:
                 from huggingface_hub import hf_hub_download
 
@@ -607,12 +670,13 @@ class GPT(nn.Module):
                                  f"(this GPT implements OpenAI's GPT-2: {key} {allowed[0]!r})")
         config = GPTConfig(block_size=hf.get("n_positions", hf.get("n_ctx", 1024)), vocab_size=hf["vocab_size"],
                            n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"])
-        for key, value in overrides.items():
-            if not hasattr(config, key):
-                raise ValueError(f"GPT.from_pretrained: unknown GPTConfig field {key!r}")
-            setattr(config, key, value)
+        unknown = sorted(set(overrides) - {f.name for f in fields(GPTConfig)})
+        if unknown:
+            raise ValueError(f"GPT.from_pretrained: unknown GPTConfig field {unknown[0]!r}")
+        config = replace(config, **overrides)
         if "model.safetensors" in files:
-            sd_hf = load_safetensors(files["model.safetensors"])
+            from safetensors.torch import load_file
+            sd_hf = load_file(files["model.safetensors"])
         else:
             sd_hf = torch.load(files["pytorch_model.bin"], map_location="cpu", weights_only=True)
 
@@ -650,31 +714,44 @@ class GPT(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The common surface used by train.py, sample.py and hellaswag.py (flops.py reads model_config() dicts)
+# The common surface used by train.py, sample.py and the evaluators (flops.py builds models from configs too)
+
+ARCHS = {"llama": "TransformerLMConfig", "gpt2": "GPTConfig"}   # model_config()["arch"] -> its config class
+
+
+def config_class(arch):
+    """The config dataclass of an architecture, looked up by name when asked (so a test can swap in its own)."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be {' or '.join(map(repr, ARCHS))}, got {arch!r}")
+    return globals()[ARCHS[arch]]
+
 
 def build_model(cfg):
-    """Rebuild a model from its model_config() dict (as stored in checkpoints)."""
+    """Build a model from a model_config() dict (as stored in checkpoints): {"arch": ..., **config fields}."""
     if not isinstance(cfg, dict):
         raise ValueError(f"build_model: expected a model_config dict, got {type(cfg).__name__}")
     cfg = dict(cfg)
     arch = cfg.pop("arch", None)
-    if arch not in ("llama", "gpt2"):
-        raise ValueError(f"build_model: cfg['arch'] must be 'llama' or 'gpt2', got {arch!r}")
-    if arch == "gpt2":
-        known = {f.name for f in fields(GPTConfig)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"build_model: unknown gpt2 config keys {unknown}; expected some of {sorted(known)}")
     try:
-        return TransformerLM(**cfg) if arch == "llama" else GPT(GPTConfig(**cfg))
-    except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as e:  # a missing key, a size of 0 or -1, ...
+        cls = config_class(arch)
+    except ValueError as e:
+        raise ValueError(f"build_model: {e}") from None
+    known = {f.name for f in fields(cls)}
+    if set(cfg) - known:
+        raise ValueError(f"build_model: unknown {arch} config keys {sorted(set(cfg) - known)}; expected some of "
+                         f"{sorted(known)}")
+    try:
+        config = cls(**cfg)
+    except (TypeError, ValueError) as e:  # a size of 0 or -1, an unknown ffn_type, ...
         raise ValueError(f"build_model: bad {arch} config {cfg}: {e}") from None
+    return GPT(config) if arch == "gpt2" else TransformerLM(**asdict(config))
 
 
-def _unwrap(model):
-    """The bare module inside DDP (.module) and torch.compile (._orig_mod) wrappers."""
-    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = getattr(model, "module", None) or model._orig_mod
+def unwrap(model):
+    """The bare model inside the wrappers train.py puts around it: DDP and train.LossOf (.module),
+    torch.compile (._orig_mod). Evaluation and generation run on it, eagerly."""
+    while isinstance(getattr(model, "module", None), nn.Module) or hasattr(model, "_orig_mod"):
+        model = model._orig_mod if hasattr(model, "_orig_mod") else model.module
     return model
 
 
@@ -682,7 +759,7 @@ def param_groups(model, weight_decay):
     """AdamW groups: every matrix (>= 2-D: linear weights AND embeddings) is decayed; biases and norm gains
     are not. Embeddings are decayed because GPT-2's wte is also its output matrix (tied), and one rule for
     both models keeps ablations comparable (nanoGPT / CS336 do the same)."""
-    params = [p for p in _unwrap(model).parameters() if p.requires_grad]
+    params = [p for p in unwrap(model).parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -745,6 +822,35 @@ def model_from_checkpoint(ckpt, device="cpu"):
     return model.to(device)
 
 
+def load_model(ckpt_path=None, init_from=None, device="cpu"):
+    """The model of a train.py checkpoint (--ckpt) or of released GPT-2 weights (--init_from) -> (model, ckpt).
+    For --init_from, ckpt is {"tokenizer": "gpt2"}: GPT-2's own. Any problem is one ValueError naming the flag.
+    sample.py, hellaswag.py, lambada.py and eval.py load through this."""
+    if init_from:
+        try:
+            return GPT.from_pretrained(init_from).to(device), {"tokenizer": "gpt2"}
+        except Exception as e:  # an unknown name, the hub offline, a broken folder: all end the same way
+            raise ValueError(f"--init_from {init_from}: cannot load GPT-2 weights ({e})") from None
+    if not os.path.exists(ckpt_path):
+        raise ValueError(f"--ckpt {ckpt_path}: no such checkpoint (train one with `python train.py`, or use "
+                         f"--init_from=gpt2)")
+    try:
+        ckpt = read_checkpoint(ckpt_path)   # on the CPU: only the weights go to the device
+    except ValueError as e:
+        raise ValueError(f"--ckpt {e}") from None
+    if "model_config" not in ckpt or "model" not in ckpt:
+        raise ValueError(f"--ckpt {ckpt_path}: not a train.py checkpoint (no model / model_config)")
+    try:
+        return model_from_checkpoint(ckpt, device), ckpt
+    except ValueError as e:
+        raise ValueError(f"--ckpt {ckpt_path}: {e}") from None
+
+
+def describe(model):
+    """'llama, 1.28M parameters': what a script says it loaded."""
+    return f"{model.model_config()['arch']}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
+
+
 def unwrapped_state_dict(state):
     """Keys without the prefixes that torch.compile (_orig_mod.) and DDP (module.) wrappers add, in any order."""
     out = {}
@@ -775,9 +881,15 @@ def load_state_dict_checked(model, state):
     model.load_state_dict(state, strict=arch != "gpt2" or "lm_head.weight" in state)
 
 
+def logits(model, idx):
+    """Logits (B, T, vocab) of either architecture: GPT returns (logits, loss), TransformerLM the logits."""
+    out = model(idx)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def lm_loss(model, idx, targets, arch=None):
     """Mean next-token cross-entropy for either architecture, by calling the (possibly wrapped) module."""
-    arch = arch or _unwrap(model).model_config()["arch"]
+    arch = arch or unwrap(model).model_config()["arch"]
     if arch == "gpt2":
         return model(idx, targets)[1]
     return cross_entropy(model(idx), targets)

@@ -33,6 +33,7 @@ import model as M
 import numpy as np
 import pytest
 import regex
+import runs
 import sample
 import stories
 import torch
@@ -66,6 +67,12 @@ def _torch_threads_restored():
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent (fresh machine): real-text test skipped")
 needs_gpt2_files = pytest.mark.skipif(not HAVE_GPT2_FILES, reason=f"GPT-2's tokenizer files are not in {TIKTOKEN_CACHE} "
                                       "(../shared/tiktoken_cache or TIKTOKEN_CACHE_DIR): unavailable offline")
+
+def _one_line_naming(message, prefix, *named):
+    """A bad-input error is one line that starts with what it is about (a flag, a file) and names the values."""
+    assert message.startswith(prefix) and "\n" not in message, message
+    assert all(str(n) in message for n in named), (message, named)
+
 
 # ==== merged sections ====
 
@@ -848,7 +855,7 @@ def test_model_attention_is_causal_and_uses_positions():
 def test_model_block_pre_and_post_norm_structure():
     torch.manual_seed(0)
     pre = M.TransformerBlock(64, 4, 96, 32, 10000.0)
-    post = M.TransformerBlock(64, 4, 96, 32, 10000.0, use_post_norm=True)
+    post = M.TransformerBlock(64, 4, 96, 32, 10000.0, M.TransformerLMConfig(use_post_norm=True))
     post.load_state_dict(pre.state_dict())
     x = torch.randn(2, 8, 64)
     h = x + pre.attn(pre.ln1(x))
@@ -998,7 +1005,7 @@ def test_model_from_pretrained_offline_is_one_line(monkeypatch):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
     monkeypatch.setattr(hub, "hf_hub_download", offline)
     for reachable, why in [(True, "couldn't connect"), (False, "the hub is unreachable and no copy is in its local cache")]:
-        monkeypatch.setattr(M, "_hub_reachable", lambda reachable=reachable: reachable)
+        monkeypatch.setattr(M, "hub_reachable", lambda reachable=reachable: (reachable, ""))
         with pytest.raises(ValueError) as e:
             M.GPT.from_pretrained("gpt2")
         assert str(e.value).startswith("GPT.from_pretrained: cannot download openai-community/gpt2 from the Hugging Face")
@@ -1017,9 +1024,9 @@ def test_model_hub_probe(monkeypatch):
         pytest.skip("something listens on 127.0.0.1:443 here")
     except OSError:
         pass
-    assert M._hub_reachable() is False
+    assert M.hub_reachable()[0] is False
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
-    assert M._hub_reachable() is True
+    assert M.hub_reachable()[0] is True
 
 
 def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatch):
@@ -1036,7 +1043,7 @@ def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatc
         ref = hf(ids).logits
     for name, folder, online in [("gpt2-medium", "safe", True), ("gpt2-xl", "pickle", True), ("gpt2", "safe", False)]:
         calls = []
-        monkeypatch.setattr(M, "_hub_reachable", lambda online=online: online)
+        monkeypatch.setattr(M, "hub_reachable", lambda online=online: (online, ""))
 
         def fake_download(repo, filename, local_files_only=False):  # offline: huggingface_hub's cache only
             assert local_files_only is not online
@@ -1060,9 +1067,7 @@ def _fw_hub_probe():
     return ok
 
 
-@pytest.mark.parametrize("probe", [lambda: M._hub_reachable(), _fw_hub_probe],
-                         ids=["model.py", "fineweb.py"])  # the twin probes (model.py imports no project file)
-def test_hub_probe_uses_the_endpoint_port(monkeypatch, probe):
+def test_hub_probe_uses_the_endpoint_port(monkeypatch, probe=_fw_hub_probe):   # fineweb.py asks model.py's
     # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
     import socket
     for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
@@ -1140,22 +1145,11 @@ def test_model_from_pretrained_refuses_an_untied_head(tmp_path):
     dict(arch="gpt2", n_embd=0, n_head=0), dict(arch="gpt2", vocab_size=-1), dict(arch="gpt2", vocab_size="50257"),
     dict(arch="llama", vocab_size=10, context_length=8, d_model=8, num_layers=1, num_heads=0, d_ff=16),
     dict(arch="llama", vocab_size=-1, context_length=8, d_model=8, num_layers=1, num_heads=2, d_ff=16),
-    dict(arch="llama", vocab_size=10), None, ["arch", "gpt2"]])
+    None, ["arch", "gpt2"]])
 def test_model_build_model_bad_config_is_one_line(cfg):
     with pytest.raises(ValueError, match="^build_model: ") as e:
         M.build_model(cfg)
     assert "\n" not in str(e.value)
-
-
-def test_model_safetensors_reader_matches_library(tmp_path):
-    from safetensors.torch import save_file
-    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int64), "c": torch.randn(2).bfloat16(),
-               "d": torch.zeros(0, 3)}
-    save_file(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
-    got = M.load_safetensors(tmp_path / "x.safetensors")
-    assert set(got) == set(tensors)
-    for k, v in tensors.items():
-        assert got[k].dtype == v.dtype and torch.equal(got[k], v)
 
 
 # ---- behaviour of the whole models ----
@@ -1355,7 +1349,7 @@ def _train_write_tokens(path, ids, vocab_size, eot_id=0, tokenizer=None):
     ids.tofile(path)
     Path(str(path) + ".json").write_text(json.dumps(dict(
         format="tokens-v1", dtype="uint16", vocab_size=vocab_size, num_tokens=len(ids), num_docs=None,
-        tokenizer=tokenizer, eot_id=eot_id)))
+        tokenizer=tokenizer, tokenizer_fingerprint=tokenizer and bpe.tokenizer_fingerprint(tokenizer), eot_id=eot_id)))
 
 
 def _train_docs(n_tokens, seed):
@@ -1484,13 +1478,13 @@ def test_train_get_batch_windows():
 
 def test_train_checkpoint_roundtrip_path_and_bytesio(tmp_path, monkeypatch):
     cfg = _train_cfg(tmp_path, tmp_path)
-    m = M.build_model(train.model_config_from(dict(cfg, _pad_vocab=1), 64))
+    m = M.build_model(train.model_config(cfg, 64, 1))
     opt = train.AdamW(m.parameters(), lr=1e-2)
     x = torch.randint(0, 64, (2, 8))
     M.lm_loss(m, x, x).backward()
     opt.step()
     for target in (tmp_path / "c.pt", io.BytesIO()):
-        train.save_checkpoint(m, opt, 7, target, rng=train.rng_state(), loader={"pos": 3})
+        train.save_checkpoint(m, opt, 7, target, rng=runs.rng_state(), loader={"pos": 3})
         if isinstance(target, io.BytesIO):
             target.seek(0)
         m2 = M.build_model(m.model_config())
@@ -1518,12 +1512,12 @@ def test_train_corrupt_checkpoint_and_data_are_clear_errors(tmp_path, _train_dat
     bad = tmp_path / "bad.pt"
     bad.write_bytes(good.read_bytes()[:40])                           # truncated
     with pytest.raises(ValueError, match="bad.pt: not a readable checkpoint"):
-        train.read_checkpoint(bad)
+        runs.read_train_checkpoint(bad)
     # a token file shorter than its sidecar says
     raw = (_train_data / "train.bin").read_bytes()
     (_train_data / "train.bin").write_bytes(raw[:-6])
     with pytest.raises(ValueError, match="train.bin: .*truncated"):
-        train.load_tokens(_train_data / "train.bin")
+        runs.load_tokens(_train_data / "train.bin")
     # a token id beyond the model's vocabulary is refused before training
     _train_write_tokens(_train_data / "train.bin", [1, 2, 99, 3] * 100, 64)
     with pytest.raises(ValueError, match="token id 99 >= the model's vocab_size 64"):
@@ -1742,14 +1736,6 @@ def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_pat
     s = train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
     assert s["step"] == 3 and s["val_loss"] == straight["val_loss"]
     assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == [0, 3]
-    # a checkpoint from before val_step was saved, at an evaluation step: not evaluated twice
-    cfg = _train_cfg(_train_data, tmp_path / "c", max_iters=4, eval_interval=2)
-    train.train(cfg, log=_train_quiet)
-    ck = torch.load(tmp_path / "c" / "ckpt.pt", weights_only=True)
-    del ck["val_step"]
-    torch.save(ck, tmp_path / "c" / "ckpt.pt")
-    train.train(dict(cfg, resume=True, max_iters=6), log=_train_quiet)
-    assert [r["step"] for r in _train_records(tmp_path / "c", "eval")] == [0, 2, 4, 6]
 
 
 def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
@@ -1782,7 +1768,7 @@ def test_train_resume_that_fails_while_rewriting_the_log_leaves_the_old_log_whol
             f.close()   # opened for writing (so emptied), then nothing more fits
             raise OSError(28, "No space left on device")
         return f
-    monkeypatch.setattr(train, "open", disk_full, raising=False)
+    monkeypatch.setattr(runs, "open", disk_full, raising=False)
     with pytest.raises(OSError, match="No space left"):
         train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True),
                     log=_train_quiet)
@@ -1994,7 +1980,7 @@ def test_train_ddp_main_job_prepares_the_data_once_while_the_other_rank_waits(tm
 def test_train_plot_writes_pngs(tmp_path, _train_data):
     pytest.importorskip("matplotlib")
     train.train(_train_cfg(_train_data, tmp_path / "o", log_interval=1, max_iters=3), log=_train_quiet)
-    paths = train.plot_log(tmp_path / "o" / "log.jsonl")
+    paths = runs.plot_log(tmp_path / "o" / "log.jsonl")
     assert all(Path(p).stat().st_size > 1000 for p in paths)
 
 
@@ -2044,7 +2030,7 @@ def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
     # at step 3 (not a checkpoint step) and stops; resuming ends with the same weights as a straight run
     train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=6), log=_train_quiet)
     cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=6)
-    s = train.train(cfg, on_step=lambda step: step == 3 and train._Stop.handler(None, None), log=_train_quiet)
+    s = train.train(cfg, on_step=lambda step: step == 3 and runs.Stop.handler(None, None), log=_train_quiet)
     assert s["interrupted"] and s["step"] == 3
     train.train(dict(cfg, resume=True), log=_train_quiet)
     a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
@@ -2133,7 +2119,7 @@ def test_train_output_piped_into_a_reader_that_leaves_does_not_stop_training(tmp
 def test_train_two_runs_in_one_out_dir_are_refused(tmp_path, _train_data):
     # a second train.py on an out_dir in use would interleave its log and checkpoints with the first one's
     out = tmp_path / "o"
-    held = train._lock(out, "training run")   # what the first run holds while it trains
+    held = runs.lock(out, "training run")   # what the first run holds while it trains
     try:
         with pytest.raises(ValueError, match=rf"^{re.escape(str(out))}: in use by another training run"):
             train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
@@ -2143,7 +2129,7 @@ def test_train_two_runs_in_one_out_dir_are_refused(tmp_path, _train_data):
     train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)   # free again: it trains
     train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)   # (released at the end)
     data = tmp_path / "fresh_data"   # two main jobs preparing one data folder: the second is refused, not crashed
-    held = train._lock(data, "train.py preparing its data")
+    held = runs.lock(data, "train.py preparing its data")
     try:
         with pytest.raises(ValueError, match="in use by another train.py preparing its data"):
             train.train(_train_cfg(data, tmp_path / "o2", prepare_data=True, vocab_size=300, corpus_bytes=60000,
@@ -2192,12 +2178,6 @@ def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_
                                          r"holds now \(1 file\(s\) of 30,000 tokens then, 1 file\(s\) of 30,100 "
                                          r"tokens now\): resume with the same data"):
         train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
-    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)   # a checkpoint from before the record: the old
-    del ck["train_files"]                                              # rule, its own data_dir only
-    torch.save(ck, tmp_path / "o" / "ckpt.pt")
-    with pytest.raises(SystemExit, match=rf"ckpt.pt was trained on {re.escape(str(moved))} and predates the record "
-                                         rf"that lets a resume check moved data: resume with --data_dir="):
-        train.main(_train_main_args(shutil.copytree(moved, tmp_path / "copy"), tmp_path / "o") + ["--resume=true"])
 
 
 def test_train_says_when_the_warmup_outlasts_the_schedule(tmp_path, _train_data):
@@ -2247,8 +2227,8 @@ def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
 def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, capsys):
     # checkpointed but cut short: a script running train.py (experiments.py) must not take it as a finished run
     real_train = train.train
-    monkeypatch.setattr(train, "train", lambda cfg: real_train(cfg, on_step=lambda step: step == 2 and
-                                                               train._Stop.handler(None, None)))
+    monkeypatch.setattr(train, "train", lambda cfg, **kw: real_train(cfg, on_step=lambda step: step == 2 and
+                                                                     runs.Stop.handler(None, None), **kw))
     args = _train_main_args(_train_data, tmp_path / "o") + ["--max_iters=6"]
     with pytest.raises(SystemExit) as e:
         train.main(args)
@@ -2483,20 +2463,18 @@ def _sample_greedy_reference(model, prompt, n):
     """Plain uncached greedy decoding, one sequence: the obvious loop."""
     ids = list(prompt)
     for _ in range(n):
-        logits = sample._forward_logits(model, torch.tensor([ids[-model.context_length:]]))
+        logits = M.logits(model, torch.tensor([ids[-model.context_length:]]))
         ids.append(int(logits[0, -1].argmax()))
     return ids[len(prompt):]
 
 
 def _sample_kept(probs, **kw):
-    # float64 goes through the sort, float32 through topk: both must agree
+    # float64 and float32 probabilities: both must agree
     kept = []
     for dtype in (torch.float64, torch.float32):
         out = sample.filter_probs(torch.tensor([probs], dtype=dtype), **kw)[0]
         assert float(out.sum()) == pytest.approx(1.0)
         kept.append(sorted(torch.nonzero(out).flatten().tolist()))
-    if set(kw) == {"top_p"}:  # and the radix select alone, which a 4-token vocabulary would not reach
-        kept.append(torch.nonzero(sample._nucleus(torch.tensor([probs]), kw["top_p"])[0]).flatten().tolist())
     assert kept[0] == kept[1] == kept[-1], (probs, kw)
     return kept[0]
 
@@ -2588,42 +2566,6 @@ def test_sample_a_temperature_float32_rounds_to_zero_is_greedy():
     assert sample.generate(m, [[1, 2, 3]], 5, temperature=1e-46) == [_sample_greedy_reference(m, [1, 2, 3], 5)]
 
 
-@pytest.mark.parametrize("numpy_max_batch", [32, 0])  # NumPy for contiguous rows, or the two passes for all
-def test_sample_greedy_equals_argmax_with_ties_tails_and_strided_rows(monkeypatch, numpy_max_batch):
-    # many exact ties (the first maximum wins), a ragged tail after the last full block, a tail maximum that only
-    # ties an earlier block (the block wins), rows that are slices of a wider buffer (GPT's padded vocabulary)
-    monkeypatch.setattr(sample, "GREEDY_TWO_PASS_MIN_BATCH", 1)  # the two passes at every batch size
-    monkeypatch.setattr(sample, "GREEDY_NUMPY_MAX_BATCH", numpy_max_batch)
-    via_numpy, np_argmax = [], np.argmax
-    monkeypatch.setattr(sample.np, "argmax", lambda *a, **k: via_numpy.append(1) or np_argmax(*a, **k))
-    g = torch.Generator().manual_seed(0)
-    single_rows = 0
-    for _ in range(200):
-        B, V = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 3000, (1,), generator=g))
-        tied = torch.randint(-3, 4, (B, V), generator=g).float()
-        assert torch.equal(sample.greedy(tied, block=64), tied.argmax(-1)), (B, V)
-        strided = torch.randn(B, 1, V + 9, generator=g)[:, -1, :V]
-        assert torch.equal(sample.greedy(strided, block=128), strided.argmax(-1)), (B, V)
-        single_rows += B == 1
-    # every contiguous batch went through NumPy, strided ones only as a single row (contiguous whatever its stride)
-    assert len(via_numpy) == (200 + single_rows if numpy_max_batch else 0) and single_rows > 0
-    x = torch.zeros(2, 300)
-    x[0, 10], x[0, 290] = 5.0, 5.0  # equal maxima in block 0 and the tail: block 0's comes first
-    x[1, 10], x[1, 290] = 5.0, 6.0  # the tail's is larger
-    assert sample.greedy(x, block=128).tolist() == [10, 290]
-    nan = torch.zeros(4, 300)  # NaN logits: the first NaN wins, as in argmax, wherever it lies
-    nan[:, 5] = 1.0
-    nan[0, 290] = nan[1, 100] = nan[2, 200] = nan[2, 290] = float("nan")
-    assert sample.greedy(nan, block=128).tolist() == nan.argmax(-1).tolist() == [290, 100, 200, 5]
-    inf = torch.full((3, 300), -float("inf"))  # all -inf: index 0; +inf ties: the first
-    inf[1, 7] = inf[1, 250] = inf[2, 299] = float("inf")
-    assert sample.greedy(inf, block=128).tolist() == inf.argmax(-1).tolist() == [0, 7, 299]
-    big = torch.randn(8, 50257, generator=g)  # the default block at GPT-2's vocabulary
-    for t in (big, big.double(), big.bfloat16(), big.requires_grad_()):  # bf16 is not NumPy's: torch's argmax
-        got = sample.greedy(t)
-        assert got.dtype == torch.long and torch.equal(got, t.argmax(-1)), t.dtype
-
-
 @pytest.mark.usefixtures("_sample_single_thread")
 def test_sample_greedy_matches_transformers_generate(tmp_path):
     # independent reference: Hugging Face's GPT2LMHeadModel.generate on the same weights (saved and reloaded)
@@ -2674,45 +2616,6 @@ def test_sample_cached_equals_uncached_under_fixed_seed():
             a = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=True, **kw)
             b = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
             assert a == b and [len(x) for x in a] == [30, 30, 30]
-
-
-def test_sample_packed_lm_head_when_it_applies():
-    m = _sample_models()[1]
-    assert sample.packed_lm_head(m, 3, 100) is None  # batch below PACKED_HEAD_MIN_BATCH
-    assert sample.packed_lm_head(m, 8, 10) is None  # too few tokens to pay for the packing
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert sample.packed_lm_head(m, 8, 100) is None  # bf16 activations: the plain head under autocast
-    assert sample.packed_lm_head(M.build_model(dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=1, n_head=2,
-                                                     n_embd=16)).double(), 8, 100) is None
-    if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
-        pytest.skip("this torch build has no MKL packed GEMM (only the fallback to model.lm_head is exercised)")
-    for m in _sample_models():
-        head = sample.packed_lm_head(m, 5, 100)
-        assert head is not None
-        w = m.lm_head.weight.detach()
-        x = torch.randn(5, 1, w.size(1))
-        torch.testing.assert_close(head(x), x @ w.t(), rtol=1e-5, atol=1e-5)
-        prefill = torch.randn(5, 7, w.size(1))  # another number of rows: the plain product
-        torch.testing.assert_close(head(prefill), prefill @ w.t(), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_packed_head_gives_the_same_tokens():
-    # batch 5 and 40 new tokens: the cached path decodes through the packed head (where MKL has it), the uncached
-    # path and the one-at-a-time reference through model.lm_head
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13], [14, 15, 16, 17, 18]]
-    for m in _sample_models():
-        used = []
-        head = sample.packed_lm_head(m, len(prompts), 40)
-        if head is not None:
-            m.forward_with_cache = functools.partial(_sample_spy_forward_with_cache, m.forward_with_cache, used)
-        for kw in (dict(temperature=0.0), dict(temperature=0.9, top_p=0.9)):
-            a = sample.generate(m, prompts, 40, generator=torch.Generator().manual_seed(3), **kw)
-            b = sample.generate(m, prompts, 40, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
-            assert a == b and [len(x) for x in a] == [40] * 5
-        greedy = sample.generate(m, prompts, 40, temperature=0.0)
-        assert greedy[1][:9] == _sample_greedy_reference(m, prompts[1], 9)  # inside the 16-token context
-        assert (head is None) or any(used), "generate did not decode through the packed head"
 
 
 def _sample_spy_forward_with_cache(inner, used, idx, cache, lm_head=None):
@@ -2785,12 +2688,12 @@ def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, 
         sample.main()
     if HAVE_GPT2_FILES:  # (GPT-2's files offline) the error says where the tokenizer came from
         monkeypatch.setattr(sys, "argv", argv + ["--tokenizer=gpt2"])
-        with pytest.raises(SystemExit, match=r"the --tokenizer 'gpt2' has 50257 tokens but the model only \d+: "):
+        with pytest.raises(SystemExit, match=r"tokenizer 'gpt2' has 50257 tokens but this model 300"):
             sample.main()
     small = _bpe_small_tokenizer(tmp_path, vocab_size=280)   # fewer ids: the model could sample one it cannot decode
     small.save_dir(tmp_path / "small")
     monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'small'}"])
-    with pytest.raises(SystemExit, match=r"has 280 tokens but the model 300: not the tokenizer this model was trained"):
+    with pytest.raises(SystemExit, match=r"has 280 tokens but this model 300"):
         sample.main()
     monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'tok'}"])
     sample.main()  # (gpt2's 50,257 ids would not fit this 300-id model: it would stop with an error)
@@ -3071,7 +2974,7 @@ def test_fw_round_trip_bpe_tokenizer_file_and_folder(tmp_path, _fw_bpe_dir):
 @pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
 def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
     ref = _fw_bpe_dir if which == "bpe" else "gpt2"
-    tok = fineweb.load_tokenizer(ref)
+    tok = bpe.load_tokenizer(ref)
     docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
     folder = tmp_path / "pages"
     folder.mkdir()
@@ -3147,7 +3050,7 @@ def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
     assert len(docs) == 3 and "\r\n" in docs[1] and not docs[1].startswith("\ufeff")
     assert docs[0] == (folder / "a.txt").read_text(encoding="utf-8").strip()
     for ref, decode, eot in [("gpt2", enc.decode, enc.eot_token), (_fw_bpe_dir, None, None)]:
-        tok = fineweb.load_tokenizer(ref)
+        tok = bpe.load_tokenizer(ref)
         out = tmp_path / ("gpt2" if ref == "gpt2" else "bpe")
         fineweb.write_shards(iter(docs), out, ref, shard_size=7000, num_workers=2, progress=False, log=lambda *a: None,
                              batch_chars=20_000)
@@ -3178,7 +3081,7 @@ def test_fw_bad_input_errors(tmp_path):
         fineweb.choose_dtype(100_000, "uint16")
     assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
     with pytest.raises(ValueError, match="not a tokenizer directory"):
-        fineweb.load_tokenizer(str(tmp_path))
+        bpe.load_tokenizer(str(tmp_path))
     # the CLI turns these into one line naming the flag or file
     r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
                         str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
@@ -3711,7 +3614,7 @@ def test_hs_evaluate_unwraps_compiled_module():
     tok = _hs_word_tokenizer()
     model = _HsTableLM(_hs_bigram_table(tok, [r[1] for r in _HS_ROWS]))
     compiled = torch.compile(model)
-    assert hellaswag.unwrap(compiled) is model
+    assert M.unwrap(compiled) is model
     r = hellaswag.evaluate(compiled, tok, [_hs_row(i, *x) for i, x in enumerate(_HS_ROWS)], "cpu")
     assert r["num_correct_norm"] == 7 and len(model.seen) == 2  # ran eagerly on the plain module
 
@@ -3792,7 +3695,7 @@ def test_hs_tiny_model_trained_on_the_right_endings_scores_them(arch):
     data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
     for _ in range(40):
-        logits = hellaswag.forward_logits(model, data[:, :-1])
+        logits = M.logits(model, data[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
@@ -3829,7 +3732,7 @@ def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
     assert out.strip().splitlines()[-1] == expected and expected.startswith("hellaswag acc_norm ")
     out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose")
     assert out.count("--- example") == 3 and out.strip().splitlines()[-1].endswith("/3)")
-    with pytest.raises(SystemExit, match=r"--ckpt .*nope.pt: no such file"):
+    with pytest.raises(SystemExit, match=r"--ckpt .*nope.pt: no such checkpoint"):
         _hs_run_main(monkeypatch, capsys, "--ckpt", tmp_path / "nope.pt", "--data", data)
     with pytest.raises(SystemExit, match=r"--data .*missing.jsonl: no such file"):
         _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", tmp_path / "missing.jsonl")
@@ -4275,7 +4178,7 @@ def test_lambada_batched_padded_scoring_equals_one_passage_at_a_time(arch):
     data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
     for _ in range(25):
-        logits = hellaswag.forward_logits(model, data[:, :-1])
+        logits = M.logits(model, data[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
@@ -4423,7 +4326,8 @@ def test_lambada_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expec
 def test_lambada_bad_files_are_one_line(tmp_path, monkeypatch):
     ckpt = _tiny_llama_ckpt(tmp_path, context_length=64)
     missing = tmp_path / "nope.pt"
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={missing}", "--device=cpu") == f"lambada.py: --ckpt {missing}: no such file"
+    _one_line_naming(_bad_exit(monkeypatch, lambada, f"--ckpt={missing}", "--device=cpu"), f"lambada.py: --ckpt {missing}: ",
+                     "no such checkpoint")
     data = tmp_path / "missing.jsonl"
     assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
         f"lambada.py: --data {data}: no such file (expected a LAMBADA jsonl file)")
@@ -4838,48 +4742,41 @@ def _bad_train_two_steps(data, out):
 
 # ---- flags out of range
 
-TRAIN_BAD_FLAGS = [("batch_size", 0, ">= 1"), ("batch_size", -4, ">= 1"), ("context_length", 0, ">= 1"),
-             ("d_model", 0, ">= 1"), ("num_layers", 0, ">= 1"), ("num_heads", 0, ">= 1"), ("d_ff", -1, ">= 0"),
-             ("eval_interval", 0, ">= 1"), ("num_threads", -1, ">= 0"), ("max_iters", -5, ">= 0"),
-             ("weight_decay", -1.0, ">= 0"), ("warmup_iters", -10, ">= 0"), ("grad_clip", -1.0, ">= 0"),
-             ("eval_tokens", -100, ">= 0"), ("ckpt_interval", -1, ">= 0"), ("num_samples", -1, ">= 0"),
-             ("learning_rate", -1.0, ">= 0"), ("learning_rate", float("nan"), ">= 0"), ("beta1", 1.5, "in [0, 1)"),
-             ("min_lr_ratio", -2.0, "in [0, 1]"), ("top_p", 2.0, "in (0, 1]"),
-             ("temperature", -1.0, "finite and >= 0 (0 = greedy)"), ("temperature", float("inf"), "finite and >= 0 (0 = greedy)"),
-             ("sample_tokens", -3, ">= 0"), ("time_budget", "-5m", "> 0 ('' = none)")]
+TRAIN_BAD_FLAGS = [("batch_size", 0), ("batch_size", -4), ("context_length", 0), ("d_model", 0), ("num_layers", 0),
+                   ("num_heads", 0), ("d_ff", -1), ("eval_interval", 0), ("num_threads", -1), ("max_iters", -5),
+                   ("weight_decay", -1.0), ("warmup_iters", -10), ("grad_clip", -1.0), ("eval_tokens", -100),
+                   ("ckpt_interval", -1), ("num_samples", -1), ("learning_rate", -1.0), ("learning_rate", float("nan")),
+                   ("beta1", 1.5), ("min_lr_ratio", -2.0), ("top_p", 2.0), ("temperature", -1.0),
+                   ("temperature", float("inf")), ("sample_tokens", -3), ("time_budget", "-5m"), ("beta2", 1.0),
+                   ("beta1", -0.1), ("top_p", 0.0), ("min_lr_ratio", 1.5), ("rope_theta", 0.0), ("eps", -1e-8),
+                   ("eval_iters", 0), ("log_interval", 0), ("lr_decay_iters", -1), ("total_batch_tokens", -1),
+                   ("time_budget", "0s"), ("learning_rate", float("inf")), ("rope_theta", float("inf")),
+                   ("eps", float("inf")), ("weight_decay", float("inf"))]
 
 
-@pytest.mark.parametrize("name,value,expected", TRAIN_BAD_FLAGS)
-def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_data, name, value, expected):
-    data = _train_data
+@pytest.mark.parametrize("name,value", TRAIN_BAD_FLAGS)
+def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_data, name, value):
+    # every range a setting declares (its `check`), NaN and inf included: one line naming the flag and the value
     out = tmp_path / "o"
     with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, out, **{name: value}), log=_train_quiet)
-    assert str(e.value).startswith(f"--{name} must be {expected}, got ")
+        train.train(_train_cfg(_train_data, out, **{"max_iters": 2, name: value}), log=_train_quiet)
+    assert str(e.value).startswith(f"--{name} ") and repr(value).strip("'") in str(e.value) and "\n" not in str(e.value)
     assert not out.exists()                                           # nothing was written
 
 
-@pytest.mark.parametrize("flag,message", [
-    ("--model=gtp2", "--model: expected llama or gpt2, got 'gtp2'"),
-    ("--sampler=shuffled", "--sampler: expected sequential or random, got 'shuffled'"),
-    ("--ffn_type=relu", "--ffn_type: expected swiglu or silu, got 'relu'"),
-    ("--attn_impl=flash", "--attn_impl: expected sdpa or scratch, got 'flash'"),
-    ("--dtype=float16", "--dtype: expected auto or float32 or bfloat16, got 'float16'"),
-    ("--num_heads=3", "--d_model=32 must be a multiple of --num_heads=3"),
-    ("--seed=-1", "--seed must be in [0, 2**32), got -1"),
-    ("--vocab_size=100", "--vocab_size must be >= 257"),
-    ("--compile_backend=indcutor", "--compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
-                                   "see torch.compiler.list_backends()), got 'indcutor'"),
-    ("--total_batch_tokens=1000", "--total_batch_tokens=1,000 is not divisible by batch_size*context_length"),
-    ("--eval_tokens=1000", "--eval_tokens=1,000 is not a multiple of batch_size*context_length*world_size"),
-    ("--init_from=gpt2", "--init_from=gpt2 needs --model=gpt2"),
+@pytest.mark.parametrize("flag,named", [
+    ("--model=gtp2", "--model"), ("--ffn_type=relu", "--ffn_type"), ("--attn_impl=flash", "--attn_impl"),
+    ("--dtype=float16", "--dtype"), ("--num_heads=3", "--num_heads"), ("--seed=-1", "--seed"),
+    ("--vocab_size=100", "--vocab_size"), ("--compile_backend=indcutor", "--compile_backend"),
+    ("--total_batch_tokens=1000", "--total_batch_tokens"), ("--eval_tokens=1000", "--eval_tokens"),
+    ("--init_from=gpt2", "--init_from=gpt2: only for --model=gpt2"),
 ])
-def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, message):
+def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, named):
     args = [f"--data_dir={tmp_path / 'data'}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
             "--num_heads=2", "--download=false", flag]
     with pytest.raises(SystemExit) as e:
         train.main(args)
-    assert str(e.value).startswith(f"train.py: {message}")
+    assert str(e.value).startswith("train.py: ") and named in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "data").exists() and not (tmp_path / "o").exists()
 
 
@@ -4997,8 +4894,7 @@ def test_train_sidecar_naming_a_tokenizer_of_another_size_is_refused(tmp_path, _
         _train_write_tokens(data / name, np.fromfile(data / name, dtype=np.uint16), 64, tokenizer="gpt2")
     with pytest.raises(ValueError) as e:
         train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
-    assert str(e.value) == (f"{data / 'train.bin'}.json: vocab_size 64, but its tokenizer 'gpt2' has 50257 tokens: "
-                            "the token files and the tokenizer do not belong together")
+    _one_line_naming(str(e.value), f"{data / 'train.bin'}.json: ", "'gpt2'", "50257", "64")
     assert not (tmp_path / "o").exists()
 
 
@@ -5030,33 +4926,20 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     assert new != old
     with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
-    assert str(e.value) == (f"{d / 'train.bin'}.json: encoded with tokenizer {str(tok_dir)!r} as it was then "
-                            f"(fingerprint {old}); it has changed since ({new}), so the ids no longer mean its "
-                            f"tokens: re-encode the data with it")
-    with pytest.raises(SystemExit) as e:
+    _one_line_naming(str(e.value), f"{d / 'train.bin'}.json: ", str(tok_dir), old, new)
+    with pytest.raises(ValueError) as e:
         sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
-    assert str(e.value) == (f"sample.py: --ckpt {ckpt}: its tokenizer {str(tok_dir)!r} is not the one this model was "
-                            f"trained with (fingerprint {new}, the checkpoint's {old}): it was retrained or replaced "
-                            f"since; pass --tokenizer")
+    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new, "--tokenizer")
     for script in (hellaswag, lambada):
-        assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu") == (
-            f"{script.__name__}.py: the tokenizer stored in {ckpt} ({str(tok_dir)!r}) is not the tokenizer this "
-            f"model was trained with (fingerprint {new}, the checkpoint's {old}); pass --tokenizer gpt2|DIR")
-    # the original kept elsewhere is accepted by both; the data half re-encoded is refused as mixed, then trains
+        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu"),
+                         f"{script.__name__}.py: --ckpt {ckpt}: ", old, new)
+    # the original kept elsewhere is accepted by all; another tokenizer given with --tokenizer is refused too
     assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
     args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
     assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
-    capsys.readouterr()
-    # another tokenizer given with --tokenizer is the user's choice: used, with a warning naming both fingerprints
-    assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))[1].vocab_size == 300
-    assert capsys.readouterr().err == (f"sample.py: --ckpt {ckpt}: the --tokenizer {str(tok_dir)!r} is not the one "
-                                       f"this model was trained with (fingerprint {new}, the checkpoint's {old}); "
-                                       f"using it as asked\n")
-    args.tokenizer = str(tok_dir)
-    assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
-    assert capsys.readouterr().err == (f"hellaswag.py: --tokenizer ({str(tok_dir)!r}) is not the tokenizer this model "
-                                       f"was trained with (fingerprint {new}, the checkpoint's {old}); using it as "
-                                       f"asked\n")
+    with pytest.raises(ValueError) as e:
+        sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))
+    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new)
     encode("val")
     with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: token files were written by different versions of "
                                          f"tokenizer {re.escape(repr(str(tok_dir)))} \\(fingerprints "):
@@ -5066,9 +4949,7 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     # the model trained on the old ids is not resumed on the new ones
     with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
-    assert str(e.value) == (f"{ckpt}: trained on ids of tokenizer fingerprint {old}, but the data in {d} was encoded "
-                            f"with {new} (tokenizer {str(tok_dir)!r}): resume on the data it was trained on, or start "
-                            f"a new run with --fresh")
+    _one_line_naming(str(e.value), f"{ckpt}: ", old, new, "--fresh")
 
 
 def test_train_takes_the_tokenizer_copied_with_its_data_and_one_tokenizer_named_by_two_paths(tmp_path, monkeypatch):
@@ -5145,13 +5026,13 @@ def test_train_plot_leaves_out_records_missing_a_figure(tmp_path):
     log = tmp_path / "log.jsonl"
     log.write_text('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2}\n'
                    '{"type": "eval", "step": 2, "val_loss": 1.9}\n')
-    assert train.plot_log(log) == [str(tmp_path / "loss_vs_steps.png"), str(tmp_path / "loss_vs_time.png")]
+    assert runs.plot_log(log) == [str(tmp_path / "loss_vs_steps.png"), str(tmp_path / "loss_vs_time.png")]
 
 
 def test_train_resume_drops_torn_and_non_object_log_lines():
-    assert train._kept_on_resume('{"type": "train", "step": 4}', 4)
+    assert runs.kept_on_resume('{"type": "train", "step": 4}', 4)
     for line in ('{"type": "train", "step": 5}', '{"type": "train", "step": 3, "lo', "[1, 2]", "7"):
-        assert not train._kept_on_resume(line, 4), line
+        assert not runs.kept_on_resume(line, 4), line
 
 
 # ---- sample.py, flops.py, hellaswag.py -------------------------------------------------------------------
@@ -5256,8 +5137,7 @@ def test_sample_rejects_a_tokenizer_larger_than_the_model(tmp_path, monkeypatch,
     # 257 byte-level tokens for a 200-token model: ids 200+ would index past the embedding table
     ckpt = _tiny_llama_ckpt(tmp_path, vocab_size=200)
     message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--prompt=Hello", "--device=cpu")
-    assert message == (f"sample.py: --ckpt {ckpt}: its tokenizer {str(tmp_path / 'tok')!r} has 257 tokens but the "
-                       f"model only 200: not the tokenizer this model was trained with")
+    _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / 'tok')), "257", "200")
     assert capsys.readouterr().out == ""  # caught at load time, before the prompt is printed
 
 
@@ -5392,7 +5272,7 @@ def test_bpe_special_token_not_in_vocab_is_refused_at_load(tmp_path, monkeypatch
     d = _bad_tok_dir(tmp_path)
     (d / "special_tokens.json").write_text(json.dumps([BAD_EOT, "<|pad|>"]))
     want = f"{d / 'special_tokens.json'}: special token '<|pad|>' is not in vocab.json"
-    for load in (bpe.load_tokenizer, bpe.Tokenizer.from_dir, fineweb.load_tokenizer):
+    for load in (bpe.load_tokenizer, bpe.Tokenizer.from_dir):
         with pytest.raises(ValueError) as e:
             load(str(d))
         assert str(e.value) == want
@@ -5989,7 +5869,7 @@ def test_sample_sliding_window_follows_the_documented_scheme():
             for _ in range(40):
                 if len(ids) - start > ctx:
                     start = len(ids) - ctx // 2
-                logits = sample._forward_logits(m, torch.tensor([ids[start:]]))
+                logits = M.logits(m, torch.tensor([ids[start:]]))
                 ids.append(int(logits[0, -1].argmax()))
             assert sample.generate(m, [prompt], 40, temperature=0.0) == [ids[len(prompt):]]
 
@@ -6072,7 +5952,7 @@ def test_sample_cli_samples_differ_keep_the_prompt_tail_and_stop(tmp_path, capsy
 def test_model_gpt_mlp_is_the_tanh_gelu_of_gpt2():
     # GPT-2's "gelu_new" (tanh approximation), by its formula, on pre-activations of size ~1-4 where it differs
     # from the exact erf GELU by up to ~1e-3 (the tiny random-init models elsewhere stay near 0, where both agree)
-    mlp = M.MLP(M.GPTConfig(n_embd=16))
+    mlp = M.MLP(M.GPTConfig(n_embd=16, n_head=2))
     with torch.no_grad():
         mlp.c_fc.weight.normal_(0, 1.0)
     x = torch.randn(4, 16, dtype=torch.float64)
@@ -6235,22 +6115,22 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
     flops.peak_flops = lambda device, dtype: 1e9   # a known peak: MFU becomes a number computed by hand
     # first, in the same process group: the random sampler (a stream per rank) straight to step 4, and to step 2
     # then resumed to 4 (each rank must get its own loader state back)
-    kw = dict(sampler="random", lr_decay_iters=4, num_threads=1, _destroy_pg=False)
+    kw = dict(sampler="random", lr_decay_iters=4, num_threads=1)
     for sub, more in (("rand_a", dict(max_iters=4)), ("rand_b", dict(max_iters=2)), ("rand_b", dict(max_iters=4, resume=True))):
-        train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet)
+        train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet, teardown=False)
         dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
     # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it at the end of the next step, so
     # both stop after step 2 and the checkpoint is written; resumed to step 4 it ends where rand_a did
     import signal
     term = Path(out_dir) / "term"
-    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet,
+    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet, teardown=False,
                           on_step=lambda step: rank == 1 and step == 1 and os.kill(os.getpid(), signal.SIGTERM))
     if rank == 1:   # the repeat torchrun sends may come after the loop: still ignored, the teardown goes on
         os.kill(os.getpid(), signal.SIGTERM)
     dist.barrier()
     stopped["ckpt_step"] = torch.load(term / "ckpt.pt", weights_only=True)["iteration"]
     dist.barrier()
-    train.train(_train_cfg(data_dir, term, **kw, max_iters=4, resume=True), log=_train_quiet)
+    train.train(_train_cfg(data_dir, term, **kw, max_iters=4, resume=True), log=_train_quiet, teardown=False)
     dist.barrier()
     Path(out_dir, f"term{rank}.json").write_text(json.dumps(
         {k: stopped[k] for k in ("step", "stopped_by", "interrupted", "ckpt_step")}))
@@ -6418,7 +6298,7 @@ def test_model_rank_gpu_maps_local_rank_to_a_visible_gpu(monkeypatch):
 
 def test_train_cuda_rng_state_is_this_processs_gpu_only(monkeypatch):
     # checkpoints keep the current GPU's generator only: a resume that sees fewer GPUs (or is another rank) still
-    # loads; older checkpoints with every visible GPU's state give the current GPU its own, or none if it was unseen
+    # loads
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
@@ -6426,13 +6306,10 @@ def test_train_cuda_rng_state_is_this_processs_gpu_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state.tolist()))
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's state saved"))
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("every GPU's state set"))
-    state = train.rng_state()
+    state = runs.rng_state()
     assert state["cuda"].tolist() == [7]
-    train.set_rng_state(state)
-    old = [torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)]
-    train.set_rng_state(dict(state, cuda=old))
-    train.set_rng_state(dict(state, cuda=old[:1]))
-    assert restored == [[7], [2]]
+    runs.set_rng_state(state)
+    assert restored == [[7]]
 
 
 def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
@@ -6500,13 +6377,13 @@ def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
     # d_ff = 0: 8/3 * d_model to the NEAREST multiple of 64 for SwiGLU (128 -> 341.3 -> 320; 512 -> 1365.3 -> 1344,
     # the TinyStories baseline's; 1024 -> 2730.7 -> 2752), 4 * d_model for SiLU
     for d_model, want in ((128, 320), (512, 1344), (320, 832), (1024, 2752)):
-        cfg = dict(train.DEFAULTS, d_model=d_model, d_ff=0, _pad_vocab=1)
-        assert train.model_config_from(cfg, 100)["d_ff"] == want, d_model
-    assert train.model_config_from(dict(train.DEFAULTS, d_ff=0, ffn_type="silu", _pad_vocab=1), 100)["d_ff"] == 512
+        cfg = dict(train.DEFAULTS, d_model=d_model, d_ff=0)
+        assert train.model_config(cfg, 100)["d_ff"] == want, d_model
+    assert train.model_config(dict(train.DEFAULTS, d_ff=0, ffn_type="silu"), 100)["d_ff"] == 512
     # below d_model 12 the nearest multiple of 64 is 0, a model without an FFN: at least 64 (flops.py agrees)
     for d_model in (8, 12):
-        assert train.model_config_from(dict(train.DEFAULTS, d_model=d_model, d_ff=0, _pad_vocab=1), 100)["d_ff"] == 64
-        assert flops.make_config(d_model=d_model)["d_ff"] == 64
+        assert train.model_config(dict(train.DEFAULTS, d_model=d_model, d_ff=0), 100)["d_ff"] == 64
+        assert flops.make_config(d_model=d_model, num_heads=2)["d_ff"] == 64
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -6591,7 +6468,7 @@ def test_train_token_id_equal_to_vocab_size_is_refused_in_train_and_val(tmp_path
 def test_train_empty_token_file_is_a_clear_error(tmp_path):
     _train_write_tokens(tmp_path / "train.bin", [], 64)
     with pytest.raises(ValueError, match="train.bin: empty token file"):
-        train.load_tokens(tmp_path / "train.bin")
+        runs.load_tokens(tmp_path / "train.bin")
 
 
 def test_train_grad_clip_zero_means_no_clipping(tmp_path, _train_data):
@@ -6668,28 +6545,13 @@ def test_train_resume_under_a_budget_says_when_the_clock_moves_the_schedule(tmp_
 
 
 def test_train_parse_duration_units():
-    assert train.parse_duration("90s") == 90.0
-    assert train.parse_duration("45m") == 2700.0
-    assert train.parse_duration("1.5h") == 5400.0
-    assert train.parse_duration("600") == 600.0
-    assert train.parse_duration(" 2M ") == 120.0
+    assert runs.parse_duration("90s") == 90.0
+    assert runs.parse_duration("45m") == 2700.0
+    assert runs.parse_duration("1.5h") == 5400.0
+    assert runs.parse_duration("600") == 600.0
+    assert runs.parse_duration(" 2M ") == 120.0
     with pytest.raises(ValueError, match="--time_budget: expected a duration"):
-        train.parse_duration("soon")
-
-
-@pytest.mark.parametrize("name,value,expected", [
-    ("beta2", 1.0, "in [0, 1)"), ("beta1", -0.1, "in [0, 1)"), ("top_p", 0.0, "in (0, 1]"),
-    ("min_lr_ratio", 1.5, "in [0, 1]"), ("rope_theta", 0.0, "> 0"), ("eps", -1e-8, ">= 0"),
-    ("eval_iters", 0, ">= 1"), ("log_interval", 0, ">= 1"), ("lr_decay_iters", -1, ">= 0"),
-    ("total_batch_tokens", -1, ">= 0"), ("time_budget", "0s", "> 0 ('' = none)"),
-    ("learning_rate", float("inf"), "finite"), ("rope_theta", float("inf"), "finite"), ("eps", float("inf"), "finite"),
-    ("weight_decay", float("inf"), "finite")])
-def test_train_more_out_of_range_flags_are_refused(tmp_path, _train_data, name, value, expected):
-    out = tmp_path / "o"
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(_train_data, out, max_iters=2, **{name: value}), log=_train_quiet)
-    assert str(e.value).startswith(f"--{name} must be {expected}, got ")
-    assert not out.exists()
+        runs.parse_duration("soon")
 
 
 def test_train_seed_must_fit_in_32_bits(tmp_path, _train_data):
@@ -6733,8 +6595,8 @@ def test_train_check_token_range_scans_every_chunk_to_the_last_token(tmp_path):
         arr = np.zeros(9, np.uint16)
         arr[pos] = 64
         with pytest.raises(ValueError, match="token id 64 >= the model's vocab_size 64"):
-            train.check_token_range(arr, 64, "f.bin", chunk=4)
-        train.check_token_range(arr, 65, "f.bin", chunk=4)
+            runs.check_token_range(arr, 64, "f.bin", chunk=4)
+        runs.check_token_range(arr, 65, "f.bin", chunk=4)
 
 
 def test_train_without_a_val_file_holds_out_the_last_training_file(tmp_path, _train_data):
@@ -6752,17 +6614,6 @@ def test_train_without_a_val_file_holds_out_the_last_training_file(tmp_path, _tr
         (d / f"train_z.bin{suffix}").unlink()
     with pytest.raises(ValueError, match=r"no val\*\.bin token file next to the train data"):
         train.train(_train_cfg(d, tmp_path / "o2"), log=_train_quiet)
-
-
-def test_train_token_files_naming_different_tokenizers_without_fingerprints_are_refused(tmp_path, _train_data):
-    # files written before sidecars carried a fingerprint: the tokenizer's name is all there is to compare, and two
-    # names are two tokenizers (the ids of one file would be read with the other's tokens)
-    d = _train_data
-    for name, tok in (("train.bin", "tok_a"), ("val.bin", "tok_b")):
-        _train_write_tokens(d / name, np.fromfile(d / name, dtype=np.uint16), 64, tokenizer=tok)
-    with pytest.raises(ValueError, match=r"token files were written by different tokenizers \['tok_a', 'tok_b'\]"):
-        train.train(_train_cfg(d, tmp_path / "o"), log=_train_quiet)
-    assert not (tmp_path / "o").exists()
 
 
 def test_train_weight_decay_only_on_matrices(tmp_path, _train_data, monkeypatch):
@@ -6910,21 +6761,20 @@ def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
 
 
 def test_sample_top_p_on_a_batch_of_a_peaked_row_and_a_flat_row():
-    # row 0's nucleus lies in the 256 topk candidates, row 1's does not (a 0.2 token over a flat tail: its
-    # 256 candidates hold 0.27 of the mass): each row still gets its own exact nucleus
+    # row 0's nucleus is one token, row 1's most of the vocabulary (a 0.2 token over a flat tail): each row gets
+    # its own exact nucleus
     V = 3000
     probs = torch.ones(2, V)
     probs[0, 5] = 20 * V
     probs[1, 9] = 0.25 * (V - 1)
     probs /= probs.sum(-1, keepdim=True)
-    assert float(probs[1].topk(sample.TOP_P_CANDIDATES).values.sum()) < 0.5
     for p in (0.5, 0.9):
         out = sample.filter_probs(probs, top_p=p)
         for b in range(2):
             expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
             assert torch.nonzero(out[b]).flatten().tolist() == expected
             assert float(out[b].sum()) == pytest.approx(1.0)
-        assert len(torch.nonzero(out[1])) > sample.TOP_P_CANDIDATES
+        assert len(torch.nonzero(out[1])) > 256
 
 
 @pytest.mark.parametrize("argv,section", [
@@ -6940,17 +6790,14 @@ def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
 
 
 @pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_top_p_radix_select_on_distinct_near_equal_probabilities():
-    # a flat distribution of distinct values: thousands of tokens share the top 11 bits of their probability
-    # and differ in the lower ones, so every pass of the radix select must narrow the tokens still in play
+def test_sample_top_p_on_distinct_near_equal_probabilities():
+    # a flat distribution of distinct values: thousands of tokens within a hair of each other
     g = torch.Generator().manual_seed(4)
     probs = torch.softmax(torch.randn(3, 3000, generator=g) * 0.05, dim=-1)
     for p in (0.3, 0.77, 0.95):
-        nucleus = sample._nucleus(probs, p)
         out = sample.filter_probs(probs, top_p=p)
         for b in range(3):
             expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
-            assert torch.nonzero(nucleus[b]).flatten().tolist() == expected
             assert torch.nonzero(out[b]).flatten().tolist() == expected
 
 
@@ -6975,10 +6822,10 @@ def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path,
     _, docs = _fw_corpus(tmp_path, n=20, seed=2)
     kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
     fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
-    old = fineweb.tokenizer_fingerprint(str(tok_dir))
+    old = bpe.tokenizer_fingerprint(str(tok_dir))
     merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
     (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
-    new = fineweb.tokenizer_fingerprint(str(tok_dir))
+    new = bpe.tokenizer_fingerprint(str(tok_dir))
     assert new != old
     with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
         fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
@@ -7250,9 +7097,9 @@ def test_train_random_sampler_ranks_draw_different_windows():
 def test_train_rng_state_round_trip_restores_python_numpy_and_torch():
     # a checkpoint's rng entry puts every generator back where it was (nothing in today's loop draws from torch's
     # global generator after the init, so the resume tests alone cannot see a generator left unrestored)
-    state = train.rng_state()
+    state = runs.rng_state()
     want = (random.random(), np.random.rand(), torch.rand(3))
-    train.set_rng_state(state)
+    runs.set_rng_state(state)
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[0] == want[0] and got[1] == want[1] and torch.equal(got[2], want[2])
 
@@ -7262,7 +7109,7 @@ def test_train_estimate_val_loss_scores_the_first_tokens_of_the_validation_file_
     # be taken on exactly those windows, read in order (never a shuffled or rotated copy), averaged over batches
     import contextlib
     m = _model_llama(vocab_size=64, context_length=16)
-    shards = train.find_shards(_train_data, "val")
+    shards = runs.find_shards(_train_data, "val")
     cfg = dict(batch_size=4, context_length=16)
     got = train.estimate_val_loss(m, shards, cfg, "llama", torch.device("cpu"), contextlib.nullcontext(), 0, 1, 3)
     val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16)[:3 * 64 + 1].astype(np.int64))
@@ -7272,17 +7119,17 @@ def test_train_estimate_val_loss_scores_the_first_tokens_of_the_validation_file_
     assert got == pytest.approx(want, rel=1e-6)
 
 
-def test_train_model_config_from_passes_every_architecture_flag():
+def test_train_model_config_passes_every_architecture_flag():
     # the ablation flags and rope_theta reach the model config (and so the model) that train() builds
-    base = dict(train.DEFAULTS, _pad_vocab=1)
+    base = dict(train.DEFAULTS)
     for kw in (dict(remove_rope=True), dict(use_post_norm=True), dict(remove_rmsnorm=True),
                dict(ffn_type="silu"), dict(rope_theta=500.0), dict(attn_impl="scratch")):
-        cfg = train.model_config_from(dict(base, **kw), 100)
+        cfg = train.model_config(dict(base, **kw), 100)
         assert all(cfg[k] == v for k, v in kw.items()), (kw, cfg)
         m = M.build_model(cfg)
         assert all(m.model_config()[k] == v for k, v in kw.items())
-    assert M.build_model(train.model_config_from(dict(base, remove_rope=True), 100)).layers[0].attn.rope is None
-    gpt = train.model_config_from(dict(base, model="gpt2", attn_impl="scratch", _pad_vocab=64), 100)
+    assert M.build_model(train.model_config(dict(base, remove_rope=True), 100)).layers[0].attn.rope is None
+    gpt = train.model_config(dict(base, model="gpt2", attn_impl="scratch"), 100, 64)
     assert (gpt["n_layer"], gpt["n_head"], gpt["n_embd"], gpt["block_size"], gpt["attn_impl"],
             gpt["pad_vocab_to_multiple_of"]) == (4, 4, 128, 128, "scratch", 64)
 
@@ -7761,7 +7608,7 @@ def test_train_plot_draws_the_train_and_validation_curves(tmp_path, monkeypatch)
     rows = [dict(type="config"), dict(type="train", step=2, loss=3.0, elapsed=0.5),
             dict(type="train", step=4, loss=2.5, elapsed=1.0), dict(type="eval", step=4, val_loss=2.7, elapsed=1.0)]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train.plot_log(tmp_path / "log.jsonl")
+    runs.plot_log(tmp_path / "log.jsonl")
     assert drawn == [([2, 4], [3.0, 2.5], "train"), ([4], [2.7], "validation"),
                      ([0.5, 1.0], [3.0, 2.5], "train"), ([1.0], [2.7], "validation")]
 
@@ -7776,8 +7623,8 @@ def test_train_tinystories_presets_use_the_reference_peak_lr():
 # ---- hellaswag.py, lambada.py, sample.py, model.py loading, bpe.py CLI: gaps found by mutation testing (round 4) ----
 
 def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_checks_its_size(tmp_path, monkeypatch):
-    # --tokenizer overrides the tokenizer a checkpoint names and, with --init_from, the default gpt2; one too large
-    # for the model (ids past its embedding table) is refused by both scripts at load time
+    # --tokenizer overrides the tokenizer a checkpoint names and, with --init_from, the default gpt2; one of another
+    # size than the model's vocabulary (ids past its embedding table, or ids it cannot decode) is refused at load time
     import argparse
     transformers = pytest.importorskip("transformers")
     GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
@@ -7790,16 +7637,16 @@ def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_check
         args = argparse.Namespace(**{"ckpt": None, "init_from": None, "tokenizer": None, **kw})
         return hellaswag.load_model(args, "cpu")
     assert load(ckpt=str(ckpt))[1].vocab_size == 257
-    assert load(ckpt=str(ckpt), tokenizer=str(tmp_path / "bytes"))[1].vocab_size == 256
-    model, tok = load(init_from=str(tmp_path / "hf"), tokenizer=str(tmp_path / "bytes"))
-    assert model.vocab_size == 300 and tok.vocab_size == 256 and tok.eot_id is None
+    with pytest.raises(SystemExit, match="has 256 tokens but this model 257"):
+        load(ckpt=str(ckpt), tokenizer=str(tmp_path / "bytes"))
+    with pytest.raises(SystemExit, match="has 256 tokens but this model 300"):
+        load(init_from=str(tmp_path / "hf"), tokenizer=str(tmp_path / "bytes"))
     (tmp_path / "small").mkdir()
     small = _tiny_llama_ckpt(tmp_path / "small", vocab_size=200)
     for script in (hellaswag, lambada):
         name = f"{script.__name__}.py"
-        assert _bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu") == (
-            f"{name}: the tokenizer stored in {small} ({str(tmp_path / 'small' / 'tok')!r}) has 257 tokens but the "
-            f"model only 200: not the tokenizer this model was trained with")
+        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu"), f"{name}: --ckpt {small}: ",
+                         repr(str(tmp_path / 'small' / 'tok')), "257", "200")
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -7854,8 +7701,6 @@ def test_model_from_pretrained_reads_openais_layout_unprefixed_keys_and_mask_buf
 def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script):
     # a readable file that is not a train.py checkpoint: a bare state dict, weights without their model_config, a list
     good = torch.load(_tiny_llama_ckpt(tmp_path), weights_only=True)
-    want = {sample: "not a train.py checkpoint (no model / model_config)",
-            hellaswag: "expected a train.py checkpoint (a dict with model, model_config, tokenizer)"}
     for name, content in [("bare", good["model"]), ("no_config", {k: v for k, v in good.items() if k != "model_config"}),
                           ("list", [1, 2])]:
         path = tmp_path / f"{name}.pt"
@@ -7864,7 +7709,7 @@ def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script)
         if name == "list":
             assert message == f"{script.__name__}.py: --ckpt {path}: not a checkpoint (expected a dict, found list)"
         else:
-            assert message == f"{script.__name__}.py: --ckpt {path}: {want.get(script, want[hellaswag])}"
+            _one_line_naming(message, f"{script.__name__}.py: --ckpt {path}: ", "not a train.py checkpoint")
 
 
 def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, capsys):
@@ -7905,7 +7750,7 @@ def test_model_attn_impl_chooses_the_kernel_in_both_architectures(arch, monkeypa
         calls.clear()
         make(attn_impl=impl)(torch.zeros(1, 4, dtype=torch.long))
         assert bool(calls) == fused, impl
-    with pytest.raises(ValueError, match="attn_impl must be one of"):
+    with pytest.raises(ValueError, match="attn_impl"):
         make(attn_impl="flash")
 
 
@@ -8057,8 +7902,8 @@ def test_train_restores_the_sigint_handler_and_a_second_ctrl_c_aborts_without_a_
 
     def twice(step):
         if step == 2:
-            train._Stop.handler(None, None)
-            train._Stop.handler(None, None)
+            runs.Stop.handler(None, None)
+            runs.Stop.handler(None, None)
     with pytest.raises(KeyboardInterrupt):
         train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=100), on_step=twice,
                     log=_train_quiet)
@@ -8104,7 +7949,7 @@ def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
             return self._orig_mod(*a, **k)
 
     def fake_compile(m, backend="inductor", **kw):
-        compiled.append((type(m).__name__, type(getattr(m, "model", None)).__name__, backend))
+        compiled.append((type(m).__name__, type(getattr(m, "module", None)).__name__, backend))
         return FakeCompiled(m)
     monkeypatch.setattr(torch, "compile", fake_compile)
     cfg = _train_cfg(d, tmp_path / "o", compile=True, compile_backend="aot_eager", max_iters=3, eval_interval=2,
@@ -8245,7 +8090,7 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read().decode()
-    assert p.wait(timeout=120) == 1 and err == "", err
+    assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err   # (sample.py: "loaded ...")
 
 
 def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
@@ -8475,4 +8320,4 @@ def test_bpe_a_merge_of_hash_signs_survives_the_merges_file_round_trip(tmp_path)
 def test_sample_init_from_that_cannot_load_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "hf").mkdir()   # a local folder without config.json / weights: no download is tried
     msg = _bad_exit(monkeypatch, sample, f"--init_from={tmp_path / 'hf'}", "--device=cpu")
-    assert msg.startswith(f"sample.py: --init_from {tmp_path / 'hf'}: could not load the weights (") and "config.json" in msg
+    _one_line_naming(msg, f"sample.py: --init_from {tmp_path / 'hf'}: ", "config.json")

@@ -1,0 +1,542 @@
+"""
+Run management for train.py: what a training run must also do that is not the ML. train.py's train() calls
+each by name, so that it reads as set-up, then the loop; a student reading the loop can skip this file.
+
+* token files: load_tokens / find_shards / open_data check every file against its sidecar and its tokenizer,
+  and prepare the main job's data first (fineweb.prepare_tinystories);
+* resume: resume_settings (main: the checkpoint's settings, refusing a change that would not continue the same
+  run), check_model_fits (a checkpoint or released weights against this data) and restore (optimizer, loader
+  position, RNGs, clock, with the schedule changes a resume makes said);
+* RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb;
+* Stop: Ctrl-C / SIGTERM as a request to finish the step, write a checkpoint and stop;
+* plot_log: the curves of one or more log.jsonl files.
+
+Every check here is one clear line for a real mistake, raised as ValueError (train.py's main prints it).
+"""
+import contextlib
+import datetime
+import json
+import os
+import random
+import shlex
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import bpe
+import fineweb
+import model as model_lib
+
+
+def say(*args, **kw):
+    """print, flushed: progress shows up at once even through a pipe or a log file."""
+    try:
+        print(*args, **kw, flush=True)
+    except BrokenPipeError:   # the reader went away (`| head`): train on quietly, log.jsonl keeps every line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def quiet(*args, **kw):
+    """say() for the ranks other than 0."""
+
+
+def fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def parse_duration(s):
+    """'45m' -> 2700.0 seconds ('90s', '1.5h', '600' = seconds)."""
+    s = str(s).strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(s[-1:], None)
+    try:
+        return float(s[:-1]) * scale if scale else float(s)
+    except ValueError:
+        raise ValueError(f"--time_budget: expected a duration like 45m, 90s or 1.5h, got {s!r}") from None
+
+
+# -----------------------------------------------------------------------------
+# token files
+
+def load_tokens(path):
+    """Memmap a token file X.bin after checking its sidecar X.bin.json; returns (array, meta)."""
+    path = Path(path)
+    side = Path(str(path) + ".json")
+    if not path.is_file():
+        raise ValueError(f"{path}: token file not found")
+    try:
+        meta = json.loads(side.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing sidecar {side.name} (write token files with bpe.py --encode or fineweb.py)")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{side}: not valid JSON ({e})")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{side}: expected a JSON object (the token file's format, dtype, vocab_size ...)")
+    if meta.get("format") != "tokens-v1" or meta.get("dtype") not in ("uint16", "uint32"):
+        raise ValueError(f"{side}: expected format tokens-v1 with dtype uint16|uint32, got "
+                         f"{meta.get('format')!r}/{meta.get('dtype')!r}")
+    dtype = np.dtype(meta["dtype"])
+    size = path.stat().st_size
+    if size % dtype.itemsize or size // dtype.itemsize != meta.get("num_tokens"):
+        raise ValueError(f"{path}: {size} bytes but the sidecar says {meta.get('num_tokens')} {meta['dtype']} "
+                         f"tokens (truncated or corrupt file?)")
+    if size == 0:
+        raise ValueError(f"{path}: empty token file")
+    if meta.get("tokenizer") and not meta.get("tokenizer_fingerprint"):
+        raise ValueError(f"{side}: names tokenizer {meta['tokenizer']!r} but no tokenizer_fingerprint: write token "
+                         f"files with bpe.py --encode or fineweb.py")
+    return np.memmap(path, dtype=dtype, mode="r"), meta
+
+
+def check_token_range(arr, vocab_size, path, chunk=1 << 24, max_scan=2_000_000_000):
+    """A token id >= vocab_size would index past the embedding: refuse before training starts.
+    Files up to max_scan tokens are scanned in full (GB/s); beyond that the sidecar's vocab_size is trusted."""
+    n = min(len(arr), max_scan)
+    top = max(int(arr[i:i + chunk].max()) for i in range(0, n, chunk))
+    if top >= vocab_size:
+        raise ValueError(f"{path}: token id {top} >= the model's vocab_size {vocab_size}")
+
+
+def find_shards(data_dir, split):
+    """[(path, array, sidecar), ...] of data_dir/split*.bin, in name order."""
+    return [(str(f), *load_tokens(f)) for f in sorted(Path(data_dir).glob(f"{split}*.bin"))]
+
+
+def check_batch_fits(shards, need, what="training data"):
+    """One batch of need tokens must fit in some shard ((path, array, ...) tuples): else name the longest one."""
+    path, arr = max(shards, key=lambda s: len(s[1]))[:2]
+    if len(arr) < need:
+        raise ValueError(f"{what} too short: {path} has {len(arr):,} tokens"
+                         f"{f' (the longest of {len(shards)} files)' if len(shards) > 1 else ''}, one batch needs "
+                         f"batch_size*context_length*world_size+1 = {need:,}")
+
+
+@dataclass
+class Data:
+    """A run's token files and what decodes them. fingerprint: the tokenizer's content hash (None: no tokenizer)."""
+    train: list
+    val: list
+    vocab_size: int
+    eot_id: int
+    tokenizer: object
+    tokenizer_ref: str
+    fingerprint: str
+
+    @property
+    def train_files(self):
+        """What a checkpoint records of its training data (a resume checks it, on a moved copy too): the files'
+        names and sizes, in the order the sampler's position counts them."""
+        return [[Path(p).name, len(a)] for p, a, _ in self.train]
+
+
+def prepare_main_job(c, ddp, master, log):
+    """The main job's data (stories -> BPE -> token files), made or reused by fineweb.prepare_tinystories; only
+    in a folder it made, or an empty one: never over someone's own data."""
+    data_dir = Path(c.data_dir)
+    if not ((data_dir / "prepared.json").exists() or not any(data_dir.glob("train*.bin"))):
+        return
+    # the other ranks wait for rank 0 on a gloo group of their own: preparing all of TinyStories takes longer
+    # than the 10 minutes NCCL allows one collective (if rank 0 fails, torchrun stops them all)
+    wait = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(hours=3)) if ddp else None
+    if master:
+        with lock(data_dir, "train.py preparing its data") or contextlib.nullcontext():
+            fineweb.prepare_tinystories(data_dir=c.data_dir, vocab_size=c.vocab_size, allow_download=c.download,
+                                        fresh=c.fresh, log=log, corpus_bytes=c.corpus_bytes)
+    if ddp:
+        torch.distributed.barrier(group=wait)
+        torch.distributed.destroy_process_group(wait)
+
+
+def open_data(c, prepare_commands, preset_dirs, log):
+    """The token files of --data_dir, checked (sidecars, one vocabulary, one tokenizer), and the tokenizer that
+    decodes them (None when they name none, or it does not load: no bits/byte or samples then)."""
+    train, val = find_shards(c.data_dir, "train"), find_shards(c.data_dir, "val")
+    if not train:
+        cmd = prepare_commands.get(c.preset)
+        own = preset_dirs.get(c.preset)
+        if cmd and c.data_dir != own:   # the preset's data asked for in another folder: prepare that one
+            cmd = cmd.replace(f"--out_dir={own}", f"--out_dir={shlex.quote(c.data_dir)}")
+        raise ValueError(f"{c.data_dir}: no train*.bin token files" +
+                         (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py, or "
+                                                                   "pass --prepare_data=true for the main job's stories)"))
+    if not val:   # no separate validation split: hold out the last shard (or say so for a single file)
+        if len(train) < 2:
+            raise ValueError(f"{c.data_dir}: no val*.bin token file next to the train data")
+        train, val = train[:-1], train[-1:]
+    metas = [m for _, _, m in train + val]
+    fingerprints = {m.get("tokenizer_fingerprint") for m in metas}
+    if len(fingerprints) > 1:   # one tokenizer may be named by several paths: its content decides
+        refs = sorted({str(m.get("tokenizer")) for m in metas})
+        if len(refs) > 1:
+            raise ValueError(f"{c.data_dir}: token files were written by different tokenizers {refs}")
+        raise ValueError(f"{c.data_dir}: token files were written by different versions of tokenizer {refs[0]!r} "
+                         f"(fingerprints {', '.join(sorted(map(str, fingerprints)))}): re-encode them all with one")
+    fingerprint = fingerprints.pop()
+    first = None   # (sidecar, vocab_size) of the first token file: every other one must agree
+    for path, _, m in train + val:
+        if "vocab_size" not in m:
+            raise ValueError(f'{path}.json: missing "vocab_size"')
+        if type(m["vocab_size"]) is not int or m["vocab_size"] < 1:
+            raise ValueError(f'{path}.json: "vocab_size" must be a positive integer, got {m["vocab_size"]!r}')
+        if first is None:
+            first = (f"{path}.json", m["vocab_size"])
+        elif m["vocab_size"] != first[1]:
+            raise ValueError(f"{c.data_dir}: token files disagree on vocab_size ({first[0]}: {first[1]}, "
+                             f"{path}.json: {m['vocab_size']})")
+    vocab_size, eot_id = first[1], metas[0].get("eot_id")
+    if eot_id is not None and (type(eot_id) is not int or not 0 <= eot_id < vocab_size):
+        raise ValueError(f'{train[0][0]}.json: "eot_id" must be a token id in [0, {vocab_size}) or null, '
+                         f"got {eot_id!r}")
+    if (c.prepare_data or c.preset) and c.vocab_size < vocab_size:
+        log(f"train.py: the data's vocabulary is {vocab_size} (--vocab_size={c.vocab_size}): using {vocab_size}")
+    ref, tokenizer = metas[0].get("tokenizer"), None
+    if ref:
+        # the tokenizer named, or the one beside the data when the folder was moved or copied with it: the one
+        # named is gone, or was retrained since while the copy beside the data still matches
+        beside = Path(c.data_dir) / Path(ref).name
+        if ref != "gpt2" and beside.exists() and (not Path(ref).exists() or (
+                bpe.tokenizer_fingerprint(ref) != fingerprint and bpe.tokenizer_fingerprint(beside) == fingerprint)):
+            ref = str(beside)
+        try:
+            tokenizer = bpe.tokenizer_for(ref, vocab_size, fingerprint, "its token files")
+        except bpe.TokenizerMismatch as e:   # bits/byte, samples, HellaSwag would all be wrong
+            raise ValueError(f"{first[0]}: {e}: re-encode the data with it") from None
+        except (OSError, ValueError) as e:
+            log(f"train.py: tokenizer {ref!r} could not be loaded ({e}): no bits/byte or samples")
+    return Data(train, val, vocab_size, eot_id, tokenizer, ref, fingerprint)
+
+
+# -----------------------------------------------------------------------------
+# resume
+
+def files_summary(files):
+    """[[name, tokens], ...] -> "2 file(s) of 1,005 tokens"."""
+    return f"{len(files)} file(s) of {sum(n for _, n in files):,} tokens"
+
+
+def resume_settings(cfg, explicit, defaults, presets, resumable):
+    """main()'s resume: (settings, checkpoint) -- the checkpoint's settings with what this command line gives
+    explicitly on top -- or (cfg, None) when this is a new run. A change to a setting outside `resumable` would
+    not continue the same run: refused in one line."""
+    ckpt_path = Path(cfg["out_dir"]) / "ckpt.pt"
+    resume = cfg["resume"]
+    if resume is True and not ckpt_path.exists():
+        raise ValueError(f"--resume: no checkpoint at {ckpt_path}")
+    if resume is False or cfg["fresh"] or not ckpt_path.exists():
+        return cfg, None
+    try:
+        ckpt = read_train_checkpoint(ckpt_path)
+    except ValueError as e:
+        raise ValueError(f"{e} (use --fresh to start over)") from None
+    old = ckpt["config"]
+    asked = set(explicit)   # what this command line sets; a preset's settings only when it names another one
+    if cfg["preset"] != old.get("preset", ""):
+        asked |= set(presets.get(cfg["preset"], {}))
+    changed = {k: (old.get(k), cfg[k]) for k in asked if k not in resumable and old.get(k) != cfg[k]}
+    if changed:
+        what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
+        raise ValueError(f"{ckpt_path} holds a run with other settings ({what}): use --fresh to start over or "
+                         f"another --out_dir")
+    return {**defaults, **old, **{k: cfg[k] for k in asked}, "fresh": False}, ckpt   # a --fresh first run: not again
+
+
+def read_train_checkpoint(src):
+    """model.read_checkpoint (one clear line when the file is broken), and it must be one of train.py's."""
+    ckpt = model_lib.read_checkpoint(src)
+    if "model" not in ckpt or "iteration" not in ckpt:
+        name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
+        raise ValueError(f"{name}: not a train.py checkpoint (expected a dict with 'model' and 'iteration')")
+    return ckpt
+
+
+def model_of(ckpt, ckpt_path):
+    """The model a resumed checkpoint holds; one clear line when its weights do not fit its model_config."""
+    try:
+        return model_lib.model_from_checkpoint(ckpt)
+    except ValueError as e:
+        raise ValueError(f"{ckpt_path}: {e}") from None
+
+
+def check_model_fits(raw, data, c, ckpt, ckpt_path):
+    """A checkpoint's or released weights' model against this data: the same vocabulary, the same tokenizer
+    (a same-size tokenizer of other tokens would go unnoticed otherwise), every id in range, the context."""
+    if raw.vocab_size != data.vocab_size:   # its ids must mean the data's tokens
+        source = f"--init_from={c.init_from}" if ckpt is None else str(ckpt_path)
+        raise ValueError(f"{source}: the model has a vocabulary of {raw.vocab_size:,} ids, the data in {c.data_dir} "
+                         f"{data.vocab_size:,} (tokenizer {data.tokenizer_ref!r}): tokenize the data with the model's "
+                         f"tokenizer")
+    trained_with = ckpt.get("tokenizer_fingerprint") if ckpt is not None else None
+    if trained_with and data.fingerprint not in (None, trained_with):
+        raise ValueError(f"{ckpt_path}: trained on ids of tokenizer fingerprint {trained_with}, but the data in "
+                         f"{c.data_dir} was encoded with {data.fingerprint} (tokenizer {data.tokenizer_ref!r}): "
+                         f"resume on the data it was trained on, or start a new run with --fresh")
+    for path, arr, _ in data.train + data.val:   # an id >= vocab_size is refused before training starts
+        check_token_range(arr, raw.vocab_size, path)
+    if c.context_length > raw.context_length:
+        raise ValueError(f"--context_length={c.context_length} is longer than the model's {raw.context_length}")
+
+
+@dataclass
+class RunState:
+    """What the loop carries from step to step, and a checkpoint saves (besides weights, optimizer, loader, RNGs):
+    the step, the training time spent, and the last validation loss with the step it was measured at."""
+    step: int = 0
+    elapsed: float = 0.0
+    val_loss: float = None
+    val_step: int = None
+
+
+def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused, lr_of, log):
+    """Load a checkpoint into this run -- weights, optimizer, the loader's position, every RNG -- after checking
+    that it continues the same run (the same training files, the same number of processes); returns its
+    RunState. Says what a resume changes in the learning-rate schedule."""
+    for group in ckpt["optimizer"]["param_groups"]:   # torch places each state's "step" by the loaded groups'
+        group["fused"] = fused   # flags: on the device for fused AdamW, on the CPU (no sync per .item()) for ours
+    if ckpt["train_files"] != data.train_files:   # names and sizes, in the sampler's order
+        raise ValueError(f"{ckpt_path}: its run trained on other token files than {c.data_dir} holds now "
+                         f"({files_summary(ckpt['train_files'])} then, {files_summary(data.train_files)} now): "
+                         f"resume with the same data, or start over with --fresh")
+    model_lib.unwrap(raw).load_state_dict(model_lib.unwrapped_state_dict(ckpt["model"]))
+    optimizer.load_state_dict(ckpt["optimizer"])
+    saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
+    if saved_world != world:
+        raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
+                         f"(this run has {world}) so every rank continues its own data stream")
+    try:
+        loader.load_state_dict(ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"])
+    except (IndexError, KeyError, TypeError, ValueError):   # e.g. a shard that is no longer there
+        raise ValueError(f"{ckpt_path}: its data position does not exist in {c.data_dir} ({len(data.train)} "
+                         f"training file(s)): the data changed since the checkpoint; resume with the same data, "
+                         f"or start over with --fresh") from None
+    set_rng_state(ckpt["rng"])
+    state = RunState(int(ckpt["iteration"]), ckpt["elapsed"], ckpt["val_loss"], ckpt["val_step"])
+    log(f"resumed {ckpt_path} at step {state.step}")
+    old = ckpt["config"]
+    decay, old_decay = c.lr_decay_iters or c.max_iters, old["lr_decay_iters"] or old["max_iters"]
+    clocked = bool(c.time_budget or old["time_budget"])
+    if state.step > 0 and old_decay != decay and not clocked:   # e.g. a larger --max_iters
+        log(f"train.py: the cosine now ends at step {decay:,}, not {old_decay:,} as in the checkpoint's run, so "
+            f"the learning rate jumps at step {state.step:,} (pass --lr_decay_iters={old_decay} to keep its schedule)")
+    # under a budget the clock is mapped onto max_iters as well: no flag keeps the schedule while extending the
+    # run, so say what the change does to the learning rate
+    keys = ("time_budget", "max_iters", "lr_decay_iters")
+    changed = [f"--{k} {old[k] if old[k] != '' else 'none'} -> {c[k] if c[k] != '' else 'none'}"
+               for k in keys if old[k] != c[k]]
+    if state.step > 0 and changed and clocked:
+        was, now = lr_of({**c, **{k: old[k] for k in keys}}, state), lr_of(c, state)
+        if f"{now:.3g}" != f"{was:.3g}":
+            log(f"train.py: under --time_budget the schedule maps the clock onto --max_iters; with "
+                f"{', '.join(changed)} the learning rate at step {state.step:,} is {now:.3g}, not {was:.3g} as in "
+                f"the checkpoint's run")
+    return state
+
+
+def rng_state():
+    """Every RNG as tensors and plain types (loadable with weights_only=True)."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():   # this process's GPU only: a resume may see fewer GPUs (or another rank's)
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state):
+    v, s, g = state["python"]
+    random.setstate((v, tuple(s), g))
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# -----------------------------------------------------------------------------
+# the run's folder: lock, log, wandb
+
+def lock(folder, what):
+    """Hold folder/.lock exclusively until the returned file is closed, so that two runs cannot write one folder at
+    once (their logs and checkpoints would interleave); None where fcntl does not exist (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    f = open(Path(folder) / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ValueError(f"{folder}: in use by another {what} (it holds {Path(folder) / '.lock'}): wait for it to "
+                         f"finish, or use another folder") from None
+    return f
+
+
+def kept_on_resume(line, step):
+    """Whether a log.jsonl line stays when a run resumes at `step`: the records up to it, not a line that a crash
+    tore mid-write."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("step", 0) <= step
+
+
+class RunDir:
+    """out_dir, held by one run (rank 0; on the other ranks every method does nothing): the lock, log.jsonl and
+    wandb. A resumed run keeps the log's records up to its step; a new run replaces the old run's log and
+    checkpoint, so a crash before its first checkpoint cannot mix the two runs."""
+
+    def __init__(self, c, resumed_at, master, log):
+        self.out_dir, self.log_path = Path(c.out_dir), Path(c.out_dir) / "log.jsonl"
+        self.ckpt_path = self.out_dir / "ckpt.pt"
+        self.logf = self.lock = self.wandb = None
+        if not master:
+            return
+        self.lock = lock(self.out_dir, "training run")
+        for stale in self.out_dir.glob(f"{self.ckpt_path.name}.tmp*"):   # a save cut short by a hard kill (SIGKILL
+            stale.unlink(missing_ok=True)                                  # skips the cleanup): GBs at GPT-2 scale
+        if resumed_at is not None and self.log_path.exists():   # drop what a crashed run logged after its checkpoint
+            kept = [line for line in self.log_path.read_text().splitlines() if kept_on_resume(line, resumed_at)]
+            tmp = self.log_path.with_name(self.log_path.name + ".tmp")   # renamed over the log: a crash now leaves
+            with open(tmp, "w") as f:                                      # the old log or the new, never neither
+                f.writelines(line + "\n" for line in kept)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.log_path)
+            self.logf = open(self.log_path, "a")
+        else:
+            if resumed_at is None and self.ckpt_path.exists():
+                self.ckpt_path.unlink()
+                log(f"train.py: starting over in {self.out_dir}: removed the previous run's checkpoint")
+            self.logf = open(self.log_path, "w")
+        if c.wandb:
+            try:
+                import wandb
+                self.wandb = wandb.init(project=c.wandb_project, config=dict(c), resume="allow")
+            except ImportError:
+                log("train.py: --wandb given but wandb is not installed (pip install wandb): logging locally only")
+
+    def record(self, kind, **fields):
+        """One line of log.jsonl (and the numbers to wandb)."""
+        if self.logf is not None:
+            self.logf.write(json.dumps({"type": kind, **fields}) + "\n")
+            self.logf.flush()
+        if self.wandb is not None:
+            self.wandb.log({f"{kind}/{k}": v for k, v in fields.items() if isinstance(v, (int, float))},
+                           step=fields.get("step"))
+
+    def close(self):
+        for f in (self.logf, self.lock):
+            if f is not None:
+                f.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+# -----------------------------------------------------------------------------
+# stop requests
+
+class Stop:
+    """A stop request, Ctrl-C (SIGINT) or SIGTERM (a scheduler's preemption notice; torchrun passes either on to its
+    workers): finish the step, write a checkpoint, stop. In one process a second request aborts at once. Under
+    torchrun a worker gets a terminal's Ctrl-C twice (from the terminal and again from torchrun), so repeats are
+    ignored there, even after the loop (the repeat can arrive late, during the teardown): torchrun kills its
+    workers itself --shutdown_timeout seconds (30) after the first signal.
+
+    Under DDP every rank must stop at the same step: `pending` is the request the loop acts on, in one process
+    the signal's at once, under DDP the one every rank agreed on at the end of the last step (agree())."""
+    requested = None      # None, or what asked: "ctrl-c" / "SIGTERM"
+    repeat_aborts = True
+    quiet = False
+
+    @classmethod
+    def handler(cls, signum, frame):
+        if cls.requested:
+            if cls.repeat_aborts:
+                raise KeyboardInterrupt
+            return
+        cls.requested = "SIGTERM" if signum == getattr(signal, "SIGTERM", None) else "ctrl-c"
+        if not cls.quiet:
+            print(f"\ntrain.py: {cls.requested}: stopping after this step" +
+                  (" (Ctrl-C again to abort without a checkpoint)" if cls.repeat_aborts else ""), flush=True)
+
+    def __init__(self, ddp, master):
+        self.ddp, self.agreed = ddp, None
+        Stop.requested, Stop.repeat_aborts, Stop.quiet = None, not ddp, not master
+
+    @property
+    def pending(self):
+        return self.agreed if self.ddp else Stop.requested
+
+    def agree(self, elapsed, master, device):
+        """Under DDP, every rank takes rank 0's clock (for the budget) and whether any rank was asked to stop."""
+        if not self.ddp:
+            return elapsed
+        t = torch.tensor([elapsed if master else 0.0, Stop.requested is not None], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t)
+        elapsed, asked = t.tolist()
+        self.agreed = (Stop.requested or "a stop request on another rank") if asked else None
+        return elapsed
+
+    def __enter__(self):
+        main_thread = threading.current_thread() is threading.main_thread()
+        sigs = [getattr(signal, n) for n in ("SIGINT", "SIGTERM") if hasattr(signal, n)] if main_thread else []
+        self.old = {sig: signal.signal(sig, Stop.handler) for sig in sigs}
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self.old.items():   # the caller's handlers are back; but a torchrun worker that got a
+            signal.signal(sig, signal.SIG_IGN if self.ddp and Stop.requested else old)   # signal may get its repeat
+
+
+# -----------------------------------------------------------------------------
+# plots
+
+def plot_log(log_path):
+    """loss vs steps and loss vs wall clock PNGs beside log_path; returns their paths."""
+    try:
+        lines = Path(log_path).read_text().splitlines()
+    except FileNotFoundError:
+        raise ValueError(f"--plot {log_path}: no such file") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise ValueError(f"--plot {log_path}: not a text file (expected a log.jsonl)") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line) if line.strip() else {})
+        except json.JSONDecodeError:
+            raise ValueError(f"--plot {log_path} line {n}: not JSON") from None
+        if not isinstance(rows[-1], dict):
+            raise ValueError(f"--plot {log_path} line {n}: not a JSON object")
+    # (records missing a figure, as hand-edited logs may, are left out rather than failing the plot)
+    tr = [r for r in rows if r.get("type") == "train" and all(k in r for k in ("step", "elapsed", "loss"))]
+    ev = [r for r in rows if r.get("type") == "eval" and all(k in r for k in ("step", "elapsed", "val_loss"))]
+    if not tr:
+        raise ValueError(f"{log_path}: no training records to plot")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
+    out = []
+    for xkey, xlabel, name in (("step", "step", "loss_vs_steps.png"), ("elapsed", "training time (s)", "loss_vs_time.png")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        ax.plot([r[xkey] for r in tr], [r["loss"] for r in tr], label="train", lw=1)
+        if ev:
+            ax.plot([r[xkey] for r in ev], [r["val_loss"] for r in ev], "o-", label="validation")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("loss (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        path = Path(log_path).with_name(name)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        out.append(str(path))
+    return out
