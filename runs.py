@@ -290,6 +290,10 @@ class RunState:
     val_loss: float = None
     val_step: int = None
 
+    def finished(self, max_iters, budget):
+        """The run's end: max_iters steps, or the time budget (seconds, None: none) spent."""
+        return self.step >= max_iters or (budget is not None and self.elapsed >= budget)
+
 
 def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused, lr_of, log):
     """Load a checkpoint into this run -- weights, optimizer, the loader's position, every RNG -- after checking
@@ -431,7 +435,10 @@ class RunDir:
             self.wandb.log({f"{kind}/{k}": v for k, v in fields.items() if isinstance(v, (int, float))},
                            step=fields.get("step"))
 
-    def close(self):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
         for f in (self.logf, self.lock):
             if f is not None:
                 f.close()

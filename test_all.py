@@ -7119,6 +7119,40 @@ def test_train_estimate_val_loss_scores_the_first_tokens_of_the_validation_file_
     assert got == pytest.approx(want, rel=1e-6)
 
 
+def test_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _train_data, monkeypatch):
+    # the README's Hacking example, made by the test itself: a field added to TransformerLMConfig and used in
+    # norm_layer is a train.py flag (its default, help and choices), is stored in the checkpoint, is rebuilt by
+    # model_from_checkpoint and is counted by flops.py, with no edit anywhere else
+    import dataclasses
+
+    @dataclasses.dataclass
+    class WithNorm(M.TransformerLMConfig):
+        norm: str = M.setting("rmsnorm", "rmsnorm | layernorm", choices=("rmsnorm", "layernorm"))
+    plain_norm = M.norm_layer
+
+    def norm_layer(config, d_model, device=None, dtype=None):
+        if config.norm == "layernorm":
+            return torch.nn.LayerNorm(d_model, device=device, dtype=dtype)
+        return plain_norm(config, d_model, device, dtype)
+    monkeypatch.setattr(M, "TransformerLMConfig", WithNorm)
+    monkeypatch.setattr(M, "norm_layer", norm_layer)
+    flag = next(a for a in train.build_parser()._actions if a.dest == "norm")
+    assert flag.default == "rmsnorm" and "layernorm" in flag.help
+    args = _train_main_args(_train_data, tmp_path / "o") + ["--norm=layernorm"]
+    train.main(args)
+    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm"
+    model = M.model_from_checkpoint(ckpt)
+    assert isinstance(model.layers[0].ln1, torch.nn.LayerNorm) and isinstance(model.ln_final, torch.nn.LayerNorm)
+    counted = flops.count_params(ckpt["model_config"])
+    assert counted["total"] == sum(p.numel() for p in model.parameters())
+    assert counted["norm"] == 2 * (2 * 1 + 1) * 32   # weight and bias of ln1 and ln2 (1 layer) and of ln_final
+    for bad, named in (("--norm=batchnorm", "--norm: "), ("--model=gpt2", "--norm=layernorm: only for --model=llama")):
+        with pytest.raises(SystemExit) as e:
+            train.main(_train_main_args(_train_data, tmp_path / "p") + ["--norm=layernorm", bad])
+        _one_line_naming(str(e.value).replace("--norm=batchnorm --norm", "--norm"), "train.py: ", named)
+
+
 def test_train_model_config_passes_every_architecture_flag():
     # the ablation flags and rope_theta reach the model config (and so the model) that train() builds
     base = dict(train.DEFAULTS)

@@ -472,6 +472,20 @@ def load_checkpoint(src, model, optimizer=None):
     return int(ckpt["iteration"])
 
 
+def save_run(path, raw, optimizer, loader, state, c, data, world):
+    """The run's checkpoint (rank 0 writes it): with every RNG, every rank's loader position and the RunState, all
+    an exact resume needs, and the settings and data it checks that a resume continues the same run with."""
+    loaders = [loader.state_dict()]
+    if world > 1:
+        loaders = [None] * world
+        torch.distributed.all_gather_object(loaders, loader.state_dict())
+    if int(os.environ.get("RANK", "0")) == 0:
+        save_checkpoint(raw, optimizer, state.step, path, config=dict(c), tokenizer=data.tokenizer_ref or "",
+                        tokenizer_fingerprint=data.fingerprint, rng=runs.rng_state(),
+                        loader=loaders if world > 1 else loaders[0], train_files=data.train_files,
+                        val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
+
+
 # -----------------------------------------------------------------------------
 # evaluation: validation loss and bits per byte, downstream tasks, samples
 
@@ -670,6 +684,17 @@ def make_optimizer(raw, c, fused):
     return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
 
 
+def make_loader(data, c, rank, world, log):
+    B, T = c.batch_size, c.context_length
+    if c.sampler == "random":
+        return RandomSampler(data.train, B, T, seed=c.seed, rank=rank)
+    short = [str(p) for p, a, _ in data.train if len(a) < B * T * world + 1]
+    if short:   # the reader skips them: say so rather than train on less data in silence
+        log(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
+            f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
+    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id)
+
+
 # -----------------------------------------------------------------------------
 # the training run
 
@@ -721,14 +746,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if c.warmup_iters >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
         say(f"train.py: --warmup_iters={c.warmup_iters} is not below the schedule's length of {decay_iters} steps "
             f"(--lr_decay_iters, else --max_iters): the learning rate never reaches --learning_rate")
-    if c.sampler == "sequential":
-        loader = SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id)
-        short = [str(p) for p, a, _ in data.train if len(a) < B * T * world + 1]
-        if short:   # the reader skips them: say so rather than train on less data in silence
-            say(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
-                f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
-    else:
-        loader = RandomSampler(data.train, B, T, seed=c.seed, rank=rank)
+    loader = make_loader(data, c, rank, world, say)
     state = runs.RunState()
     if ckpt is not None:
         state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"],
@@ -752,85 +770,68 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
                resumed_at_step=state.step if ckpt is not None else None)
 
-    def save():
-        loader_states = [None] * world   # every rank's loader position goes into the one file rank 0 writes
-        if ddp:
-            torch.distributed.all_gather_object(loader_states, loader.state_dict())
-        else:
-            loader_states = [loader.state_dict()]
-        if master:
-            save_checkpoint(raw, optimizer, state.step, ckpt_path, config=dict(c), tokenizer=data.tokenizer_ref or "",
-                            tokenizer_fingerprint=data.fingerprint, rng=runs.rng_state(),
-                            loader=loader_states if ddp else loader_states[0], train_files=data.train_files,
-                            val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
-
     # ---- the loop
     start_step, samples, stop_at = state.step, [], None
+    evaluated = ckpt is not None and state.val_step == start_step   # the log has this evaluation already
     last_lr = scheduled_lr(c, state.step, state.elapsed)
     ckpt_every = c.ckpt_interval or c.eval_interval
     t_run = clock()
-    try:
-        with runs.Stop(ddp, master) as stop:
-            while True:
-                done = state.step >= c.max_iters or (budget is not None and state.elapsed >= budget)
-                stop_at = None if done else stop.pending   # a request at the last step changes nothing
-                last = done or stop_at is not None
-                # periodic duties (not counted in the time budget): eval, samples, checkpoint. Not again at the
-                # step a run resumes from when its checkpoint was evaluated there (the log has it); not at a stop
-                # request's step unless one is due there (stopping must fit a scheduler's grace period)
-                if (state.step % c.eval_interval == 0 or done) and not (ckpt is not None and state.step == start_step
-                                                                          == state.val_step):
-                    fields = evaluate(state.step, state.elapsed)
-                    state.val_loss, state.val_step, samples = fields["val_loss"], state.step, fields.get("samples", [])
-                    run.record("eval", **fields)
-                if (state.step > start_step and state.step % ckpt_every == 0) or (
-                        last and (state.step > start_step or state.step == 0)):
-                    save()
-                if last:
-                    break
+    with run, runs.Stop(ddp, master) as stop:
+        while True:
+            done = state.finished(c.max_iters, budget)
+            stop_at = None if done else stop.pending   # a request at the last step changes nothing
+            last = done or stop_at is not None
+            # periodic duties (not counted in the time budget): eval, samples, checkpoint; not at a stop request's
+            # step unless one is due there (stopping must fit a scheduler's grace period)
+            if (state.step % c.eval_interval == 0 or done) and not (evaluated and state.step == start_step):
+                fields = evaluate(state.step, state.elapsed)
+                state.val_loss, state.val_step, samples = fields["val_loss"], state.step, fields.get("samples", [])
+                run.record("eval", **fields)
+            if (state.step > start_step and state.step % ckpt_every == 0) or (
+                    last and (state.step > start_step or state.step == 0)):
+                save_run(ckpt_path, raw, optimizer, loader, state, c, data, world)
+            if last:
+                break
 
-                # one optimizer step: accum micro-steps, gradient sync only on the last one
-                t0 = clock()
-                lr = last_lr = scheduled_lr(c, state.step, state.elapsed)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_acc = torch.zeros((), device=device)
-                for micro in range(accum):
-                    x, y = loader.next_batch(device)
-                    with model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext():
-                        with autocast:
-                            loss = model(x, y) / accum
-                        loss.backward()
-                    loss_acc += loss.detach()
-                norm = gradient_clipping(raw.parameters(), c.grad_clip) if c.grad_clip > 0 else None
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                state.step += 1
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                dt = clock() - t0
-                if not (hw["compile"] and state.step == start_step + 1):   # a compiled run's first step is mostly
-                    state.elapsed += dt                                      # compilation: not in the budget
-                state.elapsed = stop.agree(state.elapsed, master, device)   # DDP: rank 0's clock, any rank's stop
+            # one optimizer step: accum micro-steps, gradient sync only on the last one
+            t0 = clock()
+            lr = last_lr = scheduled_lr(c, state.step, state.elapsed)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_acc = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = loader.next_batch(device)
+                with model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext():
+                    with autocast:
+                        loss = model(x, y) / accum
+                    loss.backward()
+                loss_acc += loss.detach()
+            norm = gradient_clipping(raw.parameters(), c.grad_clip) if c.grad_clip > 0 else None
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = clock() - t0
+            if not (hw["compile"] and state.step == start_step + 1):   # a compiled run's first step is mostly
+                state.elapsed += dt                                      # compilation: not in the budget
+            state.elapsed = stop.agree(state.elapsed, master, device)   # DDP: rank 0's clock, any rank's stop
 
-                # the log line: every log_interval steps, and at the step the run ends (max_iters, budget, stop)
-                if (state.step % c.log_interval == 0 or state.step >= c.max_iters or stop.pending is not None
-                        or (budget is not None and state.elapsed >= budget)):
-                    if ddp:
-                        torch.distributed.all_reduce(loss_acc)
-                        loss_acc /= world
-                    train_loss, tps = loss_acc.item(), tokens_per_step / dt   # the one sync per logged step
-                    mfu = _mfu(flops_per_token, tps / world, device, hw["dtype"])
-                    gn = float(norm) if norm is not None else None   # (not computed with --grad_clip=0)
-                    say(f"step {state.step:>6}/{c.max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
-                        (f"norm {gn:.3f} | " if gn is not None else "") + f"{tps:,.0f} tok/s" +
-                        (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}")
-                    run.record("train", step=state.step, loss=train_loss, lr=lr, grad_norm=gn, tokens_per_sec=tps,
-                               mfu=mfu, dt=dt, elapsed=state.elapsed, tokens=state.step * tokens_per_step)
-                if on_step is not None:
-                    on_step(state.step)
-    finally:
-        run.close()
+            # the log line: every log_interval steps, and at the step the run ends (max_iters, budget, stop)
+            if state.step % c.log_interval == 0 or state.finished(c.max_iters, budget) or stop.pending is not None:
+                if ddp:
+                    torch.distributed.all_reduce(loss_acc)
+                    loss_acc /= world
+                train_loss, tps = loss_acc.item(), tokens_per_step / dt   # the one sync per logged step
+                mfu = _mfu(flops_per_token, tps / world, device, hw["dtype"])
+                gn = float(norm) if norm is not None else None   # (not computed with --grad_clip=0)
+                say(f"step {state.step:>6}/{c.max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
+                    (f"norm {gn:.3f} | " if gn is not None else "") + f"{tps:,.0f} tok/s" +
+                    (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}")
+                run.record("train", step=state.step, loss=train_loss, lr=lr, grad_norm=gn, tokens_per_sec=tps,
+                           mfu=mfu, dt=dt, elapsed=state.elapsed, tokens=state.step * tokens_per_step)
+            if on_step is not None:
+                on_step(state.step)
     if ddp and teardown:
         del model   # DDP and its reducer go before their process group: freed after it (on return), a compiled
         # run's rank 1 hung in the teardown ~1 run in 10 (gloo)
