@@ -662,8 +662,8 @@ class GPT(nn.Module):
             hf = json.load(f)
         # settings of GPT2Config that this GPT does not implement: another value would load and give wrong logits
         fixed = {"model_type": ("gpt2",), "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
-                 "layer_norm_epsilon": (1e-5,), "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
-                 "n_inner": (None, 4 * hf.get("n_embd", 0))}
+                 "layer_norm_epsilon": (1e-5,), "scale_attn_weights": (True,),
+                 "scale_attn_by_inverse_layer_idx": (False,), "n_inner": (None, 4 * hf.get("n_embd", 0))}
         for key, allowed in fixed.items():
             if key in hf and hf[key] not in allowed:
                 raise ValueError(f"GPT.from_pretrained: {files['config.json']}: {key} {hf[key]!r} is not supported "
@@ -709,7 +709,8 @@ class GPT(nn.Module):
             loaded.add(key)
         missing = [k for k in sd if k not in loaded and k != "lm_head.weight"]
         if missing:
-            raise ValueError(f"GPT.from_pretrained: {name_or_path} lacks {missing[:3]}{'...' if len(missing) > 3 else ''}")
+            raise ValueError(f"GPT.from_pretrained: {name_or_path} lacks "
+                             f"{missing[:3]}{'...' if len(missing) > 3 else ''}")
         return model
 
 

@@ -161,9 +161,9 @@ def open_data(c, prepare_commands, preset_dirs, log):
         own = preset_dirs.get(c.preset)
         if cmd and c.data_dir != own:   # the preset's data asked for in another folder: prepare that one
             cmd = cmd.replace(f"--out_dir={own}", f"--out_dir={shlex.quote(c.data_dir)}")
-        raise ValueError(f"{c.data_dir}: no train*.bin token files" +
-                         (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py, or "
-                                                                   "pass --prepare_data=true for the main job's stories)"))
+        how = (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py, or "
+               "pass --prepare_data=true for the main job's stories)")
+        raise ValueError(f"{c.data_dir}: no train*.bin token files{how}")
     if not val:   # no separate validation split: hold out the last shard (or say so for a single file)
         if len(train) < 2:
             raise ValueError(f"{c.data_dir}: no val*.bin token file next to the train data")
@@ -343,8 +343,8 @@ def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused
 def rng_state():
     """Every RNG as tensors and plain types (loadable with weights_only=True)."""
     kind, key, pos, has_gauss, gauss = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss],
-             "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": [kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, gauss]}
     if torch.cuda.is_available():   # this process's GPU only: a resume may see fewer GPUs (or another rank's)
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -533,7 +533,8 @@ def plot_log(log_path):
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
     out = []
-    for xkey, xlabel, name in (("step", "step", "loss_vs_steps.png"), ("elapsed", "training time (s)", "loss_vs_time.png")):
+    for xkey, xlabel, name in (("step", "step", "loss_vs_steps.png"),
+                               ("elapsed", "training time (s)", "loss_vs_time.png")):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.plot([r[xkey] for r in tr], [r["loss"] for r in tr], label="train", lw=1)
         if ev:

@@ -69,7 +69,7 @@ def draw(probs, generator=None):
     u = torch.rand(probs.size(0), 1, generator=generator, device=gen_device, dtype=torch.float64).to(probs.device)
     cdf = probs.cumsum(-1, dtype=torch.float64)
     total = cdf[:, -1:]
-    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # a guard: only u == 1 could reach total
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # only u == 1 could reach total
     return torch.searchsorted(cdf, x, right=True).squeeze(-1)  # the first entry whose cdf exceeds x: nonzero
 
 
@@ -229,7 +229,8 @@ def main():
                         help="checkpoint written by train.py (out/ckpt.pt when neither "
                              "--ckpt nor --init_from is given)")
     parser.add_argument("--init_from", type=os.path.expanduser, default=None,
-                        help="released weights instead of --ckpt: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF dir")
+                        help="released weights instead of --ckpt: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF "
+                             "dir")
     parser.add_argument("--tokenizer", type=os.path.expanduser, default=None,
                         help="instead of the checkpoint's tokenizer: gpt2 or a bpe.py "
                              "tokenizer folder (for a checkpoint that names none, or whose tokenizer folder moved)")
@@ -239,14 +240,17 @@ def main():
     parser.add_argument("--max_new_tokens", type=int, default=256, help="tokens to generate per sample")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 = greedy")
     parser.add_argument("--top_k", type=int, default=None, help="keep only the k most likely tokens (None = all)")
-    parser.add_argument("--top_p", type=float, default=1.0, help="nucleus: smallest set of tokens whose probability reaches p")
+    parser.add_argument("--top_p", type=float, default=1.0,
+                        help="nucleus: smallest set of tokens whose probability reaches p")
     parser.add_argument("--seed", type=int, default=1337, help="random seed")
     parser.add_argument("--no_stop", action="store_true", help="do not stop at <|endoftext|>")
-    parser.add_argument("--no_cache", action="store_true", help="recompute the whole window every token (slow; for checking)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, mps")
+    parser.add_argument("--no_cache", action="store_true",
+                        help="recompute the whole window every token (slow; for checking)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, cuda, cuda:1, mps")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="weights dtype for generation")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage block
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
     args = parser.parse_args()
 
     if args.ckpt and args.init_from:

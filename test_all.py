@@ -3,8 +3,7 @@
 Run: python -m pytest test_all.py -q
 Tests that need ../shared/data (real text) skip with a reason when it is absent.
 """
-from collections import Counter
-from pathlib import Path
+
 import argparse
 import atexit
 import functools
@@ -21,6 +20,16 @@ import subprocess
 import sys
 import types
 import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import regex
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 import bench
 import bpe
@@ -30,21 +39,16 @@ import flops
 import hellaswag
 import lambada
 import model as M
-import numpy as np
-import pytest
-import regex
 import runs
 import sample
 import stories
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
 import train
+
 
 ROOT = Path(__file__).resolve().parent
 SHARED = ROOT.parent / "shared"
 DATA = SHARED / "data"
+
 # GPT-2's tokenizer files offline: tiktoken's cache named by TIKTOKEN_CACHE_DIR, else ../shared's copy
 TIKTOKEN_CACHE = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or SHARED / "tiktoken_cache")
 if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
@@ -52,7 +56,6 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and TIKTOKEN_CACHE.is_dir():
 _GPT2_FILES = [TIKTOKEN_CACHE / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6",   # encoder.json = vocab.json
                TIKTOKEN_CACHE / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"]   # vocab.bpe = merges.txt
 HAVE_GPT2_FILES = all(f.is_file() for f in _GPT2_FILES)
-
 
 
 @pytest.fixture(autouse=True)
@@ -68,22 +71,45 @@ needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is abs
 needs_gpt2_files = pytest.mark.skipif(not HAVE_GPT2_FILES, reason=f"GPT-2's tokenizer files are not in {TIKTOKEN_CACHE} "
                                       "(../shared/tiktoken_cache or TIKTOKEN_CACHE_DIR): unavailable offline")
 
+
 def _one_line_naming(message, prefix, *named):
     """A bad-input error is one line that starts with what it is about (a flag, a file) and names the values."""
     assert message.startswith(prefix) and "\n" not in message, message
     assert all(str(n) in message for n in named), (message, named)
 
 
-# ==== merged sections ====
+torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
-# ============================================================================
-# bpe.py
-# ============================================================================
+def _watched_rank(rank, fn, seconds, *args):
+    import faulthandler
+    faulthandler.dump_traceback_later(seconds)   # a hang prints where this rank waits, before it is killed
+    fn(rank, *args)
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _spawn_ranks(fn, *args, nprocs=2, timeout=240):
+    """mp.spawn(fn, args=(nprocs, free port, *args)) with a deadline: ranks that hang fail the test (each rank
+    first dumps its stack to stderr) instead of blocking the whole suite."""
+    ctx = mp.spawn(_watched_rank, args=(fn, timeout - 30, nprocs, _hs_free_port(), *args), nprocs=nprocs, join=False)
+    try:
+        finished = any(ctx.join(timeout=5) for _ in range(timeout // 5))
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+    assert finished, f"{fn.__name__}: the ranks did not finish within {timeout} s"
+
+
+# ====================================================================================================================
+# bpe.py: the tokenizer: training against a brute-force trainer and tiktoken, encoding, files, the command line
+# ====================================================================================================================
 
 
 _BPE_EOT = "<|endoftext|>"
+
 _BPE_GPT2_VOCAB, _BPE_GPT2_MERGES = _GPT2_FILES
+
 _BPE_EDGE_TEXTS = [
     "", "a", " ", "\n", "hello world", "Hello, World!  ", "  leading and trailing  ", "tabs\tand\t\ttabs",
     "line\nbreaks\n\n\nand \n \n spaces", "\r\nwindows\r\nlines", "emoji 🙂🚀 and 👍🏽 skin tone",
@@ -92,6 +118,7 @@ _BPE_EDGE_TEXTS = [
     "<|endoftext|><|endoftext|>", "x <|endoftext|> y\n<|endoftext|>\n", "<|endoftext", "|endoftext|>",
     "ends with space ", "\x00\x01 control \x1c\x1f chars", "ünïcödé àccents", "   ", "a  b   c    d",
 ]
+
 _BPE_WORDS = ["the", "cat", "sat", "on", "a", "mat", "Lily", "saw", "big", "dog", "don't", "it's", "42", "3.5",
               "ünï", "日本", "🙂", "!", ",", ".", "\"", "(", ")"]
 
@@ -151,9 +178,7 @@ def _bpe_small_tokenizer(tmp_path, specials=(_BPE_EOT,), vocab_size=400):
     return bpe.Tokenizer(vocab, merges, list(specials))
 
 
-# ---------------------------------------------------------------------------------------------
 # pre-tokenisation and encoding against references
-
 def test_bpe_pieces_match_gpt2_regex():
     # the str.split fast path must give exactly the GPT-2 regex pre-tokens (reference: regex.findall)
     rng = random.Random(0)
@@ -242,9 +267,7 @@ def test_bpe_load_tokenizer_gpt2_and_dir(tmp_path):
         bpe.load_tokenizer(str(tmp_path / "missing"))
 
 
-# ---------------------------------------------------------------------------------------------
 # training
-
 def test_bpe_train_hand_computed_merges_with_tie(tmp_path):
     # pre-tokens: "abab", "ab", "ba" (the special token is removed, never merged).
     # pairs: (a,b)=3, (b,a)=2 -> merge 1: a+b.  Then (ab,ab)=1 and (b,a)=1 tie: the lexicographically
@@ -360,9 +383,7 @@ def test_bpe_parallel_counting_stats_and_worker_failures(tmp_path, monkeypatch):
         bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000)
 
 
-# ---------------------------------------------------------------------------------------------
 # tokenizer behaviour
-
 def test_bpe_roundtrip_and_special_tokens(tmp_path):
     tok = _bpe_small_tokenizer(tmp_path)
     for text in _BPE_EDGE_TEXTS:
@@ -488,9 +509,7 @@ def test_bpe_merges_file_not_matching_vocab(tmp_path):
         bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [_BPE_EOT])
 
 
-# ---------------------------------------------------------------------------------------------
 # encode_iterable
-
 def _bpe_chunkings(text, rng):
     yield [text]
     yield list(text)  # one character at a time
@@ -558,9 +577,7 @@ def test_bpe_encode_iterable_memory_is_bounded(tmp_path):
     assert peak < 500_000, peak  # the text alone is 1.1 MB and its ids list would be > 1.6 MB
 
 
-# ---------------------------------------------------------------------------------------------
 # encode_file and the CLI
-
 def test_bpe_encode_file_matches_encode_and_writes_sidecar(tmp_path):
     tok = _bpe_small_tokenizer(tmp_path)
     tok.save_dir(tmp_path / "tok")
@@ -662,15 +679,446 @@ def test_bpe_encode_file_with_gpt2_ref_matches_tiktoken(tmp_path):
     assert (meta["tokenizer"], meta["eot_id"], meta["num_docs"], meta["vocab_size"]) == ("gpt2", 50256, 200, 50257)
 
 
-# ============================================================================
-# model.py
-# ============================================================================
+def test_bpe_cli_refuses_a_bad_sample_docs_before_training(tmp_path):
+    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
+    r = _bpe_cli("--vocab", 300, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--sample_docs", -1)
+    assert r.returncode == 1 and r.stderr.strip() == "bpe.py: --sample_docs -1: expected a positive number of documents"
+    assert not (tmp_path / "tok").exists()
 
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+def test_bpe_special_token_not_in_vocab_is_refused_at_load(tmp_path, monkeypatch):
+    d = _bad_tok_dir(tmp_path)
+    (d / "special_tokens.json").write_text(json.dumps([BAD_EOT, "<|pad|>"]))
+    want = f"{d / 'special_tokens.json'}: special token '<|pad|>' is not in vocab.json"
+    for load in (bpe.load_tokenizer, bpe.Tokenizer.from_dir):
+        with pytest.raises(ValueError) as e:
+            load(str(d))
+        assert str(e.value) == want
+    out = tmp_path / "out" / "x.bin"
+    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
+    assert msg == f"bpe.py: {want}" and not out.parent.exists()
+
+
+def test_bpe_tokenizer_dir_without_special_tokens_json_is_refused(tmp_path, monkeypatch):
+    d = _bad_tok_dir(tmp_path)
+    (d / "special_tokens.json").unlink()
+    with pytest.raises(ValueError, match="not a tokenizer directory \\(missing special_tokens.json\\)"):
+        bpe.load_tokenizer(str(d))
+    out = tmp_path / "out" / "x.bin"
+    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
+    assert msg == f"bpe.py: {d}: not a tokenizer directory (missing special_tokens.json)" and not out.parent.exists()
+
+
+def test_bpe_tokenizer_without_special_tokens_still_loads_and_says_no_doc_count(tmp_path, monkeypatch, capsys):
+    d = _bad_tok_dir(tmp_path, specials=())
+    assert json.loads((d / "special_tokens.json").read_text()) == [] and bpe.load_tokenizer(str(d)).eot_id is None
+    out = tmp_path / "x.bin"
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(tmp_path / "corpus.txt"), "--tokenizer", str(d),
+                                      "--out", str(out), "--workers", "1"])
+    bpe.main()
+    said = capsys.readouterr().out
+    assert "None" not in said and "no <|endoftext|> token" in said
+    assert json.loads(Path(f"{out}.json").read_text())["eot_id"] is None
+
+
+def test_bpe_input_directory_says_it_is_a_directory(tmp_path, monkeypatch):
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(ValueError, match="dir: is a directory, expected a text file"):
+        bpe.train_bpe(str(tmp_path / "dir"), 300, [BAD_EOT], num_workers=1)
+    msg = _bad_exit(monkeypatch, bpe, "--input", tmp_path / "dir", "--vocab", "300", "--out", tmp_path / "t")
+    assert msg == f"bpe.py: {tmp_path / 'dir'}: is a directory, expected a text file" and not (tmp_path / "t").exists()
+    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "dir", "--out", tmp_path / "x.bin")
+    assert "is a directory" in msg and not (tmp_path / "x.bin").exists()
+
+
+def test_bpe_binary_vocab_or_merges_file_is_named(tmp_path):
+    d = _bad_tok_dir(tmp_path)
+    (d / "merges.txt").write_bytes(b"#version: 0.2\n\x97\xff \x80\n")
+    with pytest.raises(ValueError) as e:
+        bpe.load_tokenizer(str(d))
+    assert str(e.value) == f"{d / 'merges.txt'}: not UTF-8 text (expected one merge per line)"
+    (d / "vocab.json").write_bytes(b'{"\x97": 0}')
+    with pytest.raises(ValueError, match=f"^{re.escape(str(d / 'vocab.json'))}: cannot read a JSON vocabulary: "):
+        bpe.load_tokenizer(str(d))
+
+
+def test_bpe_output_paths_that_cannot_be_written_give_one_line(tmp_path, monkeypatch):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    (tmp_path / "a_file").write_text("x")
+    for out in (tmp_path / "a_file", tmp_path / "a_file" / "sub"):   # refused before training, not after
+        msg = _bad_exit(monkeypatch, bpe, "--input", corpus, "--vocab", "300", "--out", out, "--workers", "1")
+        assert msg == f"bpe.py: --out {out}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
+    d = _bad_tok_dir(tmp_path)
+    (tmp_path / "a_dir").mkdir()
+    for out in (tmp_path / "a_dir", tmp_path / "a_file" / "x.bin"):   # the OS's reason, naming the path
+        msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", d, "--out", out, "--workers", "1")
+        assert re.match(rf"^bpe.py: \[Errno \d+\] [\w ]+: '{re.escape(str(tmp_path))}/a_(dir|file)", msg), msg
+
+
+def test_bpe_whitespace_table_is_exactly_regex_backslash_s():
+    # the str.split fast path is exact only if its whitespace table is the regex module's \s, every character of it
+    ws = set(regex.findall(r"\s", "".join(map(chr, range(0x110000)))))   # every code point, one pass
+    assert set(bpe._WS_CHARS) == ws and set(bpe._NONSPACE_WS) == ws - {" "}
+
+
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_with_rare_whitespace():
+    # U+0085 (NEL), U+2028, U+3000 ... next to space runs: the fast path must cut these runs as the regex does
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    rng = random.Random(3)
+    alphabet = [" ", "  ", "\n", "a", "Bc", "!", "\t"] + [c for c in bpe._WS_CHARS if c not in " \t\n"] + ["\x85", "\u2028"]
+    for text in ["  \n\n\x85  a! "] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(3000)]:
+        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
+        counts = Counter()
+        bpe._count_pretokens(text, [], counts)
+        assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text)), repr(text)
+
+
+def test_bpe_truncated_utf8_at_the_end_of_the_file_is_replaced_and_counted(tmp_path, capsys):
+    # a file that ends inside a multi-byte character: the incremental decoder must be flushed (final=True), and
+    # the warning counts invalid BYTES (one U+FFFD here stands for two of them)
+    data = b"good text\n" + _BPE_EOT.encode() + b"\nthe end \xe2\x82"
+    (tmp_path / "t.txt").write_bytes(data)
+    for workers in (1, 2):
+        stats = {}
+        counts = bpe.count_pretokens_file(tmp_path / "t.txt", [_BPE_EOT], num_workers=workers, stats=stats,
+                                          min_chunk_bytes=8)
+        docs = data.decode("utf-8", "replace").split(_BPE_EOT)
+        assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+        assert counts[" \ufffd"] == 1 and stats["invalid_bytes"] == 2
+    assert "2 bytes of invalid UTF-8 replaced" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n_vocab,dtype", [(65536, np.uint16), (65537, np.uint32)])
+def test_bpe_encode_file_dtype_at_the_uint16_boundary(tmp_path, n_vocab, dtype):
+    # ids up to 65535 fit uint16; a vocabulary of 65537 has id 65536, which would wrap to 0 in uint16
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab.update({i: f"<f{i}>".encode() for i in range(256, n_vocab - 1)})
+    bpe.Tokenizer(vocab, [], [_BPE_EOT]).save_dir(tmp_path / "tok")   # the special token takes the last id
+    (tmp_path / "in.txt").write_text("hi<|endoftext|>yo", encoding="utf-8")
+    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    assert meta["vocab_size"] == n_vocab and meta["eot_id"] == n_vocab - 1
+    assert meta["dtype"] == np.dtype(dtype).name
+    assert np.fromfile(tmp_path / "o.bin", dtype=dtype).tolist() == [104, 105, n_vocab - 1, 121, 111]
+
+
+def test_bpe_train_repeated_overlapping_pairs_match_brute_force(tmp_path):
+    # words with several sites of the merged pair ("ababab", "aaaaaa") take the rebuild path of the incremental
+    # update: the (new, new) pairs between adjacent sites must be counted once, with no phantom (new, a) pair
+    # left behind (too many) or taken away (too few); "aba" / " aaa" make (ab, a) / (aa, a) real pairs elsewhere
+    for text in ["ababab\n" * 10 + "aba " * 8 + "abab " * 3, "aaaaaa\n" * 10 + " aaa" * 7 + " aaaaa" * 4]:
+        path = tmp_path / "o.txt"
+        path.write_text(text, encoding="utf-8")
+        _, merges = bpe.train_bpe(path, 256 + 5, [], num_workers=1)
+        assert merges == _bpe_naive_train(text, 256 + 5, []), text
+        assert len(merges) == 5
+
+
+def test_bpe_train_long_repetitive_words_match_brute_force(tmp_path):
+    # one word of 3,000 newlines (or "ab" 600 times) holds its pair thousands of times: the index now lists each
+    # word once per pair, not once per occurrence (40,000 newlines took 19 s to train, now 0.07 s); the merges must
+    # stay the reference's
+    for text in ["\n" * 3000 + "x yy", "ab" * 600 + " abab ba\n" + "=" * 999]:
+        path = tmp_path / "o.txt"
+        path.write_text(text, encoding="utf-8")
+        _, merges = bpe.train_bpe(path, 256 + 8, [], num_workers=1)
+        assert merges == _bpe_naive_train(text, 256 + 8, []) and len(merges) == 8, text[:20]
+
+
+def test_bpe_encode_iterable_looks_for_a_cut_point_a_logarithmic_number_of_times(tmp_path, monkeypatch):
+    # text that arrives a character (or a line) at a time with no cut point for a long stretch: each look joins and
+    # scans the whole buffer, so looking at every chunk was quadratic (70,000 newlines in 31 s); looking again
+    # only once the buffer has doubled keeps it linear, with the same ids
+    tok = _bpe_small_tokenizer(tmp_path)
+    looks = []
+    cut = bpe._safe_cut
+    monkeypatch.setattr(bpe, "_safe_cut", lambda buf, *a: looks.append(len(buf)) or cut(buf, *a))
+    text = "x" + "\n" * 5_000 + "the end"
+    assert list(tok.encode_iterable(iter(text), block_chars=64)) == tok.encode(text)
+    assert len(looks) < 16, len(looks)   # (looking at every chunk: 5,000)
+
+
+def test_bpe_appended_special_token_gets_an_unused_id_when_the_vocab_has_a_hole():
+    # ids 0-255 and 257 (no 256): "appended with new ids" means past the largest id, never onto a taken one
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[257] = b"ab"
+    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], ["<|x|>"])
+    assert tok.special_to_id["<|x|>"] == 258 and tok.vocab_size == 259 and tok.vocab[257] == b"ab"
+    assert tok.encode("ab<|x|>") == [257, 258] and tok.decode([257, 258]) == "ab<|x|>"
+
+
+def test_bpe_cli_reports_the_true_compression_ratio_and_longest_token(tmp_path):
+    # the printed figures, recomputed from the saved tokenizer: with --sample_docs above the number of documents
+    # every document is sampled, so bytes/token is all the documents' UTF-8 bytes over their tokens
+    text = _bpe_synthetic_text(30, seed=14)
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    r = _bpe_cli("--vocab", 350, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1,
+                 "--sample_docs", 1000)
+    assert r.returncode == 0, r.stderr
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    docs = [d for d in text.split(_BPE_EOT) if d.strip()]
+    ratio = sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
+    assert f"compression on {len(docs)} sampled documents: {ratio:.2f} bytes/token" in r.stdout
+    longest = max(len(v) for i, v in tok.vocab.items() if i != tok.eot_id)
+    assert longest > 3 and f"longest token ({longest} bytes): " in r.stdout
+
+
+def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_load_back(tmp_path):
+    # vocab.json stores special tokens as their own text, not in the bytes-to-unicode alphabet: reading them back
+    # must not push them through that alphabet (" " is not a GPT-2 byte character; "ü" stands for byte 0xFC there)
+    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
+    tok.save_dir(tmp_path / "d")
+    for again in (bpe.Tokenizer.from_dir(tmp_path / "d"),
+                  bpe.Tokenizer.from_files(tmp_path / "d" / "vocab.json", tmp_path / "d" / "merges.txt", specials)):
+        assert again.vocab == tok.vocab and again.special_to_id == {specials[0]: 256, specials[1]: 257, specials[2]: 258}
+        text = "a<|end of text|>ü<|ü|>b" + _BPE_EOT
+        assert again.encode(text) == tok.encode(text) == [97, 257, 0xC3, 0xBC, 258, 98, 256]
+
+
+def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, capsys):
+    # --help: training writes tokenizers/<input stem>-<vocab> by default; the lines printed by training and by
+    # --encode give the vocabulary, merge, token and document counts and the dtype of the .bin
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "300", "--workers", "1"])
+    bpe.main()
+    out = Path("tokenizers") / "corpus-300"
+    tok = bpe.load_tokenizer(out)
+    assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 - 1
+    assert f"trained 300 tokens (43 merges) on {corpus} -> {out}\n" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(corpus), "--tokenizer", str(out), "--out", "c.bin",
+                                      "--workers", "1"])
+    bpe.main()
+    meta = json.loads(Path("c.bin.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["num_docs"] == 60 and meta["tokenizer"] == str(out)
+    assert capsys.readouterr().out.startswith(f"wrote c.bin: {meta['num_tokens']:,} tokens (uint16), 60 docs, ")
+
+
+def test_bpe_cli_encode_without_out_is_one_line(tmp_path, monkeypatch):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    assert _bad_exit(monkeypatch, bpe, "--encode", corpus) == "bpe.py: --encode needs --out FILE.bin"
+
+
+def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
+    text = tmp_path / "in.txt"
+    text.write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bpe, "train_bpe", ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(text), "--vocab", "300", "--out", str(tmp_path / "tok")])
+    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; nothing written to .*tok$"):
+        bpe.main()
+    assert not (tmp_path / "tok").exists()
+    monkeypatch.setattr(bpe, "encode_file", ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(text), "--tokenizer", "gpt2", "--out", str(tmp_path / "x.bin")])
+    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; .*x\.bin not written$"):
+        bpe.main()
+
+
+def test_bpe_worker_processes_leave_ctrl_c_to_the_parent(tmp_path):
+    # a terminal's Ctrl-C reaches every process of the group: the workers ignore it (else each prints a traceback)
+    # and the parent, which does not ignore it, stops them; the single-process path keeps Ctrl-C working
+    import multiprocessing as mp
+    import signal
+    text = tmp_path / "in.txt"
+    text.write_text("hello world <|endoftext|> hi\n", encoding="utf-8")
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        recv, send = mp.Pipe(duplex=False)
+        bpe._count_worker(send, str(text), [(0, text.stat().st_size)], ["<|endoftext|>"])
+        assert recv.recv()[3] is None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, before)
+        tok = _sample_byte_tokenizer(tmp_path)
+        bpe._encode_worker_init(tok)
+        assert signal.getsignal(signal.SIGINT) is before
+        bpe._encode_worker_init(tok, True)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+# bpe.py I/O and sample.py's command line: what a mutation audit found unpinned
+def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_beside_new_ids(tmp_path, monkeypatch):
+    # the new ids replace out.bin before the sidecar is written: the old sidecar must be gone by then, so a run that
+    # dies writing it leaves ids without a sidecar (refused by train.py), never new ids under the old counts, and no
+    # out.bin.json.tmp either
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
+    (tmp_path / "b.txt").write_text(_bpe_synthetic_text(100, seed=11), encoding="utf-8")
+    bpe.encode_file(tmp_path / "a.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(bpe.json, "dump", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        bpe.encode_file(tmp_path / "b.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
+    ids = np.fromfile(tmp_path / "out.bin", dtype=np.uint16).tolist()
+    assert ids == tok.encode((tmp_path / "b.txt").read_text(encoding="utf-8"))
+    assert sorted(p.name for p in tmp_path.glob("out.bin*")) == ["out.bin"]
+
+
+def test_bpe_encode_file_a_small_file_is_one_chunk_and_a_big_one_one_chunk_per_min_chunk_bytes(tmp_path):
+    # a file up to min_chunk_bytes is not worth another process: one chunk whatever the worker count; above it,
+    # at most one chunk per min_chunk_bytes (and never more than the workers, unless chunk_bytes asks for more)
+    path = tmp_path / "in.txt"
+    path.write_text("word " * 2000, encoding="utf-8")   # 10,000 bytes, cut points after every word
+    size = path.stat().st_size
+    assert bpe._chunk_ranges(path, size, 8, 1 << 21, 10_000, [_BPE_EOT]) == [(0, size)]
+    assert len(bpe._chunk_ranges(path, size, 8, 1 << 21, 2_500, [_BPE_EOT])) == 4
+    assert len(bpe._chunk_ranges(path, size, 2, 1 << 21, 1_000, [_BPE_EOT])) == 2
+    assert len(bpe._chunk_ranges(path, size, 2, 2_000, 1_000, [_BPE_EOT])) == 5
+
+
+def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_as_nothing(tmp_path, monkeypatch):
+    # a chunk that fails to encode must stop the run with its error, never leave its ids out of the file in silence
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
+
+    def broken(self, text):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(bpe.Tokenizer, "_encode", broken)
+    with pytest.raises(ValueError, match=r"in\.txt: encoding failed: RuntimeError: boom"):
+        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    assert not list(tmp_path.glob("o.bin*"))
+
+
+def test_bpe_encode_file_invalid_utf8_is_replaced_and_its_bytes_counted_in_a_warning(tmp_path, capsys):
+    # --encode decodes each chunk with U+FFFD replacement as training does, and says how many bytes it replaced
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    data = b"good text \xff\xfe here\n" + _BPE_EOT.encode() + b"\nmore \xe2\x82 text\n"
+    (tmp_path / "bad.txt").write_bytes(data)
+    capsys.readouterr()
+    for workers in (1, 2):
+        bpe.encode_file(tmp_path / "bad.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=workers,
+                        min_chunk_bytes=8)
+        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == tok.encode(data.decode("utf-8", "replace"))
+        err = capsys.readouterr().err
+        assert "bad.txt: 4 bytes of invalid UTF-8 replaced by U+FFFD" in err, err
+
+
+def test_bpe_vocab_json_holds_special_tokens_as_their_text_as_hf_tokenizers_reads_them(tmp_path):
+    # GPT-2's vocab.json has "<|endoftext|>" as it is; a special with a space or a non-ASCII letter must be stored the
+    # same way (not in the bytes-to-unicode alphabet, where " " is "Ġ" and "ü" is "Ã¼"), or HF finds no such token
+    import tokenizers  # the independent reference (requirements-dev.txt)
+    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials).save_dir(tmp_path / "d")
+    vocab = json.loads((tmp_path / "d" / "vocab.json").read_text(encoding="utf-8"))
+    assert {t: vocab.get(t) for t in specials} == {_BPE_EOT: 256, "<|end of text|>": 257, "<|ü|>": 258}
+    hf = tokenizers.models.BPE.from_file(str(tmp_path / "d" / "vocab.json"), str(tmp_path / "d" / "merges.txt"))
+    assert [hf.token_to_id(t) for t in specials] == [256, 257, 258]
+
+
+def test_bpe_tokenizer_fingerprint_changes_with_the_special_tokens_alone(tmp_path):
+    # the same vocab.json and merges.txt read with another special_tokens.json encode "<|endoftext|>" otherwise
+    # (one id, or its bytes as text): data encoded with one is not data encoded with the other
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
+    tok.save_dir(tmp_path / "d")
+    before = bpe.tokenizer_fingerprint(tmp_path / "d")
+    assert bpe.tokenizer_fingerprint(str(tmp_path / "d")) == before and len(before) == 16
+    (tmp_path / "d" / "special_tokens.json").write_text("[]", encoding="utf-8")
+    assert bpe.Tokenizer.from_dir(tmp_path / "d").encode(_BPE_EOT) != tok.encode(_BPE_EOT)
+    assert bpe.tokenizer_fingerprint(tmp_path / "d") != before
+
+
+def test_bpe_cli_workers_below_one_is_refused_and_an_empty_special_means_none(tmp_path, monkeypatch, capsys):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    for n in (0, -2):
+        assert _bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "x.bin", "--workers", n) == \
+            f"bpe.py: --workers {n}: expected a positive number"
+    assert not list(tmp_path.glob("x.bin*"))
+    # --special "" is how the help says to train without special tokens: no empty special token is made
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--vocab", "300", "--input", str(corpus), "--out", str(tmp_path / "d"),
+                                      "--special", "", "--workers", "1", "--sample_docs", "2"])
+    bpe.main()
+    assert json.loads((tmp_path / "d" / "special_tokens.json").read_text()) == []
+    tok = bpe.load_tokenizer(tmp_path / "d")
+    assert tok.vocab_size == 300 and tok.eot_id is None and tok.decode(tok.encode(_BPE_EOT)) == _BPE_EOT
+    assert "trained 300 tokens (44 merges)" in capsys.readouterr().out
+
+
+def test_bpe_cli_an_out_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    corpus = _bad_corpus(tmp_path / "corpus.txt")
+    (tmp_path / "a_file").write_text("x")
+    # training: refused before any training, as a file cannot hold the tokenizer folder
+    msg = _bad_exit(monkeypatch, bpe, "--vocab", 300, "--input", corpus, "--out", tmp_path / "a_file" / "tok")
+    assert msg == f"bpe.py: --out {tmp_path / 'a_file' / 'tok'}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
+    # --encode into a folder: the OSError is one line too, and no temp file is left behind (a local tokenizer: GPT-2's
+    # files are not on every machine)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "t").mkdir()
+    tok = _bad_tok_dir(tmp_path / "t")
+    msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", tok, "--out", tmp_path / "folder", "--workers", 1)
+    assert msg.startswith("bpe.py: ") and "folder" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus.txt", "folder", "t"]
+    assert not list((tmp_path / "folder").iterdir())
+
+
+def test_bpe_an_empty_input_file_is_refused_by_training_and_encoding(tmp_path):
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
+        bpe.encode_file(tmp_path / "empty.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
+        bpe.train_bpe(tmp_path / "empty.txt", 300, [_BPE_EOT], num_workers=1)
+    assert not list(tmp_path.glob("o.bin*"))
+
+
+def test_bpe_eot_id_of_a_vocabulary_holding_endoftext_without_declaring_it_special(tmp_path):
+    # GPT-2's vocab.json read by from_files with no special tokens named still has "<|endoftext|>" (id 50256 there):
+    # eot_id points at it, so sampling can start from it and stop at it; in text it stays plain characters
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[256] = _BPE_EOT.encode()
+    tok = bpe.Tokenizer(vocab, [])
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    for t in (tok, bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")):
+        assert t.special_tokens == [] and t.eot_id == 256 and t.encode("<|") == [ord("<"), ord("|")]
+    assert bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).eot_id is None
+
+
+def test_bpe_special_tokens_json_with_an_empty_token_is_refused(tmp_path):
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT]).save_dir(tmp_path / "d")
+    (tmp_path / "d" / "special_tokens.json").write_text(json.dumps([_BPE_EOT, ""]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"special_tokens\.json: expected a JSON list of non-empty strings"):
+        bpe.load_tokenizer(tmp_path / "d")
+
+
+@needs_gpt2_files
+def test_bpe_gpt2_tokenizer_refuses_ids_outside_its_vocabulary():
+    tok = bpe.load_tokenizer("gpt2")
+    assert tok.decode([50256, 31373]) == "<|endoftext|>hello"
+    for bad in (50257, -1, 1 << 40):
+        with pytest.raises(ValueError, match=rf"decode: token id {bad} is outside the vocabulary \[0, 50257\)"):
+            tok.decode([31373, bad])
+
+
+def test_bpe_a_merge_of_hash_signs_survives_the_merges_file_round_trip(tmp_path):
+    # only the FIRST line of merges.txt may be the "#version" header: a merge of "#" and "#" is the line "# #"
+    import tokenizers  # the independent reference (requirements-dev.txt)
+    tok = bpe.Tokenizer({**{i: bytes([i]) for i in range(256)}, 256: b"##", 257: b"###"}, [(b"#", b"#"), (b"##", b"#")])
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert (tmp_path / "merges.txt").read_text(encoding="utf-8") == "#version: 0.2\n# #\n## #\n"
+    again = bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert again.merges == tok.merges and again.encode("#####") == tok.encode("#####") == [256, 257]
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
+    assert hf.encode("#####").ids == [256, 257]
+
+
+# ====================================================================================================================
+# model.py: both models: building blocks against obvious references, whole models against transformers
+# ====================================================================================================================
+
 
 _MODEL_LLAMA = dict(vocab_size=97, context_length=32, d_model=64, num_layers=2, num_heads=4, d_ff=96,
                     rope_theta=10000.0)
+
 _MODEL_GPT = dict(block_size=32, vocab_size=97, n_layer=2, n_head=4, n_embd=64)
 
 
@@ -687,8 +1135,6 @@ def _model_gpt(seed=0, **kw):
 def _model_ids(vocab, shape=(2, 32), seed=1):
     return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
 
-
-# ---- Llama-style building blocks, each against an obvious reference ----
 
 def test_model_linear_and_embedding_match_torch():
     lin = M.Linear(16, 8)
@@ -897,8 +1343,6 @@ def test_model_nope_ignores_positions_but_stays_causal():
     torch.testing.assert_close(m(ids2)[:, :8], out[:, :8])
 
 
-# ---- whole models against transformers ----
-
 def _model_llama_to_hf(ours):
     from transformers import LlamaConfig, LlamaForCausalLM
     c = ours.model_config()
@@ -1060,35 +1504,6 @@ def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatc
             torch.testing.assert_close(ours(ids)[0], ref, rtol=1e-5, atol=1e-4)
 
 
-def _fw_hub_probe():
-    ok, reason = fineweb.hub_reachable()
-    assert ok is False or reason in ("", "behind a proxy: not probed", "HF_ENDPOINT not understood: not probed")
-    assert (reason == "") == (ok and "not probed" not in reason)  # a connection made, or why not
-    return ok
-
-
-def test_hub_probe_uses_the_endpoint_port(monkeypatch, probe=_fw_hub_probe):   # fineweb.py asks model.py's
-    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
-    import socket
-    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
-                "HF_DATASETS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        port = server.getsockname()[1]
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-        assert probe() is True
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
-    assert probe() is False
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
-    assert probe() is True
-    monkeypatch.delenv("HTTP_PROXY")
-    for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
-        monkeypatch.setenv("HF_ENDPOINT", bad)
-        assert probe() is True
-
-
 @pytest.mark.parametrize("change", [dict(layer_norm_epsilon=1e-2), dict(activation_function="relu"),
                                     dict(scale_attn_weights=False), dict(scale_attn_by_inverse_layer_idx=True),
                                     dict(n_inner=48)])
@@ -1151,8 +1566,6 @@ def test_model_build_model_bad_config_is_one_line(cfg):
         M.build_model(cfg)
     assert "\n" not in str(e.value)
 
-
-# ---- behaviour of the whole models ----
 
 def test_model_gpt_structure_and_init():
     m = _model_gpt(n_layer=4)
@@ -1292,8 +1705,6 @@ def test_model_checkpoint_round_trip_and_wrappers(tmp_path):
         assert len(M.param_groups(Wrapper(m), 0.1)[0]["params"]) == len(M.param_groups(m, 0.1)[0]["params"])
 
 
-# ---- bad input: one clear line each ----
-
 def test_model_bad_input_errors():
     llama, gpt = _model_llama(), _model_gpt()
     with pytest.raises(ValueError, match="sequence length 33 exceeds context_length 32"):
@@ -1337,12 +1748,257 @@ def test_model_bad_input_errors():
         llama.forward_with_cache(_model_ids(97, (1, 5)), cache)
 
 
-# ============================================================================
-# train.py
-# ============================================================================
+def test_model_embedding_init_is_unit_trunc_normal():
+    # CS336 init: embeddings N(0, 1) truncated at +-3 (std 0.9866 after the truncation); linears std
+    # sqrt(2 / (in + out)) truncated at +-3 std
+    torch.manual_seed(0)
+    emb = M.Embedding(1000, 256)
+    assert abs(emb.weight.std().item() - 0.9866) < 0.01 and emb.weight.abs().max().item() > 2.9
+    lin = M.Linear(256, 512)
+    std = (2 / (256 + 512)) ** 0.5
+    assert abs(lin.weight.std().item() / std - 0.9866) < 0.01 and lin.weight.abs().max().item() > 2.9 * std
 
 
-# ---- helpers: a synthetic token corpus (documents with learnable structure) and a tiny run config
+@pytest.mark.parametrize("theta", [500.0, 500000.0])
+def test_model_llama_matches_transformers_at_another_rope_theta(theta):
+    # rope_theta must reach the rotary tables (every other test uses the 10000 default)
+    ours = _model_llama(rope_theta=theta, attn_impl="scratch")
+    hf = _model_llama_to_hf(ours)
+    ids = _model_ids(97)
+    with torch.no_grad():
+        ref, out = hf(ids).logits, ours(ids)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def test_model_llama_gradients_match_transformers():
+    # the hand-written backwards (RoPE, softmax, cross-entropy) against HF autograd on the same weights
+    ours = _model_llama(attn_impl="scratch")
+    hf = _model_llama_to_hf(ours)
+    ids = _model_ids(97)
+    targets = torch.roll(ids, -1, 1)
+    M.lm_loss(ours, ids, targets).backward()
+    F.cross_entropy(hf(ids).logits.view(-1, 97), targets.view(-1)).backward()
+    H, d_k = 4, 16
+    halves = lambda w: w.view(H, d_k // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+    for i, layer in enumerate(ours.layers):
+        ref = hf.model.layers[i].self_attn
+        torch.testing.assert_close(halves(layer.attn.q_proj.weight.grad), ref.q_proj.weight.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(halves(layer.attn.k_proj.weight.grad), ref.k_proj.weight.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(layer.attn.v_proj.weight.grad, ref.v_proj.weight.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ours.token_embeddings.weight.grad, hf.model.embed_tokens.weight.grad,
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_model_rope_gradient_is_the_inverse_rotation():
+    rope = M.RotaryPositionalEmbedding(10000.0, 16, 64)
+    pos = torch.randint(0, 64, (2, 1, 12))
+    x = torch.randn(2, 3, 12, 16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: rope(t, pos), (x,))
+
+
+def test_model_cache_longer_than_the_context_is_refused():
+    # a cache with room past the context: the position check, not an IndexError from the tables
+    for m in (_model_llama(), M.GPT(M.GPTConfig(block_size=32, vocab_size=97, n_layer=2, n_head=4, n_embd=64))):
+        cache = m.init_kv_cache(1, max_seq_len=40)
+        with torch.no_grad():
+            m.forward_with_cache(_model_ids(97, (1, 32)), cache)
+            with pytest.raises(ValueError, match="position 33 exceeds"):
+                m.forward_with_cache(_model_ids(97, (1, 1)), cache)
+
+
+def test_model_gpt_mlp_is_the_tanh_gelu_of_gpt2():
+    # GPT-2's "gelu_new" (tanh approximation), by its formula, on pre-activations of size ~1-4 where it differs
+    # from the exact erf GELU by up to ~1e-3 (the tiny random-init models elsewhere stay near 0, where both agree)
+    mlp = M.MLP(M.GPTConfig(n_embd=16, n_head=2))
+    with torch.no_grad():
+        mlp.c_fc.weight.normal_(0, 1.0)
+    x = torch.randn(4, 16, dtype=torch.float64)
+    mlp = mlp.double()
+    h = F.linear(x, mlp.c_fc.weight, mlp.c_fc.bias)
+    gelu_new = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+    torch.testing.assert_close(mlp(x), F.linear(gelu_new, mlp.c_proj.weight, mlp.c_proj.bias), rtol=1e-10, atol=1e-10)
+
+
+def test_model_checkpoint_keys_from_any_wrapper_order(tmp_path):
+    # DDP(torch.compile(m)) saves module._orig_mod.*, torch.compile(DDP(m)) _orig_mod.module.*
+    m = _model_llama()
+    ids = _model_ids(97)
+    for prefix in ("_orig_mod.module.", "module._orig_mod.", "_orig_mod._orig_mod."):
+        ckpt = {"model": {prefix + k: v for k, v in m.state_dict().items()}, "model_config": m.model_config()}
+        loaded = M.model_from_checkpoint(ckpt)
+        torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
+        assert M.unwrapped_state_dict(ckpt["model"]).keys() == m.state_dict().keys()
+
+
+def test_model_rank_gpu_maps_local_rank_to_a_visible_gpu(monkeypatch):
+    # torchrun's LOCAL_RANK is the GPU's index, unless the launcher shows each process only its own GPU
+    for visible, local_rank, index in ((8, 3, 3), (1, 3, 0), (2, 0, 0), (2, 1, 1)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+        assert M.rank_gpu(local_rank) == torch.device("cuda", index)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(ValueError, match=r"^LOCAL_RANK 5: only 4 GPUs are visible \(torchrun --nproc_per_node"):
+        M.rank_gpu(5)
+
+
+def test_model_rmsnorm_normalises_in_float32_for_16_bit_inputs():
+    # fp16 activations of a few hundred: their squares (1e5) overflow fp16, so a norm computed in the input dtype
+    # gives zeros (rsqrt(inf)); in float32 it is the float32 result rounded to fp16
+    norm = M.RMSNorm(32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(32) + 0.5)
+    x = torch.randn(4, 6, 32) * 300
+    for dtype in (torch.float16, torch.bfloat16):
+        xl = x.to(dtype)
+        out = norm(xl)
+        assert out.dtype == dtype
+        want = F.rms_norm(xl.float(), (32,), norm.weight, eps=1e-5).to(dtype)
+        torch.testing.assert_close(out, want, atol=0, rtol=2 ** -10 if dtype == torch.float16 else 2 ** -7)
+
+
+def test_model_gpt_init_scales_every_residual_projection():
+    # GPT-2 scales both residual projections, the attention's c_proj and the MLP's, by 1/sqrt(2 n_layer)
+    m = _model_gpt(n_layer=8, n_embd=128)
+    want = 0.02 / math.sqrt(16)
+    for block in m.transformer.h:
+        for w in (block.attn.c_proj.weight, block.mlp.c_proj.weight):
+            assert abs(w.std().item() / want - 1) < 0.05
+        assert abs(block.attn.c_attn.weight.std().item() / 0.02 - 1) < 0.05
+
+
+def test_model_nope_takes_no_positions_at_all():
+    # remove_rope: no rotary tables, so even positions that are not a shift of 0..T-1 change nothing (RoPE's
+    # scores depend only on offsets, so a shift alone cannot tell NoPE from RoPE)
+    ids = _model_ids(97, (2, 12))
+    nope, rope = _model_llama(remove_rope=True), _model_llama()
+    assert all(layer.attn.rope is None for layer in nope.layers)
+    scrambled = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(nope(ids, token_positions=scrambled), nope(ids))
+    assert not torch.allclose(rope(ids, token_positions=scrambled), rope(ids), atol=1e-4)
+
+
+def test_model_post_norm_switch_reaches_every_block():
+    # TransformerLM(use_post_norm=True) is the post-norm block stacked, not the pre-norm model with the same keys
+    pre, post = _model_llama(), _model_llama(use_post_norm=True)
+    post.load_state_dict(pre.state_dict())
+    with torch.no_grad():
+        for layer in pre.layers:   # non-trivial gains so that pre and post norm cannot agree by accident
+            layer.ln1.weight.uniform_(0.5, 1.5)
+            layer.ln2.weight.uniform_(0.5, 1.5)
+        post.load_state_dict(pre.state_dict())
+    assert all(layer.use_post_norm for layer in post.layers) and not any(layer.use_post_norm for layer in pre.layers)
+    ids = _model_ids(97)
+    x = post.token_embeddings(ids)
+    for layer in post.layers:
+        h = layer.ln1(x + layer.attn(x))
+        x = layer.ln2(h + layer.ffn(h))
+    torch.testing.assert_close(post(ids), post.lm_head(post.ln_final(x)))
+    assert not torch.allclose(post(ids), pre(ids), atol=1e-3)
+
+
+def test_model_per_row_token_positions_rotate_each_row_by_its_own_positions():
+    # token_positions (batch, seq): each row of a batch at its own offsets, the same as that row alone. batch ==
+    # num_heads here, so positions broadcast against the head axis instead of the batch would still run
+    torch.manual_seed(0)
+    attn = M.MultiHeadSelfAttention(64, 4, 32, 10000.0, attn_impl="scratch")
+    x = torch.randn(4, 10, 64)
+    pos = torch.stack([torch.arange(10) * (b % 2 + 1) + b for b in range(4)])   # not all shifts of one another
+    out = attn(x, pos)
+    for b in range(4):
+        torch.testing.assert_close(out[b], attn(x[b:b + 1], pos[b])[0], atol=1e-5, rtol=1e-5)
+    m = _model_llama()
+    ids = _model_ids(97, (4, 10))
+    batched = m(ids, token_positions=pos)
+    for b in range(4):
+        torch.testing.assert_close(batched[b], m(ids[b:b + 1], token_positions=pos[b])[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model_bin"])
+def test_model_from_pretrained_reads_openais_layout_unprefixed_keys_and_mask_buffers(tmp_path, safe):
+    # openai-community/gpt2's files hold GPT2Model keys (h.0..., wte.weight: no "transformer." prefix, no lm_head)
+    # and the causal-mask buffers attn.bias / attn.masked_bias, which carry no weights and are skipped
+    hf = _model_hf_gpt2()
+    hf.config.save_pretrained(tmp_path)
+    sd = {k[len("transformer."):]: v.clone().contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for i in range(hf.config.n_layer):
+        sd[f"h.{i}.attn.bias"] = torch.tril(torch.ones(32, 32, dtype=torch.bool)).view(1, 1, 32, 32)
+        sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    if safe:
+        from safetensors.torch import save_file
+        save_file(sd, tmp_path / "model.safetensors")
+    else:
+        torch.save(sd, tmp_path / "pytorch_model.bin")
+    ours = M.GPT.from_pretrained(str(tmp_path)).eval()
+    ids = _model_ids(97)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids)[0], hf(ids).logits, rtol=1e-5, atol=1e-4)
+
+
+def test_model_rank_gpu_refuses_a_local_rank_equal_to_the_gpu_count(monkeypatch):
+    # GPUs are numbered 0..count-1: LOCAL_RANK 4 of 4 visible GPUs has none
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert M.rank_gpu(3) == torch.device("cuda", 3)
+    with pytest.raises(ValueError, match=r"^LOCAL_RANK 4: only 4 GPUs are visible"):
+        M.rank_gpu(4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_model_attn_impl_chooses_the_kernel_in_both_architectures(arch, monkeypatch):
+    # sdpa runs torch's fused kernel, scratch this file's reference: the two agree numerically, so only which one
+    # ran tells them apart (an --attn_impl=scratch ablation that silently ran sdpa would compare sdpa with itself)
+    make = _model_llama if arch == "llama" else _model_gpt
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for impl, fused in (("sdpa", True), ("scratch", False)):
+        calls.clear()
+        make(attn_impl=impl)(torch.zeros(1, 4, dtype=torch.long))
+        assert bool(calls) == fused, impl
+    with pytest.raises(ValueError, match="attn_impl"):
+        make(attn_impl="flash")
+
+
+def test_model_from_pretrained_refuses_another_model_type_and_exact_gelu(tmp_path):
+    # GPTBigCode's config.json has GPT-2's key names (n_embd, n_layer, n_head, n_positions) but another model: refused
+    # by its model_type; exact GELU ("gelu") is not GPT-2's tanh approximation ("gelu_new"): other logits, refused
+    from transformers import GPT2Config, GPT2LMHeadModel
+    GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1, n_head=2)).save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    for key, value in (("model_type", "gpt_bigcode"), ("activation_function", "gelu")):
+        (tmp_path / "config.json").write_text(json.dumps({**hf, key: value}))
+        with pytest.raises(ValueError, match=f"config.json: {key} '{value}' is not supported"):
+            M.GPT.from_pretrained(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    M.GPT.from_pretrained(str(tmp_path))
+
+
+def test_model_resolve_device_auto_takes_a_gpu_where_there_is_one_and_cuda_n_a_visible_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert M.resolve_device("auto") == torch.device("cuda")
+    assert M.resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match=r"--device cuda:2: no such GPU \(2 visible\)"):
+        M.resolve_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert M.resolve_device("auto") == torch.device("cpu")
+
+
+def test_model_from_pretrained_refuses_missing_weights_and_unknown_overrides(tmp_path):
+    # a file lacking a weight would leave it at its random init: refused, naming it; so is an unknown override
+    hf = _model_hf_gpt2()
+    hf.config.save_pretrained(tmp_path)
+    torch.save({k: v for k, v in hf.state_dict().items() if k != "transformer.h.1.mlp.c_fc.bias"},
+               tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"lacks \['transformer\.h\.1\.mlp\.c_fc\.bias'\]$"):
+        M.GPT.from_pretrained(str(tmp_path))
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    assert M.GPT.from_pretrained(str(tmp_path), pad_vocab_to_multiple_of=64).config.pad_vocab_to_multiple_of == 64
+    with pytest.raises(ValueError, match=r"^GPT\.from_pretrained: unknown GPTConfig field 'pad_vocab'$"):
+        M.GPT.from_pretrained(str(tmp_path), pad_vocab=64)
+
+
+# ====================================================================================================================
+# train.py: optimizer, schedule, clipping, data loading, checkpoints, the loop, settings
+# ====================================================================================================================
+
 
 def _train_write_tokens(path, ids, vocab_size, eot_id=0, tokenizer=None):
     ids = np.asarray(ids, dtype=np.uint16)
@@ -1400,8 +2056,6 @@ def _train_fake_clock():
         return t[0]
     return clock
 
-
-# ---- building blocks
 
 @pytest.mark.parametrize("eps, grad_scale", [(1e-8, 1.0), (1e-6, 1e-6)])  # gradients ~eps: where eps enters shows
 def test_train_adamw_matches_torch_over_many_steps(eps, grad_scale):
@@ -1531,31 +2185,6 @@ def test_train_total_batch_tokens_arithmetic():
         train.grad_accum_steps(524288, 48, 1024, 1)
 
 
-def test_train_sequential_sampler_shuffles_documents_and_resumes():
-    docs = _train_docs(4000, 3)
-    shards = [("a", np.asarray(docs[:2000], np.uint16), {}), ("b", np.asarray(docs[2000:], np.uint16), {})]
-    s = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
-    first_epoch = [s.next_batch("cpu")[0] for _ in range(3)]
-    for x in first_epoch:                                             # documents stay intact: +3 (mod 63) inside
-        for row in x.tolist():
-            for a, b in zip(row, row[1:]):
-                assert b == 0 or a == 0 or b == (a + 2) % 63 + 1
-    while s.epoch == 0:
-        s.next_batch("cpu")
-    state = s.state_dict()
-    later = [s.next_batch("cpu")[0] for _ in range(3)]
-    assert not all(torch.equal(a, b) for a, b in zip(first_epoch, later))   # epoch 1 reads another order
-    s2 = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
-    s2.load_state_dict(state)
-    assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)    # resumes at the exact position
-    # two ranks read disjoint halves of what one rank with twice the batch reads
-    one = train.SequentialSampler(shards, 2, 8, 0, 1, seed=5, eot_id=0)
-    r0 = train.SequentialSampler(shards, 1, 8, 0, 2, seed=5, eot_id=0)
-    r1 = train.SequentialSampler(shards, 1, 8, 1, 2, seed=5, eot_id=0)
-    for _ in range(5):
-        assert torch.equal(one.next_batch("cpu")[0], torch.cat([r0.next_batch("cpu")[0], r1.next_batch("cpu")[0]]))
-
-
 def test_train_says_which_training_files_are_too_short_to_be_read(tmp_path, _train_data):
     _train_write_tokens(_train_data / "train_b.bin", _train_docs(40, 2), 64)  # < one batch of 4 x 16 + 1
     said = []
@@ -1646,98 +2275,6 @@ def test_train_presets_run_in_their_own_folder_and_named_data_dirs_are_never_pre
     assert not (tmp_path / "mine").exists()
 
 
-# ---- the loop
-
-def test_train_resume_is_bit_identical(tmp_path, _train_data):
-    straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=8, ckpt_interval=4), log=_train_quiet)
-    assert straight["step"] == 8
-
-    def crash(step):
-        if step == 6:
-            raise RuntimeError("simulated crash")
-    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=8, ckpt_interval=4)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, on_step=crash, log=_train_quiet)
-    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["iteration"] == 4
-    train.train(dict(cfg, resume=True), log=_train_quiet)
-    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)                     # bit for bit
-
-
-def test_train_random_sampler_resume_is_bit_identical(tmp_path, _train_data):
-    kw = dict(max_iters=6, ckpt_interval=3, sampler="random")
-    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
-    train.train(_train_cfg(_train_data, tmp_path / "b", **dict(kw, max_iters=3)), log=_train_quiet)
-    train.train(_train_cfg(_train_data, tmp_path / "b", resume=True, **kw), log=_train_quiet)
-    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_train_resume_log_has_each_record_once_and_survives_a_torn_line(tmp_path, _train_data):
-    # crash after step 6 (checkpoint at 4) and a log line torn mid-write: the resumed run's log holds every train
-    # and eval record once, with the straight run's figures, and a second config record saying where it resumed
-    kw = dict(max_iters=8, ckpt_interval=4, eval_interval=2, log_interval=1)
-    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
-    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
-
-    def crash(step):
-        if step == 6:
-            raise RuntimeError("simulated crash")
-    with pytest.raises(RuntimeError):
-        train.train(cfg, on_step=crash, log=_train_quiet)
-    with open(tmp_path / "b" / "log.jsonl", "a") as f:
-        f.write('{"type": "train", "step": 7, "lo')
-    train.train(dict(cfg, resume=True), log=_train_quiet)
-
-    def records(run):
-        return [json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
-    a, b = records("a"), records("b")
-    for kind, steps in (("train", list(range(1, 9))), ("eval", [0, 2, 4, 6, 8])):
-        assert [r["step"] for r in b if r["type"] == kind] == steps
-        assert [r.get("loss", r.get("val_loss")) for r in b if r["type"] == kind] == \
-            [r.get("loss", r.get("val_loss")) for r in a if r["type"] == kind]
-    assert [r["resumed_at_step"] for r in b if r["type"] == "config"] == [None, 4]
-
-
-def test_train_resume_rewrites_the_log_atomically_and_clears_stale_checkpoint_temps(tmp_path, _train_data, monkeypatch):
-    # a hard kill (SIGKILL: no Python cleanup) right after a resumed run starts must not leave log.jsonl empty, as
-    # truncating it and writing the kept lines through a buffer did; and the temp files of saves cut short by such
-    # kills are removed
-    out = tmp_path / "o"
-    train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
-    before = (out / "log.jsonl").read_text()
-    (out / "ckpt.pt.tmp4242").write_bytes(b"half a checkpoint")
-    on_disk = []
-
-    class FakeWandb:   # wandb.init runs after the log is set up and before anything is recorded: look at the disk
-        @staticmethod
-        def init(**kw):
-            on_disk.append((out / "log.jsonl").read_text())
-            return types.SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
-    monkeypatch.setitem(sys.modules, "wandb", FakeWandb)
-    train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True, wandb=True),
-                log=_train_quiet)
-    assert on_disk == [before] and before.count("\n") >= 6   # the config, 4 train and 2 eval records
-    assert not list(out.glob("*.tmp*"))
-
-
-def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_path, _train_data):
-    # a checkpoint written at a non-evaluation step (ckpt_interval) and resumed with max_iters lowered to it: the
-    # run ends there and must report that step's loss, not the older one the checkpoint carried
-    straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=3), log=_train_quiet)
-    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=3)
-
-    def crash(step):
-        if step == 5:
-            raise RuntimeError("simulated crash")
-    with pytest.raises(RuntimeError):
-        train.train(cfg, on_step=crash, log=_train_quiet)
-    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["val_step"] == 0
-    s = train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
-    assert s["step"] == 3 and s["val_loss"] == straight["val_loss"]
-    assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == [0, 3]
-
-
 def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
     # naming the same preset again does not put its values back over the first run's own flags
     first = ["--preset=tinystories", f"--data_dir={_train_data}", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
@@ -1752,62 +2289,6 @@ def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
         dict(d_model=32, learning_rate=5e-4, time_budget="45m", max_iters=3)
     with pytest.raises(SystemExit, match=r"other settings \(learning_rate 0.0005 -> 0.001\)"):
         train.main(["--preset=tinystories", f"--out_dir={tmp_path / 'o'}", "--resume", "--learning_rate=1e-3"])
-
-
-def test_train_resume_that_fails_while_rewriting_the_log_leaves_the_old_log_whole(tmp_path, _train_data, monkeypatch):
-    # a resume writes the kept lines to a temp file renamed over log.jsonl: a failure while they are written (a
-    # full disk) leaves the old log as it was, not truncated in place
-    out = tmp_path / "o"
-    train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
-    before = (out / "log.jsonl").read_text()
-    real_open = open
-
-    def disk_full(path, mode="r", *a, **k):
-        f = real_open(path, mode, *a, **k)
-        if "w" in mode and Path(path).name.startswith("log.jsonl"):
-            f.close()   # opened for writing (so emptied), then nothing more fits
-            raise OSError(28, "No space left on device")
-        return f
-    monkeypatch.setattr(runs, "open", disk_full, raising=False)
-    with pytest.raises(OSError, match="No space left"):
-        train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True),
-                    log=_train_quiet)
-    assert (out / "log.jsonl").read_text() == before and before.count("\n") >= 6
-
-
-def test_train_resume_at_its_evaluated_step_reports_the_checkpoints_validation_loss(tmp_path, _train_data):
-    # resumed at the step its checkpoint was evaluated at, a run does not evaluate again: the loss it reports (and
-    # would write into its next checkpoint) is the checkpoint's, not none
-    out = tmp_path / "o"
-    first = train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
-    again = train.train(_train_cfg(_train_data, out, max_iters=4, resume=True), log=_train_quiet)
-    assert first["val_loss"] is not None
-    assert (again["step"], again["val_loss"], again["val_step"]) == (4, first["val_loss"], 4)
-
-
-def test_train_resume_after_its_log_was_deleted_starts_a_new_log(tmp_path, _train_data):
-    # the log is the user's to delete: the checkpoint still resumes, into a new log
-    out = tmp_path / "o"
-    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
-    (out / "log.jsonl").unlink()
-    assert train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)["step"] == 3
-    assert [r["resumed_at_step"] for r in _train_records(out, "config")] == [2]
-    assert [r["step"] for r in _train_records(out, "eval")] == [3]
-
-
-def test_train_resume_with_fused_adamw_is_fused(tmp_path, _train_data, monkeypatch):
-    # a checkpoint of our AdamW resumed with --fused=true: torch's AdamW, with fused on in every group (the loaded
-    # groups carry no such key and torch would fill in None, the unfused path)
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=2), log=_train_quiet)
-    seen = []
-
-    class Spy(torch.optim.AdamW):
-        def step(self, *a, **k):
-            seen.append([g["fused"] for g in self.param_groups])
-            return super().step(*a, **k)
-    monkeypatch.setattr(torch.optim, "AdamW", Spy)
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=3, fused=True, resume=True), log=_train_quiet)
-    assert seen == [[True, True]]
 
 
 @needs_gpt2_files
@@ -1900,6 +2381,1281 @@ def _train_free_port():
         return s.getsockname()[1]
 
 
+def test_train_plot_writes_pngs(tmp_path, _train_data):
+    pytest.importorskip("matplotlib")
+    train.train(_train_cfg(_train_data, tmp_path / "o", log_interval=1, max_iters=3), log=_train_quiet)
+    paths = runs.plot_log(tmp_path / "o" / "log.jsonl")
+    assert all(Path(p).stat().st_size > 1000 for p in paths)
+
+
+def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, monkeypatch):
+    # generator -> tokenizer -> encode -> a few steps -> checkpoint -> sample, at a tiny size, then a rerun
+    args = [f"--data_dir={tmp_path}/data", "--prepare_data=true", f"--out_dir={tmp_path}/out", "--download=false",
+            "--corpus_bytes=60000",
+            "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2", "--context_length=32",
+            "--batch_size=4", "--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--sample_tokens=8",
+            "--time_budget=", "--num_threads=1"]
+    train.main(args)
+    out = capsys.readouterr().out
+    assert (tmp_path / "data" / "train.bin").is_file() and (tmp_path / "data" / "tokenizer").is_dir()
+    assert "val loss" in out and "bits/byte" in out and "sample: Once upon a time" in out
+    assert "python sample.py" in out and (tmp_path / "out" / "ckpt.pt").is_file()
+    ck = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 4 and ck["tokenizer"].endswith("tokenizer") and ck["val_loss"] is not None
+    assert ck["model_config"]["arch"] == "llama" and ck["config"]["d_model"] == 32
+    train.main(args)                                                   # the rerun reuses everything
+    out = capsys.readouterr().out
+    assert "reusing" in out and "resumed" in out and "step 4" in out
+    assert "step      1/" not in out                                  # no training step was repeated
+    with pytest.raises(SystemExit, match="holds a run with other settings \\(d_model 32 -> 64\\)"):
+        train.main(args + ["--d_model=64"])                            # never resumes a different run
+    train.main(args + ["--fresh", "--max_iters=1"])                    # --fresh starts over
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iteration"] == 1
+    assert "reusing" not in capsys.readouterr().out
+    train.main(args + ["--max_iters=2"])                               # ... once: the next run resumes and reuses
+    out = capsys.readouterr().out
+    assert "reusing" in out and "resumed" in out
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["config"]["fresh"] is False
+    (tmp_path / "w").mkdir()
+    monkeypatch.chdir(tmp_path / "w")   # the main job's own folders (a tiny run): it suggests the next preset, its data
+    train.main([a for a in args if not a.startswith(("--data_dir", "--out_dir"))])
+    out = capsys.readouterr().out
+    assert out.endswith("next:\n"
+                        "  python sample.py --top_p 0.9              # more samples from this model\n"
+                        "  python train.py --plot=out/log.jsonl      # loss curves as PNG\n"
+                        "  python train.py --preset=tinystories-cpu  # the CS336 baseline shape, once its data exists:\n"
+                        f"      {train.PREPARE_COMMANDS['tinystories-cpu']}\n")
+    with pytest.raises(SystemExit, match="prepare them with:\n  python fineweb.py --prepare_tinystories"):
+        train.main(["--preset=tinystories-cpu"])   # beside the main job's out/ckpt.pt: it asks for its data
+
+
+def _train_main_args(data, out):
+    return [f"--data_dir={data}", f"--out_dir={out}", "--vocab_size=64", "--context_length=16", "--d_model=32",
+            "--num_layers=1", "--num_heads=2", "--batch_size=4", "--max_iters=2", "--time_budget=", "--num_samples=0",
+            "--device=cpu", "--compile=false"]
+
+
+def test_train_fresh_run_removes_the_old_runs_checkpoint_with_its_log(tmp_path, _train_data):
+    # a new run in an out_dir truncates the old log at once: the old checkpoint must go too, else a crash before
+    # the new run's first checkpoint leaves the old weights beside the new run's log, and the next run resumes them
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
+    said = []
+
+    def crash(step):
+        if step == 2:
+            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError, match="killed"):
+        train.train(_train_cfg(_train_data, out, fresh=True, max_iters=100), log=said.append, on_step=crash)
+    assert f"train.py: starting over in {out}: removed the previous run's checkpoint" in said
+    assert not (out / "ckpt.pt").exists()
+    train.train(_train_cfg(_train_data, out, max_iters=2), log=said.append)   # nothing to remove: said once
+    assert sum("starting over" in line for line in said) == 1
+
+
+def test_train_two_runs_in_one_out_dir_are_refused(tmp_path, _train_data):
+    # a second train.py on an out_dir in use would interleave its log and checkpoints with the first one's
+    out = tmp_path / "o"
+    held = runs.lock(out, "training run")   # what the first run holds while it trains
+    try:
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(out))}: in use by another training run"):
+            train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
+        assert not (out / "log.jsonl").exists()
+    finally:
+        held.close()
+    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)   # free again: it trains
+    train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)   # (released at the end)
+    data = tmp_path / "fresh_data"   # two main jobs preparing one data folder: the second is refused, not crashed
+    held = runs.lock(data, "train.py preparing its data")
+    try:
+        with pytest.raises(ValueError, match="in use by another train.py preparing its data"):
+            train.train(_train_cfg(data, tmp_path / "o2", prepare_data=True, vocab_size=300, corpus_bytes=60000,
+                                   download=False), log=_train_quiet)
+    finally:
+        held.close()
+
+
+def test_train_next_commands_quote_a_path_with_a_space(tmp_path, _train_data, capsys):
+    import shlex
+    out = tmp_path / "my run"
+    train.main(_train_main_args(_train_data, out))
+    cmds = [line.split("#")[0].strip() for line in capsys.readouterr().out.split("next:\n")[1].splitlines()]
+    assert shlex.split(cmds[0])[2:] == [f"--ckpt={out / 'ckpt.pt'}", "--top_p", "0.9"]
+    assert shlex.split(cmds[1])[2:] == [f"--plot={out / 'log.jsonl'}"]
+
+
+def test_train_says_when_the_warmup_outlasts_the_schedule(tmp_path, _train_data):
+    # a run shortened below the default warmup stays in it: its learning rate never reaches the peak
+    said = []
+    s = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=3, warmup_iters=5), log=said.append)
+    assert s["last_lr"] < 3e-3 and ("train.py: --warmup_iters=5 is not below the schedule's length of 3 steps "
+                                     "(--lr_decay_iters, else --max_iters): the learning rate never reaches "
+                                     "--learning_rate") in said
+    said.clear()
+    train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=3, warmup_iters=2), log=said.append)
+    assert not [line for line in said if "--warmup_iters" in line]
+    # a warmup as long as the schedule: steps 0-2 all train in it, below the peak
+    said.clear()
+    train.train(_train_cfg(_train_data, tmp_path / "c", max_iters=3, warmup_iters=3), log=said.append)
+    assert [line for line in said if "--warmup_iters" in line] == [
+        "train.py: --warmup_iters=3 is not below the schedule's length of 3 steps (--lr_decay_iters, else "
+        "--max_iters): the learning rate never reaches --learning_rate"]
+
+
+def test_train_save_checkpoint_sees_through_the_module_train_py_compiles(tmp_path):
+    # LossOf (compiled or not) is what train.py trains: save_checkpoint given it writes the model's own keys
+    model = M.build_model(dict(arch="llama", vocab_size=64, context_length=16, d_model=32, num_layers=1, num_heads=2,
+                               d_ff=64))
+    opt = train.AdamW(model.parameters())
+    plain = io.BytesIO()
+    train.save_checkpoint(model, opt, 1, plain)
+    for wrapped in (train.LossOf(model, "llama"), torch.compile(train.LossOf(model, "llama"), backend="eager")):
+        buf = io.BytesIO()
+        train.save_checkpoint(wrapped, opt, 1, buf)
+        a, b = (torch.load(io.BytesIO(x.getvalue()), weights_only=True) for x in (plain, buf))
+        assert b["model"].keys() == a["model"].keys() and b["model_config"] == a["model_config"]
+
+
+def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
+    # --fresh removes the old run's checkpoint and log only once every check has passed
+    d, _ = _train_byte_data(tmp_path)
+    out = tmp_path / "o"
+    train.train(_train_cfg(d, out, vocab_size=257, max_iters=2), log=_train_quiet)
+    log = (out / "log.jsonl").read_text()
+    with pytest.raises(ValueError, match="--lambada_path: "):
+        train.train(_train_cfg(d, out, vocab_size=257, fresh=True, lambada=True,
+                               lambada_path=str(tmp_path / "typo.jsonl")), log=_train_quiet)
+    assert (out / "ckpt.pt").is_file() and (out / "log.jsonl").read_text() == log
+
+
+def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, _train_data):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "o" / "log.jsonl").mkdir(parents=True)
+    for out, problem in [(tmp_path / "a_file", r"\[Errno 17\] File exists: '.*a_file'"),
+                         (tmp_path / "a_file" / "sub", r"\[Errno 20\] Not a directory: '.*a_file/sub'"),
+                         (tmp_path / "o", r"\[Errno 21\] Is a directory: '.*log\.jsonl'")]:
+        with pytest.raises(SystemExit, match=f"^train.py: {problem}$"):
+            train.main(_train_main_args(_train_data, out))
+
+
+def test_train_gpt2_model_with_padded_vocab_trains(tmp_path, _train_data):
+    s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", pad_vocab=True, max_iters=3,
+                               eval_interval=3), log=_train_quiet)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["model_config"]["arch"] == "gpt2" and ck["model_config"]["pad_vocab_to_multiple_of"] == 64
+    assert s["val_loss"] < math.log(64) + 0.5
+
+
+def test_train_init_from_local_gpt2_weights(tmp_path, _train_data):
+    # --init_from loads released-format weights (here a tiny Hugging Face GPT-2 saved locally, since the test is
+    # offline); the step-0 validation loss equals transformers' loss on the same windows
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1,
+                                                              n_head=2)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1,
+                                                                 n_head=2))
+    other.save_pretrained(tmp_path / "hf97")  # a vocabulary that is not the data's: refused before any step
+    with pytest.raises(ValueError, match=r"^--init_from=.*hf97: the model has a vocabulary of 97 ids, the data .* 64"):
+        train.train(_train_cfg(_train_data, tmp_path / "o97", model="gpt2", init_from=str(tmp_path / "hf97")),
+                    log=_train_quiet)
+    s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", init_from=str(tmp_path / "hf"),
+                               max_iters=0), log=_train_quiet)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 0  # no step: the weights still
+    val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16).astype(np.int64))
+    n = 4 * 16
+    losses = []
+    with torch.no_grad():
+        for i in range(2):   # the evaluator reads the validation tokens in order: windows of B*T+1
+            buf = val[i * n: i * n + n + 1]
+            x, y = buf[:-1].view(4, 16), buf[1:].view(4, 16)
+            logits = hf(x).logits
+            losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, 64), y.reshape(-1)))
+    assert s["val_loss"] == pytest.approx(torch.stack(losses).mean().item(), abs=1e-4)
+
+
+_TRAIN_LAMBADA_TEXTS = [
+    "The old man took his fishing rod down to the river every morning and sat there until he caught a fish",
+    "Mary baked a chocolate cake for her brother and put seven candles on the cake",
+    "The children ran out into the yard and played until the teacher called them back into the classroom",
+]
+
+
+def _train_data_with_gpt2_tokenizer(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 50257, tokenizer="gpt2")
+    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 50257, tokenizer="gpt2")
+    return d
+
+
+@needs_gpt2_files
+@pytest.mark.parametrize("compiled", [False, True])
+def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compiled):
+    # train.py's evaluations (compiled training or not) log both tasks, and the final figures equal the tasks'
+    # own evaluate() on the saved weights
+    hs = _hs_write_rows(tmp_path / "hs.jsonl")
+    lam = tmp_path / "lambada.jsonl"
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in _TRAIN_LAMBADA_TEXTS))
+    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
+                     context_length=64, max_iters=3, eval_interval=2, hellaswag=True, hellaswag_path=str(hs),
+                     lambada=True, lambada_path=str(lam), compile=compiled, compile_backend="aot_eager")
+    said = []
+    train.train(cfg, log=said.append)
+    evals = _train_records(tmp_path / "o", "eval")
+    assert [r["step"] for r in evals] == [0, 2, 3]
+    model = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
+    tok = bpe.load_tokenizer("gpt2")
+    hs_result = hellaswag.evaluate(model, tok, hellaswag.load_examples(hs), "cpu")
+    lam_result = lambada.evaluate(model, tok, lambada.load_examples(lam), "cpu")
+    assert lam_result["num_total"] == 3 and hs_result["num_total"] == len(_HS_ROWS)
+    assert evals[-1]["hellaswag_acc_norm"] == hs_result["acc_norm"]
+    assert evals[-1]["lambada_acc"] == lam_result["acc"]
+    assert evals[-1]["lambada_ppl"] == pytest.approx(lam_result["ppl"], rel=1e-4)
+    assert 1 < evals[0]["lambada_ppl"] and evals[0]["lambada_ppl"] != evals[-1]["lambada_ppl"]
+    assert sum(" | hellaswag " in line and " | lambada " in line for line in said) == 3
+
+
+@needs_gpt2_files
+def test_train_downstream_examples_the_context_cannot_hold_are_said_once_and_never_scored_as_zero(tmp_path):
+    # a 4-token context holds no HellaSwag ending of these rows (GPT-2 tokens) and not the 11-token last word of one
+    # LAMBADA passage: HellaSwag gets no figure at all (not 0.0), LAMBADA's figures are over the 3 passages that
+    # fit, and each task says so once, not at every evaluation
+    tok = bpe.load_tokenizer("gpt2")
+    assert all(max(len(tok.encode(" " + e)) for e in endings) >= 4 for _, _, endings in _HS_ROWS)
+    hs = _hs_write_rows(tmp_path / "hs.jsonl")
+    texts = _TRAIN_LAMBADA_TEXTS + ["Mary Poppins taught the children a long word: supercalifragilisticexpialidocious"]
+    lam = tmp_path / "lambada.jsonl"
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
+                     context_length=4, max_iters=2, eval_interval=1, hellaswag=True, hellaswag_path=str(hs),
+                     lambada=True, lambada_path=str(lam))
+    said = []
+    train.train(cfg, log=said.append)
+    evals = _train_records(tmp_path / "o", "eval")
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    assert not any("hellaswag_acc_norm" in r for r in evals) and not any(" | hellaswag " in line for line in said)
+    model = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
+    lam_result = lambada.evaluate(model, tok, lambada.load_examples(lam), "cpu")
+    assert (lam_result["num_total"], lam_result["num_skipped"]) == (3, 1)
+    assert evals[-1]["lambada_acc"] == lam_result["acc"]
+    assert evals[-1]["lambada_ppl"] == pytest.approx(lam_result["ppl"], rel=1e-4)
+    notes = [line for line in said if "do not fit" in line]
+    assert notes == ["train.py: HellaSwag: 7 of 7 examples do not fit the model's context (4 tokens): it is not scored",
+                     "train.py: LAMBADA: 1 of 4 examples do not fit the model's context (4 tokens): its figures are "
+                     "over the other 3"]
+
+
+def test_train_downstream_tasks_need_a_tokenizer_and_their_files(tmp_path, _train_data):
+    # data without a tokenizer: said once, no task fields; a missing task file: one line naming the flag
+    said = []
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1, hellaswag=True, lambada=True), log=said.append)
+    assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
+    evals = _train_records(tmp_path / "o", "eval")
+    assert evals and all(set(r) == {"type", "step", "val_loss", "val_bpb", "elapsed"} for r in evals)
+    for task in ("hellaswag", "lambada"):   # either task alone is said too
+        said.clear()
+        train.train(_train_cfg(_train_data, tmp_path / task, max_iters=1, **{task: True}), log=said.append)
+        assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
+
+
+@needs_gpt2_files
+def test_train_missing_lambada_file_is_one_line_before_training(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
+                     context_length=32, lambada=True, lambada_path=str(missing))
+    steps = []
+    with pytest.raises(ValueError) as e:
+        train.train(cfg, on_step=steps.append, log=_train_quiet)
+    assert str(e.value) == f"--lambada_path: {missing}: no such file (expected a LAMBADA jsonl file)" and not steps
+
+
+TRAIN_BAD_FLAGS = [("batch_size", 0), ("batch_size", -4), ("context_length", 0), ("d_model", 0), ("num_layers", 0),
+                   ("num_heads", 0), ("d_ff", -1), ("eval_interval", 0), ("num_threads", -1), ("max_iters", -5),
+                   ("weight_decay", -1.0), ("warmup_iters", -10), ("grad_clip", -1.0), ("eval_tokens", -100),
+                   ("ckpt_interval", -1), ("num_samples", -1), ("learning_rate", -1.0), ("learning_rate", float("nan")),
+                   ("beta1", 1.5), ("min_lr_ratio", -2.0), ("top_p", 2.0), ("temperature", -1.0),
+                   ("temperature", float("inf")), ("sample_tokens", -3), ("time_budget", "-5m"), ("beta2", 1.0),
+                   ("beta1", -0.1), ("top_p", 0.0), ("min_lr_ratio", 1.5), ("rope_theta", 0.0), ("eps", -1e-8),
+                   ("eval_iters", 0), ("log_interval", 0), ("lr_decay_iters", -1), ("total_batch_tokens", -1),
+                   ("time_budget", "0s"), ("learning_rate", float("inf")), ("rope_theta", float("inf")),
+                   ("eps", float("inf")), ("weight_decay", float("inf"))]
+
+
+@pytest.mark.parametrize("name,value", TRAIN_BAD_FLAGS)
+def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_data, name, value):
+    # every range a setting declares (its `check`), NaN and inf included: one line naming the flag and the value
+    out = tmp_path / "o"
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(_train_data, out, **{"max_iters": 2, name: value}), log=_train_quiet)
+    assert str(e.value).startswith(f"--{name} ") and repr(value).strip("'") in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()                                           # nothing was written
+
+
+@pytest.mark.parametrize("flag,named", [
+    ("--model=gtp2", "--model"), ("--ffn_type=relu", "--ffn_type"), ("--attn_impl=flash", "--attn_impl"),
+    ("--dtype=float16", "--dtype"), ("--num_heads=3", "--num_heads"), ("--seed=-1", "--seed"),
+    ("--vocab_size=100", "--vocab_size"), ("--compile_backend=indcutor", "--compile_backend"),
+    ("--total_batch_tokens=1000", "--total_batch_tokens"), ("--eval_tokens=1000", "--eval_tokens"),
+    ("--init_from=gpt2", "--init_from=gpt2: only for --model=gpt2"),
+])
+def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, named):
+    args = [f"--data_dir={tmp_path / 'data'}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
+            "--num_heads=2", "--download=false", flag]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    assert str(e.value).startswith("train.py: ") and named in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "data").exists() and not (tmp_path / "o").exists()
+
+
+def test_train_plain_switches_are_true_or_false(tmp_path, capsys):
+    for flag in ("--remove_rope=auto", "--fresh=auto", "--hellaswag=maybe"):
+        with pytest.raises(SystemExit):
+            train.get_config([flag])
+        assert "expected true/false, got" in capsys.readouterr().err
+    assert train.get_config(["--compile=auto", "--remove_rope"])[0]["compile"] == "auto"
+    assert train.get_config(["--remove_rope"])[0]["remove_rope"] is True
+
+
+def test_train_bad_flag_on_the_command_line_is_one_line(tmp_path, _train_data):
+    data = _train_data
+    with pytest.raises(SystemExit) as e:
+        train.main([f"--data_dir={data}", f"--out_dir={tmp_path}/o", "--prepare_data=false", "--top_p=2"])
+    assert str(e.value) == "train.py: --top_p must be in (0, 1], got 2.0"
+
+
+def test_train_device_this_machine_does_not_have(tmp_path, _train_data, monkeypatch):
+    data = _train_data
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for device, msg in [("cuda", "--device cuda: CUDA is not available on this machine"),
+                        ("cuda:1", "--device cuda:1: CUDA is not available on this machine"),
+                        ("mps", "--device mps: MPS is not available on this machine"),
+                        ("gpu", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'")]:
+        with pytest.raises(ValueError) as e:
+            train.train(_bad_cfg(data, tmp_path / "o", device=device), log=_train_quiet)
+        assert str(e.value) == msg
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_sidecar_without_vocab_size_or_with_a_different_one(tmp_path, _train_data):
+    data = _train_data
+    side = data / "val.bin.json"
+    meta = json.loads(side.read_text())
+    side.write_text(json.dumps({k: v for k, v in meta.items() if k != "vocab_size"}))
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    assert str(e.value) == f'{data / "val.bin"}.json: missing "vocab_size"'
+    side.write_text(json.dumps(dict(meta, vocab_size=128)))
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    assert str(e.value) == (f"{data}: token files disagree on vocab_size ({data / 'train.bin'}.json: 64, "
+                            f"{data / 'val.bin'}.json: 128)")
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_sidecar_that_is_not_an_object_or_has_a_bad_vocab_size_or_eot_id(tmp_path, _train_data):
+    data = _train_data
+    for name, change, problem in [
+            ("val", lambda meta: [1, 2], "expected a JSON object (the token file's format, dtype, vocab_size ...)"),
+            ("val", lambda meta: dict(meta, vocab_size="abc"), "\"vocab_size\" must be a positive integer, got 'abc'"),
+            ("val", lambda meta: dict(meta, vocab_size=0), "\"vocab_size\" must be a positive integer, got 0"),
+            ("train", lambda meta: dict(meta, eot_id=99999),
+             "\"eot_id\" must be a token id in [0, 64) or null, got 99999"),
+            ("train", lambda meta: dict(meta, eot_id=64), "\"eot_id\" must be a token id in [0, 64) or null, got 64")]:
+        side = data / f"{name}.bin.json"
+        good = side.read_text()
+        side.write_text(json.dumps(change(json.loads(good))))
+        with pytest.raises(ValueError) as e:
+            train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+        assert str(e.value) == f"{side}: {problem}"
+        side.write_text(good)
+    assert not (tmp_path / "o").exists()
+
+
+@needs_gpt2_files
+def test_train_sidecar_naming_a_tokenizer_of_another_size_is_refused(tmp_path, _train_data):
+    # 64-id token files whose sidecars name GPT-2's 50,257-token tokenizer: bits/byte, samples and HellaSwag would
+    # all go through the wrong tokenizer, so the run stops before it starts
+    data = _train_data
+    for name in ("train.bin", "val.bin"):
+        _train_write_tokens(data / name, np.fromfile(data / name, dtype=np.uint16), 64, tokenizer="gpt2")
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    _one_line_naming(str(e.value), f"{data / 'train.bin'}.json: ", "'gpt2'", "50257", "64")
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_takes_the_tokenizer_copied_with_its_data_and_one_tokenizer_named_by_two_paths(tmp_path, monkeypatch):
+    # token files name one tokenizer relatively and absolutely (the same fingerprint: one tokenizer); the data folder
+    # is copied with it, and the original is retrained in place: train.py, run where the relative name finds the
+    # retrained one, takes the copy beside the data (its fingerprint matches) and the checkpoint names that copy
+    a = tmp_path / "a" / "data"
+    a.mkdir(parents=True)
+    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(a / "tok")
+    monkeypatch.chdir(tmp_path / "a")
+    for name, ref in (("train", "data/tok"), ("val", str(a / "tok"))):
+        (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
+        bpe.encode_file(tmp_path / f"{name}.txt", ref, a / f"{name}.bin", num_workers=1)
+    copy = tmp_path / "b" / "data"
+    shutil.copytree(a, copy)
+    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
+    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
+    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(a / "tok")
+    s = train.train(_train_cfg(copy, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
+    assert s["step"] == 1 and s["val_bpb"] is not None
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["tokenizer"] == str(copy / "tok") and ck["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(copy / "tok")
+
+
+def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_data):
+    data = _train_data
+    _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)                # one batch needs 4*16+1 = 65 tokens
+    with pytest.raises(ValueError) as e:
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+    assert str(e.value) == (f"validation data too short: {data / 'val.bin'} has 50 tokens, one batch needs "
+                            f"batch_size*context_length*world_size+1 = 65")
+    _train_write_tokens(data / "val.bin", _train_docs(3000, 1), 64)
+    _train_write_tokens(data / "train.bin", _train_docs(60, 0), 64)
+    with pytest.raises(ValueError, match=f"^training data too short: {data / 'train.bin'} has 60 tokens"):
+        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+
+
+@pytest.mark.parametrize("content,msg", [
+    (None, "no such file"),
+    ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2\n', "line 2: not JSON"),
+    ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n[1, 2]\n', "line 2: not a JSON object"),
+    (b"\x80\x81\xfe binary", "not a text file (expected a log.jsonl)"),
+    ('{"type": "train", "step": 1}\n{"type": "eval", "step": 1, "elapsed": 0.1}\n', "no training records to plot"),
+])
+def test_train_plot_of_a_bad_log_is_one_line(tmp_path, content, msg):
+    log = tmp_path / "log.jsonl"
+    if isinstance(content, str):
+        log.write_text(content)
+    elif content is not None:
+        log.write_bytes(content)
+    sep = " " if msg.startswith("line") else ": "
+    with pytest.raises(SystemExit) as e:
+        train.main([f"--plot={log}"])
+    assert str(e.value) == (f"train.py: {log}: {msg}" if msg.startswith("no training") else
+                            f"train.py: --plot {log}{sep}{msg}")
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_train_plot_leaves_out_records_missing_a_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2}\n'
+                   '{"type": "eval", "step": 2, "val_loss": 1.9}\n')
+    assert runs.plot_log(log) == [str(tmp_path / "loss_vs_steps.png"), str(tmp_path / "loss_vs_time.png")]
+
+
+def test_train_init_from_a_local_folder_expands_a_leading_tilde(tmp_path, monkeypatch):
+    # --init_from also takes a local Hugging Face folder (README), so ~ is expanded there as in sample.py,
+    # hellaswag.py and lambada.py; the names of OpenAI's releases and "scratch" pass through unchanged
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for value, expected in (("~/hf-gpt2", f"{tmp_path}/hf-gpt2"), ("gpt2-xl", "gpt2-xl"), ("scratch", "scratch")):
+        cfg, _ = train.get_config(["--model=gpt2", f"--init_from={value}"])
+        assert cfg["init_from"] == expected
+
+
+def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg, _ = train.get_config(["--out_dir=~/runs", "--data_dir=~/data", "--plot=~/log.jsonl", "--lambada_path=~/l",
+                               "--hellaswag_path=~/h", "--sample_prompt=~/not a path"])
+    assert [cfg[k] for k in ("out_dir", "data_dir", "plot", "lambada_path", "hellaswag_path", "sample_prompt")] == [
+        f"{tmp_path}/runs", f"{tmp_path}/data", f"{tmp_path}/log.jsonl", f"{tmp_path}/l", f"{tmp_path}/h", "~/not a path"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["stories.py", "--out=~/s.txt", "--num_bytes=1000"])
+    stories.main()
+    assert (tmp_path / "s.txt").stat().st_size >= 1000 and not (tmp_path / "~").exists()
+
+
+def _train_byte_data(tmp_path):
+    """Token files of random lowercase words under a byte-level bpe.py tokenizer (257 ids, eot 256) in data/tok."""
+    d = tmp_path / "data"
+    d.mkdir()
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [bpe.EOT])
+    tok.save_dir(d / "tok")
+    eot = tok.eot_id  # 256
+
+    def docs(n, seed):
+        r = np.random.default_rng(seed)
+        out = []
+        while len(out) < n:
+            out += [eot] + r.integers(97, 123, size=r.integers(3, 20)).tolist()
+        return out[:n]
+    _train_write_tokens(d / "train.bin", docs(20000, 0), 257, eot_id=eot, tokenizer=str(d / "tok"))
+    _train_write_tokens(d / "val.bin", docs(3000, 1), 257, eot_id=eot, tokenizer=str(d / "tok"))
+    return d, tok
+
+
+def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
+    # one token per byte and 0 bytes per end-of-text token: bytes/token is counted by hand over the scored targets,
+    # and every logged evaluation (not only the summary) reports val_loss / ln 2 / bytes_per_token
+    d, tok = _train_byte_data(tmp_path)
+    eot = tok.eot_id
+    val = np.fromfile(d / "val.bin", dtype=np.uint16).tolist()
+    n = 2 * 4 * 16                                   # eval_iters x batch_size x context_length targets
+    assert val[0] == eot != val[n]                   # inputs val[:n] and targets val[1:n+1] differ by one eot
+    targets = val[1:n + 1]
+    bpt = sum(t != eot for t in targets) / len(targets)
+    assert train.bytes_per_token(tok, targets, eot) == pytest.approx(bpt, rel=1e-12)
+    s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, eval_iters=2),
+                    log=_train_quiet)
+    evals = _train_records(tmp_path / "o", "eval")
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    for r in evals:
+        assert r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2) / bpt, rel=1e-9)
+    assert s["val_bpb"] == pytest.approx(s["val_loss"] / math.log(2) / bpt, rel=1e-9)
+
+
+def test_train_sample_prompt_longer_than_the_context_is_said_once_and_cut(tmp_path):
+    d, tok = _train_byte_data(tmp_path)
+    lines = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no Python warning (two lines, with a source line) from generate()
+        s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, num_samples=1,
+                                   sample_tokens=2, sample_prompt="abcdefghijklmnopqrstuvwxyz"), log=lines.append)
+    assert [line for line in lines if "--sample_prompt" in line] == [
+        "train.py: --sample_prompt is 26 tokens, the context is 16: the samples keep its last 16"]
+    assert len(s["samples"]) == 1 and s["samples"][0].startswith("klmnopqrstuvwxyz")
+    # each evaluation's log record carries its samples (the last: the ones the run returns)
+    evals = _train_records(tmp_path / "o", "eval")
+    assert [len(r["samples"]) for r in evals] == [1, 1, 1] and evals[-1]["samples"] == s["samples"]
+
+
+def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train_data):
+    # the logged training loss is the mean over all micro-steps, not the last micro-step's share
+    kw = dict(max_iters=3, log_interval=1)
+    train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, **kw), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, **kw), log=_train_quiet)
+    a, b = _train_records(tmp_path / "a", "train"), _train_records(tmp_path / "b", "train")
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+        assert rb["tokens"] == ra["tokens"] == ra["step"] * 8 * 16
+
+
+_TRAIN_DDP_KW = dict(total_batch_tokens=256, max_iters=3, warmup_iters=1, eval_tokens=256, eval_interval=2, log_interval=1,
+               num_threads=1)
+
+
+def test_train_random_sampler_draws_every_window_of_every_shard_in_proportion():
+    # several shards: a row picks a shard in proportion to its number of windows (len - T), then any window in it,
+    # the last one included (a shard of exactly T+1 tokens has one)
+    T = 4
+    small = np.arange(0, T + 1, dtype=np.uint16)             # 1 window
+    big = np.arange(100, 100 + T + 9, dtype=np.uint16)        # 9 windows
+    s = train.RandomSampler([("s", small, {}), ("b", big, {})], batch_size=8, context_length=T, seed=0)
+    starts, n_small, n = set(), 0, 0
+    for _ in range(250):
+        x, y = s.next_batch("cpu")
+        assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(x, x[:, :1] + torch.arange(T))
+        first = x[:, 0].tolist()
+        starts.update(first)
+        n_small += sum(v < 100 for v in first)
+        n += len(first)
+    assert starts == {0} | set(range(100, 109))
+    assert 0.07 < n_small / n < 0.13, n_small / n            # 1 of 10 windows
+
+
+def _train_crash_at(n):
+    def crash(step):
+        if step == n:
+            raise RuntimeError("simulated crash")
+    return crash
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, compiled):
+    # torch.compile compiles inside the first step (a minute for GPT-2 on a GPU): that is not training, so it
+    # neither spends the budget nor moves the clock-driven schedule past its warmup. The fake clock's step 1
+    # takes 61 s, every other step 1 s (clock calls: the run's start, then a step's start and end)
+    t, calls = [0.0], [0]
+
+    def clock():
+        calls[0] += 1
+        t[0] += 61.0 if calls[0] == 3 else 1.0
+        return t[0]
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=10,
+                     learning_rate=1e-3, log_interval=1, compile=compiled, compile_backend="eager")
+    s = train.train(cfg, clock=clock, log=_train_quiet)
+    rows = [json.loads(l) for l in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
+    lr = {r["step"]: r["lr"] for r in rows if r["type"] == "train"}
+    if compiled:   # 20 one-second steps after the first; step 2 still warming up (the schedule at step 1)
+        assert s["step"] == 21 and s["elapsed"] == pytest.approx(20.0)
+        assert lr[2] == pytest.approx(train.get_lr_cosine_schedule(1, 1e-3, 1e-4, 10, 1000))
+    else:          # eager: the slow first step is training time like any other, and spends the whole budget
+        assert s["step"] == 1 and s["elapsed"] == pytest.approx(61.0)
+
+
+def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
+    # --tf32/--dtype/--pad_vocab/--fused/--compile=auto: all on for a CUDA device, all off elsewhere; --dtype=auto is
+    # bfloat16 only on a GPU that has it natively (a V100 only emulates it: float32 there); a given value wins
+    native = {True: True, False: True}   # is_bf16_supported(including_emulation=...)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native[including_emulation])
+    on = dict(tf32=True, dtype="bfloat16", pad_vocab=64, fused=True, compile=True)
+    off = dict(tf32=False, dtype="float32", pad_vocab=1, fused=False, compile=False)
+    auto = dict(train.DEFAULTS)
+    assert train.device_settings(auto, torch.device("cuda", 1)) == on
+    assert train.device_settings(auto, torch.device("cpu")) == off
+    native[False] = False   # bf16 emulated only
+    assert train.device_settings(auto, torch.device("cuda")) == dict(on, dtype="float32")
+    given = dict(auto, tf32="false", dtype="bfloat16", pad_vocab="false", fused="false", compile="false")
+    assert train.device_settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
+    given = dict(auto, tf32="true", dtype="float32", pad_vocab="true", fused="true", compile="true")
+    assert train.device_settings(given, torch.device("cpu")) == dict(on, dtype="float32")
+
+
+def test_train_tf32_and_num_threads_reach_torch(tmp_path, _train_data, monkeypatch):
+    # --tf32: matmul precision "high" (TF32 tensor cores; "medium" would allow bfloat16 ones); --num_threads=0 leaves
+    # torch's thread count alone. Both recorded, not applied
+    precision, threads = [], []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", precision.append)
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1, tf32=False, num_threads=0), log=_train_quiet)
+    assert precision == [] and threads == []
+    train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=1, tf32=True, num_threads=1), log=_train_quiet)
+    assert precision == ["high"] and threads == [1]
+
+
+def test_train_time_budget_schedule_follows_steps_when_they_are_ahead_of_the_clock(tmp_path, _train_data):
+    # max_iters reached long before the budget: the schedule follows the step count (the further along of the
+    # two), so the last step runs at the cosine's step-9 value, not at the clock's 0.9
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="100s", max_iters=10, warmup_iters=2,
+                     min_lr_ratio=0.1, learning_rate=1e-3)
+    s = train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
+    assert s["step"] == 10 and s["stopped_by"] == "max_iters" and s["elapsed"] == pytest.approx(10.0)
+    assert s["last_lr"] == pytest.approx(train.get_lr_cosine_schedule(9, 1e-3, 1e-4, 2, 10))
+    assert s["lr"] == pytest.approx(1e-4)
+
+
+def test_train_eval_iters_never_reads_past_the_validation_file(tmp_path, _train_data):
+    # a val file of exactly 3 batches of tokens holds only 2 batches of (input, target) windows: asking for 10
+    # evaluates those 2, never a third that wraps around to the first batch again
+    _train_write_tokens(_train_data / "val.bin", np.fromfile(_train_data / "val.bin", dtype=np.uint16)[:3 * 4 * 16], 64)
+    kw = dict(max_iters=1, learning_rate=0.0, warmup_iters=0)
+    many = train.train(_train_cfg(_train_data, tmp_path / "a", eval_iters=10, **kw), log=_train_quiet)
+    two = train.train(_train_cfg(_train_data, tmp_path / "b", eval_iters=2, **kw), log=_train_quiet)
+    assert many["val_loss"] == two["val_loss"]
+
+
+def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
+    # d_ff = 0: 8/3 * d_model to the NEAREST multiple of 64 for SwiGLU (128 -> 341.3 -> 320; 512 -> 1365.3 -> 1344,
+    # the TinyStories baseline's; 1024 -> 2730.7 -> 2752), 4 * d_model for SiLU
+    for d_model, want in ((128, 320), (512, 1344), (320, 832), (1024, 2752)):
+        cfg = dict(train.DEFAULTS, d_model=d_model, d_ff=0)
+        assert train.model_config(cfg, 100)["d_ff"] == want, d_model
+    assert train.model_config(dict(train.DEFAULTS, d_ff=0, ffn_type="silu"), 100)["d_ff"] == 512
+    # below d_model 12 the nearest multiple of 64 is 0, a model without an FFN: at least 64 (flops.py agrees)
+    for d_model in (8, 12):
+        assert train.model_config(dict(train.DEFAULTS, d_model=d_model, d_ff=0), 100)["d_ff"] == 64
+        assert flops.make_config(d_model=d_model, num_heads=2)["d_ff"] == 64
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(model="gpt2", remove_rope=True), "--remove_rope=True: only for --model=llama"),
+    (dict(model="gpt2", ffn_type="silu", d_ff=999), "--d_ff=999, --ffn_type=silu: only for --model=llama"),
+    (dict(model="gpt2", remove_rmsnorm=True, use_post_norm=True, rope_theta=500.0),
+     "--rope_theta=500.0, --remove_rmsnorm=True, --use_post_norm=True: only for --model=llama"),
+    (dict(model="llama", pad_vocab="true"), "--pad_vocab=true: only for --model=gpt2")])
+def test_train_flags_of_the_other_architecture_are_refused(tmp_path, kw, message):
+    # GPT-2 would ignore them in silence while the log's config said otherwise
+    with pytest.raises(ValueError) as e:
+        train.check_config(_train_cfg(tmp_path, tmp_path / "o", **kw))
+    assert str(e.value).startswith(message)
+    train.check_config(_train_cfg(tmp_path, tmp_path / "o", model="gpt2", pad_vocab="true"))
+
+
+def test_train_sequential_sampler_shuffles_the_shard_order_per_epoch():
+    # four shards told apart by their values (i*100 + position): every epoch reads each shard once, whole, in an
+    # order drawn per epoch, so that not every epoch walks the shards in the same sequence
+    shards = [(f"s{i}", np.arange(i * 100, i * 100 + 40, dtype=np.uint16), {}) for i in range(4)]
+    s = train.SequentialSampler(shards, 1, 4, seed=0, eot_id=None)
+    per_shard = (40 - 1) // 4
+    orders = set()
+    for _ in range(6):
+        seen = [int(s.next_batch("cpu")[0][0, 0]) // 100 for _ in range(4 * per_shard)]
+        order = tuple(seen[::per_shard])
+        assert sorted(order) == [0, 1, 2, 3]
+        assert all(seen[i * per_shard:(i + 1) * per_shard] == [order[i]] * per_shard for i in range(4))
+        orders.add(order)
+    assert len(orders) > 1
+
+
+def test_train_sequential_sampler_shuffles_each_shard_with_its_own_order():
+    # two shards holding the same documents: within one epoch each gets its own document order
+    docs = sum([[0] + [10 * d + i for i in range(1, 4)] for d in range(1, 9)], [])
+    arr = np.asarray(docs, dtype=np.uint16)
+    s = train.SequentialSampler([("a", arr, {}), ("b", arr.copy(), {})], 1, 4, seed=0, eot_id=0)
+    n = (len(arr) - 1) // 4
+    differ = 0
+    for _ in range(3):
+        first = torch.cat([s.next_batch("cpu")[0].flatten() for _ in range(n)])
+        second = torch.cat([s.next_batch("cpu")[0].flatten() for _ in range(n)])
+        differ += not torch.equal(first, second)
+    assert differ >= 2
+
+
+def test_train_token_id_equal_to_vocab_size_is_refused_in_train_and_val(tmp_path, _train_data):
+    # the largest valid id is vocab_size - 1: an id == vocab_size already indexes past the embedding
+    _train_write_tokens(_train_data / "train.bin", [1, 2, 64, 3] * 100, 64)
+    with pytest.raises(ValueError, match="train.bin: token id 64 >= the model's vocab_size 64"):
+        train.train(_train_cfg(_train_data, tmp_path / "o"), log=_train_quiet)
+    _train_write_tokens(_train_data / "train.bin", _train_docs(30000, 0), 64)
+    _train_write_tokens(_train_data / "val.bin", [1, 2, 64, 3] * 100, 64)
+    with pytest.raises(ValueError, match="val.bin: token id 64 >= the model's vocab_size 64"):
+        train.train(_train_cfg(_train_data, tmp_path / "o"), log=_train_quiet)
+    _train_write_tokens(_train_data / "val.bin", [1, 2, 63, 3] * 100, 64)   # 63 is fine
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1), log=_train_quiet)
+
+
+def test_train_empty_token_file_is_a_clear_error(tmp_path):
+    _train_write_tokens(tmp_path / "train.bin", [], 64)
+    with pytest.raises(ValueError, match="train.bin: empty token file"):
+        runs.load_tokens(tmp_path / "train.bin")
+
+
+def test_train_grad_clip_zero_means_no_clipping(tmp_path, _train_data):
+    # --grad_clip=0 is "off": the same run as a threshold no gradient reaches, not gradients scaled to zero
+    # (the norm is not computed then, so the log line leaves it out rather than print "norm 0.000")
+    kw = dict(max_iters=3, log_interval=1, learning_rate=1e-2)
+    off, big = [], []
+    train.train(_train_cfg(_train_data, tmp_path / "off", grad_clip=0.0, **kw), log=off.append)
+    train.train(_train_cfg(_train_data, tmp_path / "big", grad_clip=1e9, **kw), log=big.append)
+    a, b = _train_weights(tmp_path / "off" / "ckpt.pt"), _train_weights(tmp_path / "big" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["grad_norm"] for r in _train_records(tmp_path / "off", "train")] == [None] * 3
+    steps = [[line for line in lines if line.startswith("step      3/")] for lines in (off, big)]
+    assert "| norm " not in steps[0][0] and "| norm " in steps[1][0]
+
+
+def test_train_lr_decay_iters_sets_the_cosine_length(tmp_path, _train_data):
+    # the cosine reaches min_lr at lr_decay_iters (here before max_iters) and stays there
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=6, warmup_iters=1, lr_decay_iters=3, log_interval=1,
+                     learning_rate=1e-3, min_lr_ratio=0.1)
+    s = train.train(cfg, log=_train_quiet)
+    lrs = [r["lr"] for r in _train_records(tmp_path / "o", "train")]
+    assert lrs == pytest.approx([train.get_lr_cosine_schedule(i, 1e-3, 1e-4, 1, 3) for i in range(6)])
+    assert lrs[3:] == pytest.approx([1e-4] * 3) and s["lr"] == pytest.approx(1e-4)
+
+
+def test_train_parse_duration_units():
+    assert runs.parse_duration("90s") == 90.0
+    assert runs.parse_duration("45m") == 2700.0
+    assert runs.parse_duration("1.5h") == 5400.0
+    assert runs.parse_duration("600") == 600.0
+    assert runs.parse_duration(" 2M ") == 120.0
+    with pytest.raises(ValueError, match="--time_budget: expected a duration"):
+        runs.parse_duration("soon")
+
+
+def test_train_seed_must_fit_in_32_bits(tmp_path, _train_data):
+    with pytest.raises(ValueError, match=r"--seed must be in \[0, 2\*\*32\), got 4294967296"):
+        train.train(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32), log=_train_quiet)
+    train.check_config(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32 - 1))
+
+
+def test_train_check_config_accepts_each_range_at_its_closed_ends(tmp_path):
+    # the other side of the out-of-range tests (a mutation audit found these edges unpinned): min_lr_ratio=1 (a
+    # constant lr after the warmup), top_p=1 (no nucleus cut), beta 0, greedy sampling, and 257 ids, the smallest
+    # vocabulary the main job's tokenizer can be trained to (256 bytes + <|endoftext|>), are settings, not errors
+    base = _train_cfg(tmp_path / "d", tmp_path / "o")
+    for name, value in [("min_lr_ratio", 0.0), ("min_lr_ratio", 1.0), ("top_p", 1.0), ("beta1", 0.0), ("beta2", 0.0),
+                        ("temperature", 0.0), ("batch_size", 1), ("eval_interval", 1), ("log_interval", 1),
+                        ("d_ff", 0), ("max_iters", 0), ("grad_clip", 0.0), ("learning_rate", 0.0), ("seed", 0)]:
+        train.check_config(dict(base, **{name: value}))
+    train.check_config(dict(base, prepare_data=True, vocab_size=257))
+    with pytest.raises(ValueError, match="--vocab_size must be >= 257"):
+        train.check_config(dict(base, prepare_data=True, vocab_size=256))
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_check_token_range_scans_every_chunk_to_the_last_token(tmp_path):
+    # an id >= vocab_size at any position, the file's last token included, is found whichever chunk holds it (small
+    # chunks stand in for the 16 Mi-token ones of a large file: 9 tokens are chunks [0, 4), [4, 8), [8, 9))
+    for pos in range(9):
+        arr = np.zeros(9, np.uint16)
+        arr[pos] = 64
+        with pytest.raises(ValueError, match="token id 64 >= the model's vocab_size 64"):
+            runs.check_token_range(arr, 64, "f.bin", chunk=4)
+        runs.check_token_range(arr, 65, "f.bin", chunk=4)
+
+
+def test_train_without_a_val_file_holds_out_the_last_training_file(tmp_path, _train_data):
+    # no val*.bin: the last train*.bin is the validation data and is not trained on (scoring text the model was
+    # trained on would flatter every loss it reports); the same run as with that file named val.bin
+    d = _train_data
+    ref = train.train(_train_cfg(d, tmp_path / "ref", max_iters=2), log=_train_quiet)
+    for suffix in ("", ".json"):
+        (d / f"val.bin{suffix}").rename(d / f"train_z.bin{suffix}")
+    s = train.train(_train_cfg(d, tmp_path / "o", max_iters=2), log=_train_quiet)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["train_files"] == [["train.bin", 30000]]
+    assert s["val_loss"] == ref["val_loss"]
+    # a single training file cannot be split so: refused, not scored on its own training text
+    for suffix in ("", ".json"):
+        (d / f"train_z.bin{suffix}").unlink()
+    with pytest.raises(ValueError, match=r"no val\*\.bin token file next to the train data"):
+        train.train(_train_cfg(d, tmp_path / "o2"), log=_train_quiet)
+
+
+def test_train_weight_decay_only_on_matrices(tmp_path, _train_data, monkeypatch):
+    # the optimizer train() builds decays every >= 2-D weight (linear layers and embeddings) by --weight_decay and
+    # no 1-D parameter (norm gains, biases)
+    built = []
+
+    class Spy(train.AdamW):
+        def __init__(self, params, **kw):
+            super().__init__(params, **kw)
+            built.append(self)
+    monkeypatch.setattr(train, "AdamW", Spy)
+    for model in ("llama", "gpt2"):
+        built.clear()
+        train.train(_train_cfg(_train_data, tmp_path / model, model=model, max_iters=1, weight_decay=0.25),
+                    log=_train_quiet)
+        (opt,) = built
+        wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+        seen_1d = seen_2d = 0
+        for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]:
+            if p.dim() >= 2:
+                assert wd[id(p)] == 0.25
+                seen_2d += 1
+            else:
+                assert wd[id(p)] == 0.0
+                seen_1d += 1
+        assert seen_1d and seen_2d
+        assert len(wd) == len({id(p) for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]})
+
+
+def test_train_sequential_sampler_reads_a_shard_to_its_last_token():
+    # a shard of exactly n*B*T + 1 tokens holds n batches: the last one ends on its last token (the evaluator, which
+    # reads without shuffling, would otherwise score the first batch twice and never the last one)
+    arr = np.arange(4 * 8 + 1, dtype=np.uint16)
+    s = train.SequentialSampler([("a", arr, {})], 1, 8, shuffle=False)
+    xs, ys = zip(*[s.next_batch("cpu") for _ in range(5)])
+    assert [int(x[0, 0]) for x in xs] == [0, 8, 16, 24, 0]
+    assert ys[3].tolist() == [list(range(25, 33))] and s.epoch == 1
+    # the same with the shuffling reader on two shards: each one is read whole before the next
+    two = [("a", np.arange(0, 17, dtype=np.uint16), {}), ("b", np.arange(100, 117, dtype=np.uint16), {})]
+    s = train.SequentialSampler(two, 1, 8, seed=0, eot_id=None)
+    shard_of = [{t // 100 for t in s.next_batch("cpu")[0].flatten().tolist()} for _ in range(4)]
+    assert s.epoch == 0 and shard_of[0] == shard_of[1] != shard_of[2] == shard_of[3]
+    assert all(len(x) == 1 for x in shard_of)
+
+
+def test_train_gradient_clipping_eps_matches_torch_at_tiny_norms():
+    # the 1e-6 in max_norm / (norm + 1e-6) matters only for norms near 1e-6: there it must still match torch
+    for norm in (5e-7, 2e-6):
+        g = torch.tensor([0.6, 0.8, 0.0]) * norm
+        a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+        a.grad, b.grad = g.clone(), g.clone()
+        n_ref = torch.nn.utils.clip_grad_norm_([a], 1e-7)
+        n_ours = train.gradient_clipping([b], 1e-7)
+        torch.testing.assert_close(torch.as_tensor(n_ours), n_ref)
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=0)
+        assert b.grad.norm() < 1e-7 * norm / (norm + 1e-6) * 1.001
+
+
+def test_train_optimizer_steps_with_the_scheduled_lr_and_the_clipped_gradients(tmp_path, _train_data, monkeypatch):
+    # what the optimizer is handed at each step: group["lr"] set to the schedule's value (the logged lr is not
+    # enough: it is the schedule's output, whether or not it reached the optimizer), and gradients whose global
+    # norm is min(pre-clip norm, --grad_clip)
+    seen = []
+
+    class Spy(train.AdamW):
+        def step(self, closure=None):
+            grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+            seen.append(([g["lr"] for g in self.param_groups], norm))
+            return super().step(closure)
+    monkeypatch.setattr(train, "AdamW", Spy)
+    clip = 0.05
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=5, warmup_iters=2, log_interval=1,
+                           learning_rate=1e-2, min_lr_ratio=0.1, grad_clip=clip), log=_train_quiet)
+    logged = _train_records(tmp_path / "o", "train")
+    assert len(seen) == len(logged) == 5
+    for i, ((lrs, norm), r) in enumerate(zip(seen, logged)):
+        want = train.get_lr_cosine_schedule(i, 1e-2, 1e-3, 2, 5)
+        assert lrs == pytest.approx([want, want]) and r["lr"] == pytest.approx(want)
+        assert norm == pytest.approx(min(r["grad_norm"], clip), rel=1e-4)
+    assert any(r["grad_norm"] > clip for r in logged)   # the clip was reached (else this proves nothing)
+
+
+def test_train_random_sampler_ranks_draw_different_windows():
+    # DDP with the random sampler: every rank has its own stream (seeded by seed and rank), else all ranks train
+    # on the same windows and the world size buys nothing
+    arr = np.arange(10000, dtype=np.uint16)
+    draw = lambda seed, rank: train.RandomSampler([("f", arr, {})], 8, 16, seed=seed, rank=rank).next_batch("cpu")[0]
+    assert torch.equal(draw(0, 1), draw(0, 1))
+    assert not torch.equal(draw(0, 0), draw(0, 1))
+    assert not torch.equal(draw(0, 0), draw(1, 0))
+
+
+def test_train_estimate_val_loss_scores_the_first_tokens_of_the_validation_file_in_order(tmp_path, _train_data):
+    # the bits/byte figure counts the bytes of the first eval_iters*B*T targets of the scored file: the loss must
+    # be taken on exactly those windows, read in order (never a shuffled or rotated copy), averaged over batches
+    import contextlib
+    m = _model_llama(vocab_size=64, context_length=16)
+    shards = runs.find_shards(_train_data, "val")
+    cfg = dict(batch_size=4, context_length=16)
+    got = train.estimate_val_loss(m, shards, cfg, "llama", torch.device("cpu"), contextlib.nullcontext(), 0, 1, 3)
+    val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16)[:3 * 64 + 1].astype(np.int64))
+    with torch.no_grad():
+        want = np.mean([M.lm_loss(m, val[i * 64:(i + 1) * 64].view(4, 16), val[i * 64 + 1:(i + 1) * 64 + 1].view(4, 16))
+                        .item() for i in range(3)])
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _train_data, monkeypatch):
+    # the README's Hacking example, made by the test itself: a field added to TransformerLMConfig and used in
+    # norm_layer is a train.py flag (its default, help and choices), is stored in the checkpoint, is rebuilt by
+    # model_from_checkpoint and is counted by flops.py, with no edit anywhere else
+    import dataclasses
+
+    @dataclasses.dataclass
+    class WithNorm(M.TransformerLMConfig):
+        norm: str = M.setting("rmsnorm", "rmsnorm | layernorm", choices=("rmsnorm", "layernorm"))
+    plain_norm = M.norm_layer
+
+    def norm_layer(config, d_model, device=None, dtype=None):
+        if config.norm == "layernorm":
+            return torch.nn.LayerNorm(d_model, device=device, dtype=dtype)
+        return plain_norm(config, d_model, device, dtype)
+    monkeypatch.setattr(M, "TransformerLMConfig", WithNorm)
+    monkeypatch.setattr(M, "norm_layer", norm_layer)
+    flag = next(a for a in train.build_parser()._actions if a.dest == "norm")
+    assert flag.default == "rmsnorm" and "layernorm" in flag.help
+    args = _train_main_args(_train_data, tmp_path / "o") + ["--norm=layernorm"]
+    train.main(args)
+    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm"
+    model = M.model_from_checkpoint(ckpt)
+    assert isinstance(model.layers[0].ln1, torch.nn.LayerNorm) and isinstance(model.ln_final, torch.nn.LayerNorm)
+    counted = flops.count_params(ckpt["model_config"])
+    assert counted["total"] == sum(p.numel() for p in model.parameters())
+    assert counted["norm"] == 2 * (2 * 1 + 1) * 32   # weight and bias of ln1 and ln2 (1 layer) and of ln_final
+    for bad, named in (("--norm=batchnorm", "--norm: "), ("--model=gpt2", "--norm=layernorm: only for --model=llama")):
+        with pytest.raises(SystemExit) as e:
+            train.main(_train_main_args(_train_data, tmp_path / "p") + ["--norm=layernorm", bad])
+        _one_line_naming(str(e.value).replace("--norm=batchnorm --norm", "--norm"), "train.py: ", named)
+
+
+def test_train_model_config_passes_every_architecture_flag():
+    # the ablation flags and rope_theta reach the model config (and so the model) that train() builds
+    base = dict(train.DEFAULTS)
+    for kw in (dict(remove_rope=True), dict(use_post_norm=True), dict(remove_rmsnorm=True),
+               dict(ffn_type="silu"), dict(rope_theta=500.0), dict(attn_impl="scratch")):
+        cfg = train.model_config(dict(base, **kw), 100)
+        assert all(cfg[k] == v for k, v in kw.items()), (kw, cfg)
+        m = M.build_model(cfg)
+        assert all(m.model_config()[k] == v for k, v in kw.items())
+    assert M.build_model(train.model_config(dict(base, remove_rope=True), 100)).layers[0].attn.rope is None
+    gpt = train.model_config(dict(base, model="gpt2", attn_impl="scratch"), 100, 64)
+    assert (gpt["n_layer"], gpt["n_head"], gpt["n_embd"], gpt["block_size"], gpt["attn_impl"],
+            gpt["pad_vocab_to_multiple_of"]) == (4, 4, 128, 128, "scratch", 64)
+
+
+def test_train_bytes_per_token_counts_utf8_bytes_not_characters():
+    # bits/byte divides by UTF-8 bytes: a multi-byte character counts for each of its bytes
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [bpe.EOT])
+    text = "héllo wörld €"
+    ids = list(text.encode("utf-8")) + [tok.eot_id]
+    assert train.bytes_per_token(tok, ids, tok.eot_id) == pytest.approx(len(text.encode("utf-8")) / len(ids))
+    assert len(text) < len(text.encode("utf-8"))
+    # a character cut at either end of the scored window counts only its bytes inside the window, not the 3 bytes
+    # of the U+FFFD that decoding would put in its place (each token below is one byte)
+    assert train.bytes_per_token(tok, [0xA9, 97, 0xE2], tok.eot_id) == pytest.approx(1.0)
+    assert train.bytes_per_token(tok, [0xC3, 0xA9, 0xE2, 0x82], tok.eot_id) == pytest.approx(1.0)
+
+
+def test_train_context_longer_than_the_checkpoints_model_is_refused(tmp_path, _train_data):
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1), log=_train_quiet)
+    with pytest.raises(ValueError, match=r"^--context_length=32 is longer than the model's 16$"):
+        train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=2, context_length=32, resume=True),
+                    log=_train_quiet)
+
+
+def test_train_log_records_and_progress_line_figures(tmp_path, _train_data, monkeypatch):
+    # with the fake clock every step takes 1 s: tokens/s, tokens, elapsed and the MFU are exact figures
+    monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 3e7)   # a peak that puts MFU near 30 %
+    said = []
+    s = train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=6, log_interval=4), clock=_train_fake_clock(),
+                    log=said.append)
+    cfg = _train_records(tmp_path / "o", "config")[0]
+    n_params = sum(v.numel() for v in _train_weights(tmp_path / "o" / "ckpt.pt").values())
+    assert (cfg["params"], cfg["world_size"], cfg["resumed_at_step"]) == (n_params, 1, None) == (s["params"], 1, None)
+    rows = _train_records(tmp_path / "o", "train")
+    assert [r["step"] for r in rows] == [4, 6]               # every log_interval steps, and the last step
+    for r in rows:
+        assert (r["tokens"], r["tokens_per_sec"], r["dt"], r["elapsed"]) == (r["step"] * 64, 64.0, 1.0, r["step"])
+        assert set(r) >= {"loss", "lr", "grad_norm", "mfu"}
+        line = next(l for l in said if l.startswith(f"step {r['step']:>6}/6 | loss {r['loss']:.4f} | "))
+        assert " | 64 tok/s" in line and line.endswith(f" | 0m{r['step']:02d}s")
+        assert r["mfu"] == pytest.approx(flops.train_flops_per_token(cfg["model_config"], 16) * 64 / 3e7, rel=1e-12)
+        assert 0.05 < r["mfu"] < 5 and f" | mfu {100 * r['mfu']:.1f}% | " in line
+    ev = _train_records(tmp_path / "o", "eval")
+    assert [(e["step"], e["elapsed"]) for e in ev] == [(0, 0.0), (6, 6.0)] and ev[-1]["val_loss"] == s["val_loss"]
+
+
+def test_train_plot_draws_the_train_and_validation_curves(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **k: (drawn.append((list(a[0]), list(a[1]), k.get("label"))), real(self, *a, **k))[1])
+    rows = [dict(type="config"), dict(type="train", step=2, loss=3.0, elapsed=0.5),
+            dict(type="train", step=4, loss=2.5, elapsed=1.0), dict(type="eval", step=4, val_loss=2.7, elapsed=1.0)]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs.plot_log(tmp_path / "log.jsonl")
+    assert drawn == [([2, 4], [3.0, 2.5], "train"), ([4], [2.7], "validation"),
+                     ([0.5, 1.0], [3.0, 2.5], "train"), ([1.0], [2.7], "validation")]
+
+
+def test_train_tinystories_presets_use_the_reference_peak_lr():
+    # SPEC: the TinyStories baseline reaches 1.564 at lr_max 1e-3 (batch 32, 5,000 steps), 1.48 at batch 128
+    for name, batch in (("tinystories-cpu", 32), ("tinystories", 128)):
+        cfg, _ = train.get_config([f"--preset={name}"])
+        assert (cfg["learning_rate"], cfg["batch_size"], cfg["time_budget"]) == (1e-3, batch, ""), name
+
+
+def test_train_checkpoints_at_every_evaluation_when_ckpt_interval_is_0(tmp_path, _train_data):
+    # --ckpt_interval=0 (the default) writes ckpt.pt at every evaluation: a crash at step 7 with eval_interval 3
+    # leaves the step-6 checkpoint
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=8, eval_interval=3, ckpt_interval=0)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=_train_crash_at(7), log=_train_quiet)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
+
+
+def test_train_bf16_autocast_on_cpu_covers_training_and_evaluation(tmp_path, _train_data, monkeypatch):
+    # --dtype=bfloat16 on CPU: the training steps' and the evaluations' forwards all run under bf16 autocast. The
+    # CPU defaults (--dtype=auto, --tf32=auto) run in float32 and leave torch's float32 matmul precision alone
+    seen = []
+    real = M.lm_loss
+
+    def spy(model, x, y, arch=None):
+        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
+        return real(model, x, y, arch=arch)
+    monkeypatch.setattr(M, "lm_loss", spy)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=2, dtype="auto", tf32="auto"), log=_train_quiet)
+        assert torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert sorted(set(seen)) == [(False, False), (True, False)]          # eval (no grad) and training, float32
+    seen.clear()
+    s = train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=2, dtype="bfloat16"), log=_train_quiet)
+    assert set(seen) == {(True, torch.bfloat16), (False, torch.bfloat16)} and math.isfinite(s["val_loss"])
+
+
+def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
+    # --compile=true: torch.compile (with --compile_backend) wraps train.LossOf, the model with its loss (so the loss is
+    # compiled too); evaluation and the samples use the plain module, so the compiled one only ever runs with gradients
+    d, _ = _train_byte_data(tmp_path)
+    compiled, calls = [], []
+
+    class FakeCompiled(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self._orig_mod = m
+
+        def forward(self, *a, **k):
+            calls.append(torch.is_grad_enabled())
+            return self._orig_mod(*a, **k)
+
+    def fake_compile(m, backend="inductor", **kw):
+        compiled.append((type(m).__name__, type(getattr(m, "module", None)).__name__, backend))
+        return FakeCompiled(m)
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = _train_cfg(d, tmp_path / "o", compile=True, compile_backend="aot_eager", max_iters=3, eval_interval=2,
+                     num_samples=1, sample_tokens=4)
+    s = train.train(cfg, log=_train_quiet)
+    assert compiled == [("LossOf", "TransformerLM", "aot_eager")]   # the loss in the compiled graph with the model
+    assert calls == [True] * 3                       # the 3 training steps; no evaluation, no sample
+    assert len(s["samples"]) == 1 and len(_train_records(tmp_path / "o", "eval")) == 3
+
+
+# ====================================================================================================================
+# train.py: resume, stop requests and DDP: exact resume against an uninterrupted run, Ctrl-C / SIGTERM, 2 gloo processes against one
+# ====================================================================================================================
+
+
+def test_train_sequential_sampler_shuffles_documents_and_resumes():
+    docs = _train_docs(4000, 3)
+    shards = [("a", np.asarray(docs[:2000], np.uint16), {}), ("b", np.asarray(docs[2000:], np.uint16), {})]
+    s = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+    first_epoch = [s.next_batch("cpu")[0] for _ in range(3)]
+    for x in first_epoch:                                             # documents stay intact: +3 (mod 63) inside
+        for row in x.tolist():
+            for a, b in zip(row, row[1:]):
+                assert b == 0 or a == 0 or b == (a + 2) % 63 + 1
+    while s.epoch == 0:
+        s.next_batch("cpu")
+    state = s.state_dict()
+    later = [s.next_batch("cpu")[0] for _ in range(3)]
+    assert not all(torch.equal(a, b) for a, b in zip(first_epoch, later))   # epoch 1 reads another order
+    s2 = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+    s2.load_state_dict(state)
+    assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)    # resumes at the exact position
+    # two ranks read disjoint halves of what one rank with twice the batch reads
+    one = train.SequentialSampler(shards, 2, 8, 0, 1, seed=5, eot_id=0)
+    r0 = train.SequentialSampler(shards, 1, 8, 0, 2, seed=5, eot_id=0)
+    r1 = train.SequentialSampler(shards, 1, 8, 1, 2, seed=5, eot_id=0)
+    for _ in range(5):
+        assert torch.equal(one.next_batch("cpu")[0], torch.cat([r0.next_batch("cpu")[0], r1.next_batch("cpu")[0]]))
+
+
+def test_train_resume_is_bit_identical(tmp_path, _train_data):
+    straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=8, ckpt_interval=4), log=_train_quiet)
+    assert straight["step"] == 8
+
+    def crash(step):
+        if step == 6:
+            raise RuntimeError("simulated crash")
+    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=8, ckpt_interval=4)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=crash, log=_train_quiet)
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["iteration"] == 4
+    train.train(dict(cfg, resume=True), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)                     # bit for bit
+
+
+def test_train_random_sampler_resume_is_bit_identical(tmp_path, _train_data):
+    kw = dict(max_iters=6, ckpt_interval=3, sampler="random")
+    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", **dict(kw, max_iters=3)), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", resume=True, **kw), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_resume_log_has_each_record_once_and_survives_a_torn_line(tmp_path, _train_data):
+    # crash after step 6 (checkpoint at 4) and a log line torn mid-write: the resumed run's log holds every train
+    # and eval record once, with the straight run's figures, and a second config record saying where it resumed
+    kw = dict(max_iters=8, ckpt_interval=4, eval_interval=2, log_interval=1)
+    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
+
+    def crash(step):
+        if step == 6:
+            raise RuntimeError("simulated crash")
+    with pytest.raises(RuntimeError):
+        train.train(cfg, on_step=crash, log=_train_quiet)
+    with open(tmp_path / "b" / "log.jsonl", "a") as f:
+        f.write('{"type": "train", "step": 7, "lo')
+    train.train(dict(cfg, resume=True), log=_train_quiet)
+
+    def records(run):
+        return [json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+    a, b = records("a"), records("b")
+    for kind, steps in (("train", list(range(1, 9))), ("eval", [0, 2, 4, 6, 8])):
+        assert [r["step"] for r in b if r["type"] == kind] == steps
+        assert [r.get("loss", r.get("val_loss")) for r in b if r["type"] == kind] == \
+            [r.get("loss", r.get("val_loss")) for r in a if r["type"] == kind]
+    assert [r["resumed_at_step"] for r in b if r["type"] == "config"] == [None, 4]
+
+
+def test_train_resume_rewrites_the_log_atomically_and_clears_stale_checkpoint_temps(tmp_path, _train_data, monkeypatch):
+    # a hard kill (SIGKILL: no Python cleanup) right after a resumed run starts must not leave log.jsonl empty, as
+    # truncating it and writing the kept lines through a buffer did; and the temp files of saves cut short by such
+    # kills are removed
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
+    before = (out / "log.jsonl").read_text()
+    (out / "ckpt.pt.tmp4242").write_bytes(b"half a checkpoint")
+    on_disk = []
+
+    class FakeWandb:   # wandb.init runs after the log is set up and before anything is recorded: look at the disk
+        @staticmethod
+        def init(**kw):
+            on_disk.append((out / "log.jsonl").read_text())
+            return types.SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb)
+    train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True, wandb=True),
+                log=_train_quiet)
+    assert on_disk == [before] and before.count("\n") >= 6   # the config, 4 train and 2 eval records
+    assert not list(out.glob("*.tmp*"))
+
+
+def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_path, _train_data):
+    # a checkpoint written at a non-evaluation step (ckpt_interval) and resumed with max_iters lowered to it: the
+    # run ends there and must report that step's loss, not the older one the checkpoint carried
+    straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=3), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=3)
+
+    def crash(step):
+        if step == 5:
+            raise RuntimeError("simulated crash")
+    with pytest.raises(RuntimeError):
+        train.train(cfg, on_step=crash, log=_train_quiet)
+    assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["val_step"] == 0
+    s = train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
+    assert s["step"] == 3 and s["val_loss"] == straight["val_loss"]
+    assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == [0, 3]
+
+
+def test_train_resume_that_fails_while_rewriting_the_log_leaves_the_old_log_whole(tmp_path, _train_data, monkeypatch):
+    # a resume writes the kept lines to a temp file renamed over log.jsonl: a failure while they are written (a
+    # full disk) leaves the old log as it was, not truncated in place
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
+    before = (out / "log.jsonl").read_text()
+    real_open = open
+
+    def disk_full(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        if "w" in mode and Path(path).name.startswith("log.jsonl"):
+            f.close()   # opened for writing (so emptied), then nothing more fits
+            raise OSError(28, "No space left on device")
+        return f
+    monkeypatch.setattr(runs, "open", disk_full, raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True),
+                    log=_train_quiet)
+    assert (out / "log.jsonl").read_text() == before and before.count("\n") >= 6
+
+
+def test_train_resume_at_its_evaluated_step_reports_the_checkpoints_validation_loss(tmp_path, _train_data):
+    # resumed at the step its checkpoint was evaluated at, a run does not evaluate again: the loss it reports (and
+    # would write into its next checkpoint) is the checkpoint's, not none
+    out = tmp_path / "o"
+    first = train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
+    again = train.train(_train_cfg(_train_data, out, max_iters=4, resume=True), log=_train_quiet)
+    assert first["val_loss"] is not None
+    assert (again["step"], again["val_loss"], again["val_step"]) == (4, first["val_loss"], 4)
+
+
+def test_train_resume_after_its_log_was_deleted_starts_a_new_log(tmp_path, _train_data):
+    # the log is the user's to delete: the checkpoint still resumes, into a new log
+    out = tmp_path / "o"
+    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
+    (out / "log.jsonl").unlink()
+    assert train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)["step"] == 3
+    assert [r["resumed_at_step"] for r in _train_records(out, "config")] == [2]
+    assert [r["step"] for r in _train_records(out, "eval")] == [3]
+
+
+def test_train_resume_with_fused_adamw_is_fused(tmp_path, _train_data, monkeypatch):
+    # a checkpoint of our AdamW resumed with --fused=true: torch's AdamW, with fused on in every group (the loaded
+    # groups carry no such key and torch would fill in None, the unfused path)
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=2), log=_train_quiet)
+    seen = []
+
+    class Spy(torch.optim.AdamW):
+        def step(self, *a, **k):
+            seen.append([g["fused"] for g in self.param_groups])
+            return super().step(*a, **k)
+    monkeypatch.setattr(torch.optim, "AdamW", Spy)
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=3, fused=True, resume=True), log=_train_quiet)
+    assert seen == [[True, True]]
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data, compiled):
     # 1 process x 2 accumulation steps == 2 processes x 1: both average the gradient of the same 2*B windows
@@ -1977,54 +3733,6 @@ def test_train_ddp_main_job_prepares_the_data_once_while_the_other_rank_waits(tm
     assert ck["iteration"] == 2 and len(ck["loader"]) == 2
 
 
-def test_train_plot_writes_pngs(tmp_path, _train_data):
-    pytest.importorskip("matplotlib")
-    train.train(_train_cfg(_train_data, tmp_path / "o", log_interval=1, max_iters=3), log=_train_quiet)
-    paths = runs.plot_log(tmp_path / "o" / "log.jsonl")
-    assert all(Path(p).stat().st_size > 1000 for p in paths)
-
-
-def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, monkeypatch):
-    # generator -> tokenizer -> encode -> a few steps -> checkpoint -> sample, at a tiny size, then a rerun
-    args = [f"--data_dir={tmp_path}/data", "--prepare_data=true", f"--out_dir={tmp_path}/out", "--download=false",
-            "--corpus_bytes=60000",
-            "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2", "--context_length=32",
-            "--batch_size=4", "--max_iters=4", "--eval_interval=2", "--eval_iters=2", "--sample_tokens=8",
-            "--time_budget=", "--num_threads=1"]
-    train.main(args)
-    out = capsys.readouterr().out
-    assert (tmp_path / "data" / "train.bin").is_file() and (tmp_path / "data" / "tokenizer").is_dir()
-    assert "val loss" in out and "bits/byte" in out and "sample: Once upon a time" in out
-    assert "python sample.py" in out and (tmp_path / "out" / "ckpt.pt").is_file()
-    ck = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
-    assert ck["iteration"] == 4 and ck["tokenizer"].endswith("tokenizer") and ck["val_loss"] is not None
-    assert ck["model_config"]["arch"] == "llama" and ck["config"]["d_model"] == 32
-    train.main(args)                                                   # the rerun reuses everything
-    out = capsys.readouterr().out
-    assert "reusing" in out and "resumed" in out and "step 4" in out
-    assert "step      1/" not in out                                  # no training step was repeated
-    with pytest.raises(SystemExit, match="holds a run with other settings \\(d_model 32 -> 64\\)"):
-        train.main(args + ["--d_model=64"])                            # never resumes a different run
-    train.main(args + ["--fresh", "--max_iters=1"])                    # --fresh starts over
-    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["iteration"] == 1
-    assert "reusing" not in capsys.readouterr().out
-    train.main(args + ["--max_iters=2"])                               # ... once: the next run resumes and reuses
-    out = capsys.readouterr().out
-    assert "reusing" in out and "resumed" in out
-    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)["config"]["fresh"] is False
-    (tmp_path / "w").mkdir()
-    monkeypatch.chdir(tmp_path / "w")   # the main job's own folders (a tiny run): it suggests the next preset, its data
-    train.main([a for a in args if not a.startswith(("--data_dir", "--out_dir"))])
-    out = capsys.readouterr().out
-    assert out.endswith("next:\n"
-                        "  python sample.py --top_p 0.9              # more samples from this model\n"
-                        "  python train.py --plot=out/log.jsonl      # loss curves as PNG\n"
-                        "  python train.py --preset=tinystories-cpu  # the CS336 baseline shape, once its data exists:\n"
-                        f"      {train.PREPARE_COMMANDS['tinystories-cpu']}\n")
-    with pytest.raises(SystemExit, match="prepare them with:\n  python fineweb.py --prepare_tinystories"):
-        train.main(["--preset=tinystories-cpu"])   # beside the main job's out/ckpt.pt: it asks for its data
-
-
 def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
     # the first Ctrl-C (simulated: the SIGINT handler called after step 3) finishes the step, writes a checkpoint
     # at step 3 (not a checkpoint step) and stops; resuming ends with the same weights as a straight run
@@ -2064,30 +3772,6 @@ def test_train_sigterm_checkpoints_without_an_extra_evaluation_and_resumes_exact
     assert not s["interrupted"] and s["stopped_by"] == "max_iters"
 
 
-def _train_main_args(data, out):
-    return [f"--data_dir={data}", f"--out_dir={out}", "--vocab_size=64", "--context_length=16", "--d_model=32",
-            "--num_layers=1", "--num_heads=2", "--batch_size=4", "--max_iters=2", "--time_budget=", "--num_samples=0",
-            "--device=cpu", "--compile=false"]
-
-
-def test_train_fresh_run_removes_the_old_runs_checkpoint_with_its_log(tmp_path, _train_data):
-    # a new run in an out_dir truncates the old log at once: the old checkpoint must go too, else a crash before
-    # the new run's first checkpoint leaves the old weights beside the new run's log, and the next run resumes them
-    out = tmp_path / "o"
-    train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
-    said = []
-
-    def crash(step):
-        if step == 2:
-            raise RuntimeError("killed")
-    with pytest.raises(RuntimeError, match="killed"):
-        train.train(_train_cfg(_train_data, out, fresh=True, max_iters=100), log=said.append, on_step=crash)
-    assert f"train.py: starting over in {out}: removed the previous run's checkpoint" in said
-    assert not (out / "ckpt.pt").exists()
-    train.train(_train_cfg(_train_data, out, max_iters=2), log=said.append)   # nothing to remove: said once
-    assert sum("starting over" in line for line in said) == 1
-
-
 def test_train_resume_from_a_step_0_checkpoint_keeps_its_log(tmp_path, _train_data, capsys):
     # --max_iters=0 (evaluate first, e.g. --init_from weights), then train on: the step-0 evaluation stays in the
     # log and is not repeated, the resume is recorded, and no schedule warning is given (no step was trained)
@@ -2114,37 +3798,6 @@ def test_train_output_piped_into_a_reader_that_leaves_does_not_stop_training(tmp
     err = p.stderr.read()
     assert p.wait(timeout=300) == 0, err[-2000:]
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 30
-
-
-def test_train_two_runs_in_one_out_dir_are_refused(tmp_path, _train_data):
-    # a second train.py on an out_dir in use would interleave its log and checkpoints with the first one's
-    out = tmp_path / "o"
-    held = runs.lock(out, "training run")   # what the first run holds while it trains
-    try:
-        with pytest.raises(ValueError, match=rf"^{re.escape(str(out))}: in use by another training run"):
-            train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
-        assert not (out / "log.jsonl").exists()
-    finally:
-        held.close()
-    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)   # free again: it trains
-    train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)   # (released at the end)
-    data = tmp_path / "fresh_data"   # two main jobs preparing one data folder: the second is refused, not crashed
-    held = runs.lock(data, "train.py preparing its data")
-    try:
-        with pytest.raises(ValueError, match="in use by another train.py preparing its data"):
-            train.train(_train_cfg(data, tmp_path / "o2", prepare_data=True, vocab_size=300, corpus_bytes=60000,
-                                   download=False), log=_train_quiet)
-    finally:
-        held.close()
-
-
-def test_train_next_commands_quote_a_path_with_a_space(tmp_path, _train_data, capsys):
-    import shlex
-    out = tmp_path / "my run"
-    train.main(_train_main_args(_train_data, out))
-    cmds = [line.split("#")[0].strip() for line in capsys.readouterr().out.split("next:\n")[1].splitlines()]
-    assert shlex.split(cmds[0])[2:] == [f"--ckpt={out / 'ckpt.pt'}", "--top_p", "0.9"]
-    assert shlex.split(cmds[1])[2:] == [f"--plot={out / 'log.jsonl'}"]
 
 
 def test_train_resume_with_a_data_position_that_no_longer_exists_is_one_line(tmp_path, _train_data):
@@ -2180,50 +3833,6 @@ def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_
         train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
 
 
-def test_train_says_when_the_warmup_outlasts_the_schedule(tmp_path, _train_data):
-    # a run shortened below the default warmup stays in it: its learning rate never reaches the peak
-    said = []
-    s = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=3, warmup_iters=5), log=said.append)
-    assert s["last_lr"] < 3e-3 and ("train.py: --warmup_iters=5 is not below the schedule's length of 3 steps "
-                                     "(--lr_decay_iters, else --max_iters): the learning rate never reaches "
-                                     "--learning_rate") in said
-    said.clear()
-    train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=3, warmup_iters=2), log=said.append)
-    assert not [line for line in said if "--warmup_iters" in line]
-    # a warmup as long as the schedule: steps 0-2 all train in it, below the peak
-    said.clear()
-    train.train(_train_cfg(_train_data, tmp_path / "c", max_iters=3, warmup_iters=3), log=said.append)
-    assert [line for line in said if "--warmup_iters" in line] == [
-        "train.py: --warmup_iters=3 is not below the schedule's length of 3 steps (--lr_decay_iters, else "
-        "--max_iters): the learning rate never reaches --learning_rate"]
-
-
-def test_train_save_checkpoint_sees_through_the_module_train_py_compiles(tmp_path):
-    # LossOf (compiled or not) is what train.py trains: save_checkpoint given it writes the model's own keys
-    model = M.build_model(dict(arch="llama", vocab_size=64, context_length=16, d_model=32, num_layers=1, num_heads=2,
-                               d_ff=64))
-    opt = train.AdamW(model.parameters())
-    plain = io.BytesIO()
-    train.save_checkpoint(model, opt, 1, plain)
-    for wrapped in (train.LossOf(model, "llama"), torch.compile(train.LossOf(model, "llama"), backend="eager")):
-        buf = io.BytesIO()
-        train.save_checkpoint(wrapped, opt, 1, buf)
-        a, b = (torch.load(io.BytesIO(x.getvalue()), weights_only=True) for x in (plain, buf))
-        assert b["model"].keys() == a["model"].keys() and b["model_config"] == a["model_config"]
-
-
-def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
-    # --fresh removes the old run's checkpoint and log only once every check has passed
-    d, _ = _train_byte_data(tmp_path)
-    out = tmp_path / "o"
-    train.train(_train_cfg(d, out, vocab_size=257, max_iters=2), log=_train_quiet)
-    log = (out / "log.jsonl").read_text()
-    with pytest.raises(ValueError, match="--lambada_path: "):
-        train.train(_train_cfg(d, out, vocab_size=257, fresh=True, lambada=True,
-                               lambada_path=str(tmp_path / "typo.jsonl")), log=_train_quiet)
-    assert (out / "ckpt.pt").is_file() and (out / "log.jsonl").read_text() == log
-
-
 def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, capsys):
     # checkpointed but cut short: a script running train.py (experiments.py) must not take it as a finished run
     real_train = train.train
@@ -2243,16 +3852,6 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
     assert "(at step" not in out and "--resume" not in out
 
 
-def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, _train_data):
-    (tmp_path / "a_file").write_text("x")
-    (tmp_path / "o" / "log.jsonl").mkdir(parents=True)
-    for out, problem in [(tmp_path / "a_file", r"\[Errno 17\] File exists: '.*a_file'"),
-                         (tmp_path / "a_file" / "sub", r"\[Errno 20\] Not a directory: '.*a_file/sub'"),
-                         (tmp_path / "o", r"\[Errno 21\] Is a directory: '.*log\.jsonl'")]:
-        with pytest.raises(SystemExit, match=f"^train.py: {problem}$"):
-            train.main(_train_main_args(_train_data, out))
-
-
 def test_train_main_ctrl_c_before_the_loop_is_one_line(tmp_path, _train_data, monkeypatch, capsys):
     # Ctrl-C while the model is being built (the loop's own handler is not installed yet): no traceback, exit 130
     def interrupted(*a, **k):
@@ -2264,46 +3863,1393 @@ def test_train_main_ctrl_c_before_the_loop_is_one_line(tmp_path, _train_data, mo
     assert capsys.readouterr().err == "\ntrain.py: interrupted; nothing written since the last checkpoint\n"
 
 
-def test_train_gpt2_model_with_padded_vocab_trains(tmp_path, _train_data):
-    s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", pad_vocab=True, max_iters=3,
-                               eval_interval=3), log=_train_quiet)
+def test_train_batch_arithmetic_is_checked_with_torchruns_world_size(tmp_path, monkeypatch):
+    # before the process group (and data preparation): WORLD_SIZE is what torchrun sets
+    cfg = _train_cfg(tmp_path, tmp_path / "o", batch_size=4, context_length=16, total_batch_tokens=192, eval_tokens=64)
+    train.check_config(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"--total_batch_tokens=192 is not divisible by .*4\*16\*2 = 128"):
+        train.check_config(cfg)
+    with pytest.raises(ValueError, match=r"--eval_tokens=64 is not a multiple of .* = 128"):
+        train.check_config(dict(cfg, total_batch_tokens=256))
+
+
+def test_train_resume_with_a_bad_sample_flag_fails_before_training(tmp_path, _train_data):
+    data = _train_data
+    out = tmp_path / "o"
+    _bad_train_two_steps(data, out)
+    with pytest.raises(SystemExit) as e:
+        train.main([f"--data_dir={data}", f"--out_dir={out}", "--resume", "--max_iters=4", "--sample_tokens=-3"])
+    assert str(e.value) == "train.py: --sample_tokens must be >= 0, got -3"
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
+def test_train_resume_checkpoint_whose_weights_do_not_fit_its_model_config(tmp_path, _train_data):
+    data = _train_data
+    out = tmp_path / "o"
+    _bad_train_two_steps(data, out)
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    mc = ckpt["model_config"]
+    gpt2 = dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    for model_config, problem in [(dict(mc, d_model=64), r"state dict token_embeddings.weight: shape \(64, 32\), "
+                                                          r"model expects \(64, 64\)"),
+                                  (gpt2, r"state dict holds a llama model, but the model is gpt2")]:
+        torch.save(dict(ckpt, model_config=model_config), out / "ckpt.pt")
+        with pytest.raises(ValueError, match=f"^{out / 'ckpt.pt'}: {problem}$"):
+            train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet)
+
+
+def test_train_short_validation_file_is_refused_before_a_resumed_run_trains(tmp_path, _train_data):
+    data = _train_data
+    out = tmp_path / "o"
+    _bad_train_two_steps(data, out)
+    _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)
+    steps = []
+    with pytest.raises(ValueError, match="^validation data too short"):
+        train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet, on_step=steps.append)
+    assert steps == []                                                 # not one step was trained (and lost)
+
+
+def test_train_resume_drops_torn_and_non_object_log_lines():
+    assert runs.kept_on_resume('{"type": "train", "step": 4}', 4)
+    for line in ('{"type": "train", "step": 5}', '{"type": "train", "step": 3, "lo', "[1, 2]", "7"):
+        assert not runs.kept_on_resume(line, 4), line
+
+
+def _train_ddp_worker(rank, world, port, data_dir, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    flops.peak_flops = lambda device, dtype: 1e9   # a known peak: MFU becomes a number computed by hand
+    # first, in the same process group: the random sampler (a stream per rank) straight to step 4, and to step 2
+    # then resumed to 4 (each rank must get its own loader state back)
+    kw = dict(sampler="random", lr_decay_iters=4, num_threads=1)
+    for sub, more in (("rand_a", dict(max_iters=4)), ("rand_b", dict(max_iters=2)), ("rand_b", dict(max_iters=4, resume=True))):
+        train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet, teardown=False)
+        dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
+    # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it at the end of the next step, so
+    # both stop after step 2 and the checkpoint is written; resumed to step 4 it ends where rand_a did
+    import signal
+    term = Path(out_dir) / "term"
+    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet, teardown=False,
+                          on_step=lambda step: rank == 1 and step == 1 and os.kill(os.getpid(), signal.SIGTERM))
+    if rank == 1:   # the repeat torchrun sends may come after the loop: still ignored, the teardown goes on
+        os.kill(os.getpid(), signal.SIGTERM)
+    dist.barrier()
+    stopped["ckpt_step"] = torch.load(term / "ckpt.pt", weights_only=True)["iteration"]
+    dist.barrier()
+    train.train(_train_cfg(data_dir, term, **kw, max_iters=4, resume=True), log=_train_quiet, teardown=False)
+    dist.barrier()
+    Path(out_dir, f"term{rank}.json").write_text(json.dumps(
+        {k: stopped[k] for k in ("step", "stopped_by", "interrupted", "ckpt_step")}))
+    # then the run compared with one process, watched: what each rank prints and saves, and how often the
+    # gradients are all-reduced (one bucket for this tiny model, so once per synchronised backward)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    said, saves, synced = [], [], []
+    real_save = train.save_checkpoint
+    train.save_checkpoint = lambda *a, **k: (saves.append(a[2]), real_save(*a, **k))[1]
+
+    class CountingDDP(torch.nn.parallel.DistributedDataParallel):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+
+            def hook(state, bucket):
+                synced.append(1)
+                return default_hooks.allreduce_hook(None, bucket)
+            self.register_comm_hook(None, hook)
+    torch.nn.parallel.DistributedDataParallel = CountingDDP
+    train.train(_train_cfg(data_dir, out_dir, **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=said.append)
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(dict(
+        said=len(said), saves=saves, synced=len(synced), initialized=dist.is_initialized())))
+
+
+def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_logged_figure(tmp_path, _train_data,
+                                                                                             monkeypatch):
+    # 1 process x 4 micro-steps == 2 processes x 2 micro-steps (gradients all-reduced once, after the last one):
+    # the same weights, the same validation loss on the same eval_tokens, the same logged training loss, tokens
+    # and tokens/s (the whole step's, all ranks), and MFU per process (tokens/s / world over the peak)
+    monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 1e9)
+    train.train(_train_cfg(_train_data, tmp_path / "one", **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=_train_quiet)
+    _spawn_ranks(_train_ddp_worker, str(_train_data), str(tmp_path / "two"))
+    a, b = _train_weights(tmp_path / "one" / "ckpt.pt"), _train_weights(tmp_path / "two" / "ckpt.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
+    ev1, ev2 = _train_records(tmp_path / "one", "eval"), _train_records(tmp_path / "two", "eval")
+    assert [r["step"] for r in ev2] == [r["step"] for r in ev1] == [0, 2, 3]
+    for r1, r2 in zip(ev1, ev2):
+        assert r2["val_loss"] == pytest.approx(r1["val_loss"], rel=1e-5)
+    mcfg = torch.load(tmp_path / "one" / "ckpt.pt", weights_only=True)["model_config"]
+    per_token = flops.train_flops_per_token(mcfg, 16)
+    tr1, tr2 = _train_records(tmp_path / "one", "train"), _train_records(tmp_path / "two", "train")
+    assert [r["step"] for r in tr2] == [r["step"] for r in tr1] == [1, 2, 3]
+    for world, recs in ((1, tr1), (2, tr2)):
+        for r in recs:
+            assert r["tokens"] == r["step"] * 256 and r["tokens_per_sec"] == pytest.approx(256.0)
+            assert r["mfu"] == pytest.approx(per_token * 256 / world / 1e9, rel=1e-9)
+    for r1, r2 in zip(tr1, tr2):
+        assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-5)
+    # only rank 0 prints and writes checkpoints (at the evaluation step 2 and the end); gradients are all-reduced
+    # once per optimizer step, on the last of the 2 micro-steps (no_sync before); the process group is torn down
+    obs = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert obs[0]["said"] > 0 and obs[1]["said"] == 0
+    assert [o["saves"] for o in obs] == [[2, 3], []]
+    assert [o["synced"] for o in obs] == [3, 3]
+    assert [o["initialized"] for o in obs] == [False, False]
+    # random sampler under DDP: each rank's own loader state is saved and restored, so the resume is exact
+    ck = torch.load(tmp_path / "two" / "rand_b" / "ckpt.pt", weights_only=True)
+    assert len(ck["loader"]) == 2 and ck["loader"][0]["rng"] != ck["loader"][1]["rng"]
+    a, b = _train_weights(tmp_path / "two" / "rand_a" / "ckpt.pt"), _train_weights(tmp_path / "two" / "rand_b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a stop request on one rank stops every rank at the same step, with a checkpoint to resume from exactly
+    assert [json.loads((tmp_path / "two" / f"term{r}.json").read_text()) for r in (0, 1)] == [
+        dict(step=2, stopped_by="a stop request on another rank", interrupted=True, ckpt_step=2),
+        dict(step=2, stopped_by="SIGTERM", interrupted=True, ckpt_step=2)]
+    c = _train_weights(tmp_path / "two" / "term" / "ckpt.pt")
+    assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    t = [0.0]
+
+    def clock():   # rank 1's clock runs 3x as fast: a step takes 1 s on rank 0, 3 s on rank 1
+        t[0] += 1.0 if rank == 0 else 3.0
+        return t[0]
+    s = train.train(_train_cfg(data_dir, out_dir, time_budget="6s", max_iters=100, warmup_iters=0, num_threads=1),
+                    clock=clock, log=_train_quiet)
+    Path(out_dir, f"budget{rank}.json").write_text(json.dumps({k: s[k] for k in ("step", "elapsed", "last_lr")}))
+
+
+def test_train_ddp_time_budget_follows_rank_0s_clock_on_every_rank(tmp_path, _train_data):
+    # ranks whose clocks disagree must still stop after the same step and follow the same clock-driven schedule
+    # (else their learning rates, so their weights, drift apart, and a rank that stops alone hangs its peers):
+    # every rank takes rank 0's elapsed time (a broken sync hangs: _spawn_ranks turns that into a failure)
+    _spawn_ranks(_train_ddp_budget_worker, str(_train_data), str(tmp_path))
+    got = [json.loads((tmp_path / f"budget{r}.json").read_text()) for r in (0, 1)]
+    assert got[0] == got[1] and got[0]["step"] == 6 and got[0]["elapsed"] == 6.0
+
+
+def test_train_time_budget_resume_continues_the_clock(tmp_path, _train_data):
+    # a --time_budget run resumed from a checkpoint spends only what was left of the budget (the elapsed time is
+    # restored), and ends where the straight run ends, bit for bit
+    kw = dict(time_budget="8s", max_iters=100, warmup_iters=0, ckpt_interval=4)
+    straight = train.train(_train_cfg(_train_data, tmp_path / "a", **kw), clock=_train_fake_clock(), log=_train_quiet)
+    assert straight["step"] == 8 and straight["elapsed"] == pytest.approx(8.0)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, clock=_train_fake_clock(), on_step=_train_crash_at(6), log=_train_quiet)
+    resumed = train.train(dict(cfg, resume=True), clock=_train_fake_clock(), log=_train_quiet)
+    assert resumed["step"] == 8 and resumed["elapsed"] == pytest.approx(8.0)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_cuda_rng_state_is_this_processs_gpu_only(monkeypatch):
+    # checkpoints keep the current GPU's generator only: a resume that sees fewer GPUs (or is another rank) still
+    # loads
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state.tolist()))
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's state saved"))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("every GPU's state set"))
+    state = runs.rng_state()
+    assert state["cuda"].tolist() == [7]
+    runs.set_rng_state(state)
+    assert restored == [[7]]
+
+
+def test_train_torchrun_rank_takes_its_local_ranks_gpu_and_nccl(monkeypatch):
+    # the second node of two with 8 GPUs each: RANK 9 is LOCAL_RANK 1, so cuda:1 (not cuda:9), and NCCL; gloo off CUDA
+    monkeypatch.setenv("RANK", "9")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert train.torchrun_rank(torch.device("cuda")) == (9, 1, 16, torch.device("cuda", 1), "nccl")
+    assert train.torchrun_rank(torch.device("cpu")) == (9, 1, 16, torch.device("cpu"), "gloo")
+
+
+def test_train_sequential_sampler_resumes_inside_a_later_shard():
+    # a position in the second shard of an epoch: the resumed reader continues in that shard, not in the first
+    docs = _train_docs(4000, 3)
+    shards = [("a", np.asarray(docs[:1500], np.uint16), {}), ("b", np.asarray(docs[1500:], np.uint16), {})]
+    s = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+    for _ in range(3):
+        while s.shard == 0:
+            s.next_batch("cpu")
+        for _ in range(5):
+            s.next_batch("cpu")
+        state = s.state_dict()
+        assert state["shard"] == 1 and state["pos"] > 0
+        later = [s.next_batch("cpu")[0] for _ in range(4)]
+        s2 = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
+        s2.load_state_dict(state)
+        assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)
+        while s.shard == 1:
+            s.next_batch("cpu")
+
+
+def test_train_resume_with_a_longer_cosine_says_so(tmp_path, _train_data):
+    # a larger --max_iters on resume stretches the cosine (its length defaults to max_iters): one line says so and
+    # names the flag that keeps the old schedule; with that flag given, the schedule and the log stay quiet
+    lines = []
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=3), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=5, resume=True), log=lines.append)
+    said = [line for line in lines if "cosine" in line]
+    assert said == ["train.py: the cosine now ends at step 5, not 3 as in the checkpoint's run, so the learning rate "
+                    "jumps at step 3 (pass --lr_decay_iters=3 to keep its schedule)"]
+    lines.clear()
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=7, lr_decay_iters=5, resume=True),
+                log=lines.append)
+    assert not [line for line in lines if "cosine" in line] and any("resumed" in line for line in lines)
+
+
+def test_train_resume_under_a_budget_says_when_the_clock_moves_the_schedule(tmp_path, _train_data):
+    # under --time_budget the clock is mapped onto max_iters, so another --max_iters on resume moves the learning
+    # rate even with --lr_decay_iters fixed (and so does another budget): one line says from what to what. With both
+    # kept, the resumed run follows the uninterrupted run's schedule and says nothing.
+    kw = dict(time_budget="20s", max_iters=20, lr_decay_iters=20, warmup_iters=2, log_interval=1, ckpt_interval=5)
+    train.train(_train_cfg(_train_data, tmp_path / "full", **kw), clock=_train_fake_clock(), log=_train_quiet)
+    full = {r["step"]: r["lr"] for r in _train_records(tmp_path / "full", "train")}
+
+    def crash(step):
+        if step == 6:
+            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError):
+        train.train(_train_cfg(_train_data, tmp_path / "cut", **kw), clock=_train_fake_clock(), log=_train_quiet,
+                    on_step=crash)
+    # (no "pass --lr_decay_iters" hint under a budget: that flag alone does not keep the schedule there)
+    for change, expected in [({}, None), (dict(max_iters=40), "--max_iters 20 -> 40"),
+                             (dict(max_iters=40, lr_decay_iters=0), "--max_iters 20 -> 40, --lr_decay_iters 20 -> 0"),
+                             (dict(time_budget="10s"), "--time_budget 20s -> 10s"),
+                             (dict(time_budget="40s"), None)]:   # (the steps stay ahead of the clock: no change)
+        out = tmp_path / ("resumed" + "_".join(map(str, change.values())))
+        shutil.copytree(tmp_path / "cut", out)
+        lines = []
+        train.train(_train_cfg(_train_data, out, **{**kw, **change}, resume=True), clock=_train_fake_clock(),
+                    log=lines.append)
+        said = [line for line in lines if "under --time_budget" in line or "cosine" in line]
+        lr = {r["step"]: r["lr"] for r in _train_records(out, "train")}[6]   # the lr of step 6, set at step 5
+        if expected is None:
+            assert said == [] and lr == pytest.approx(full[6])
+        else:
+            assert said == [f"train.py: under --time_budget the schedule maps the clock onto --max_iters; with "
+                            f"{expected} the learning rate at step 5 is {lr:.3g}, not {full[6]:.3g} as in the "
+                            f"checkpoint's run"] and lr != pytest.approx(full[6])
+
+
+def test_train_resume_naming_another_preset_is_refused_for_that_presets_settings(tmp_path, _train_data):
+    # --preset=X asks for all of X's settings: over a checkpoint of other ones main() must refuse, not resume the
+    # old run's settings under X's name (the rule that a preset named again leaves the run's overrides alone is
+    # only for the same preset)
+    out = tmp_path / "o"
+    train.main(_train_main_args(_train_data, out))
+    before = torch.load(out / "ckpt.pt", weights_only=True)["iteration"]
+    with pytest.raises(SystemExit, match=r"other settings \(.*context_length 16 -> 256.*d_model 32 -> 512"):
+        train.main(["--preset=tinystories-cpu", f"--out_dir={out}", f"--data_dir={_train_data}", "--resume",
+                    "--max_iters=3", "--device=cpu", "--compile=false"])
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == before
+
+
+def test_train_rng_state_round_trip_restores_python_numpy_and_torch():
+    # a checkpoint's rng entry puts every generator back where it was (nothing in today's loop draws from torch's
+    # global generator after the init, so the resume tests alone cannot see a generator left unrestored)
+    state = runs.rng_state()
+    want = (random.random(), np.random.rand(), torch.rand(3))
+    runs.set_rng_state(state)
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[0] == want[0] and got[1] == want[1] and torch.equal(got[2], want[2])
+
+
+def test_train_resume_restores_the_global_rngs_after_building_the_model(tmp_path, _train_data, monkeypatch):
+    # the checkpoint's python / numpy / torch generators are put back, and after the model is rebuilt (its init
+    # draws from torch's): whatever draws from them after a resume (here on_step) sees the uninterrupted run's numbers.
+    # Each run here stands for a new process, so the CPU peak behind MFU is measured again in each (its cache
+    # emptied): measuring must use its own generator, else the resumed run's draws are shifted
+    peaks = {}
+    monkeypatch.setattr(flops, "_cpu_peak_cache", peaks)
+
+    def drawing(out, crash_at=None):
+        def on_step(step):
+            out.append((step, random.random(), float(np.random.rand()), torch.rand(()).item()))
+            if step == crash_at:
+                raise RuntimeError("simulated crash")
+        return on_step
+    straight, crashed, resumed = [], [], []
+    kw = dict(max_iters=4, ckpt_interval=2, log_interval=1)   # MFU from the first step on
+    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), on_step=drawing(straight), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
+    peaks.clear()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=drawing(crashed, crash_at=3), log=_train_quiet)
+    peaks.clear()
+    train.train(dict(cfg, resume=True), on_step=drawing(resumed), log=_train_quiet)
+    assert peaks and crashed == straight[:3] and [s for s, *_ in resumed] == [3, 4]
+    assert resumed == straight[2:]
+
+
+def test_train_resume_with_another_number_of_processes_is_refused(tmp_path, _train_data):
+    # every rank continues its own data stream: a checkpoint written by 2 processes does not resume in 1
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=2)
+    train.train(cfg, log=_train_quiet)
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ck["model_config"]["arch"] == "gpt2" and ck["model_config"]["pad_vocab_to_multiple_of"] == 64
-    assert s["val_loss"] < math.log(64) + 0.5
+    ck["loader"] = [ck["loader"], ck["loader"]]   # as rank 0 of a 2-process run writes it
+    torch.save(ck, tmp_path / "o" / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"ckpt\.pt was written by 2 process\(es\): resume it with the same number "
+                                         r"\(this run has 1\)"):
+        train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
 
 
-def test_train_init_from_local_gpt2_weights(tmp_path, _train_data):
-    # --init_from loads released-format weights (here a tiny Hugging Face GPT-2 saved locally, since the test is
-    # offline); the step-0 validation loss equals transformers' loss on the same windows
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=1,
-                                                              n_head=2)).eval()
-    hf.save_pretrained(tmp_path / "hf")
-    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1,
-                                                                 n_head=2))
-    other.save_pretrained(tmp_path / "hf97")  # a vocabulary that is not the data's: refused before any step
-    with pytest.raises(ValueError, match=r"^--init_from=.*hf97: the model has a vocabulary of 97 ids, the data .* 64"):
-        train.train(_train_cfg(_train_data, tmp_path / "o97", model="gpt2", init_from=str(tmp_path / "hf97")),
+def test_train_resume_with_another_batch_size_or_accumulation_is_refused(tmp_path, _train_data):
+    # the batch is not among the settings a resume may change: another --batch_size or --total_batch_tokens would
+    # continue the data stream and the schedule as another run
+    args = _train_main_args(_train_data, tmp_path / "o")
+    train.main(args)
+    for flag, what in (("--batch_size=8", "batch_size 4 -> 8"), ("--total_batch_tokens=128", "total_batch_tokens 0 -> 128")):
+        with pytest.raises(SystemExit, match=rf"holds a run with other settings \({what}\): use --fresh"):
+            train.main(args + ["--max_iters=3", flag])
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
+def test_train_resume_true_needs_a_checkpoint_and_fresh_overrides_it(tmp_path, _train_data):
+    # --resume=true without a checkpoint is one line before any work; --fresh wins over --resume=true
+    args = _train_main_args(_train_data, tmp_path / "o")
+    with pytest.raises(SystemExit, match=r"^train\.py: --resume: no checkpoint at .*o/ckpt\.pt$"):
+        train.main(args + ["--resume=true"])
+    assert not (tmp_path / "o").exists()
+    train.main(args)
+    train.main(args + ["--resume=true", "--fresh", "--max_iters=1"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 1 and [r["resumed_at_step"] for r in _train_records(tmp_path / "o", "config")] == [None]
+
+
+def test_train_restores_the_sigint_handler_and_a_second_ctrl_c_aborts_without_a_checkpoint(tmp_path, _train_data):
+    # train() installs its Ctrl-C handler for the loop only (a caller's handler is back afterwards, even when the
+    # run is aborted); a second Ctrl-C interrupts at once, without writing a checkpoint
+    import signal
+    before = signal.getsignal(signal.SIGINT)
+    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1), log=_train_quiet)
+    assert signal.getsignal(signal.SIGINT) is before
+
+    def twice(step):
+        if step == 2:
+            runs.Stop.handler(None, None)
+            runs.Stop.handler(None, None)
+    with pytest.raises(KeyboardInterrupt):
+        train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=100), on_step=twice,
                     log=_train_quiet)
-    s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", init_from=str(tmp_path / "hf"),
-                               max_iters=0), log=_train_quiet)
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 0  # no step: the weights still
-    val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16).astype(np.int64))
-    n = 4 * 16
-    losses = []
-    with torch.no_grad():
-        for i in range(2):   # the evaluator reads the validation tokens in order: windows of B*T+1
-            buf = val[i * n: i * n + n + 1]
-            x, y = buf[:-1].view(4, 16), buf[1:].view(4, 16)
-            logits = hf(x).logits
-            losses.append(torch.nn.functional.cross_entropy(logits.reshape(-1, 64), y.reshape(-1)))
-    assert s["val_loss"] == pytest.approx(torch.stack(losses).mean().item(), abs=1e-4)
+    assert not (tmp_path / "b" / "ckpt.pt").exists() and signal.getsignal(signal.SIGINT) is before
 
 
-# ============================================================================
-# sample.py and flops.py
-# ============================================================================
+def test_train_time_budget_leaves_a_resumed_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, monkeypatch):
+    # a resumed run compiles again in its first step: that step is off the clock too (not only a fresh run's step 1)
+    monkeypatch.setattr(torch, "compile", lambda m, **k: m)   # --compile=true without the compiler: only the clock matters
+
+    def slow_first_step_clock():   # clock calls: the run's start, then a step's start and end: step 1 takes 61 s
+        t, calls = [0.0], [0]
+
+        def clock():
+            calls[0] += 1
+            t[0] += 61.0 if calls[0] == 3 else 1.0
+            return t[0]
+        return clock
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=0, ckpt_interval=4,
+                     compile=True)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, clock=slow_first_step_clock(), on_step=_train_crash_at(5), log=_train_quiet)
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 4 and ck["elapsed"] == pytest.approx(3.0)   # steps 2-4 counted, step 1 not
+    s = train.train(dict(cfg, resume=True), clock=slow_first_step_clock(), log=_train_quiet)
+    assert s["step"] == 4 + 1 + 17 and s["elapsed"] == pytest.approx(20.0)   # step 5 off the clock, 6-22 on it
+
+
+def test_train_resumed_checkpoint_of_another_vocabulary_names_the_checkpoint(tmp_path, _train_data):
+    # the data's vocabulary changed under a checkpoint: the one line names the checkpoint (not --init_from)
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=1)
+    train.train(cfg, log=_train_quiet)
+    for name in ("train.bin.json", "val.bin.json"):
+        meta = json.loads((_train_data / name).read_text())
+        (_train_data / name).write_text(json.dumps(dict(meta, vocab_size=80)))
+    with pytest.raises(ValueError, match=r"^\S*o/ckpt\.pt: the model has a vocabulary of 64 ids, the data in \S+ 80 "):
+        train.train(dict(cfg, resume=True, max_iters=2), log=_train_quiet)
+
+
+def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
+    # every flag given on resume applies on top of the checkpoint's settings, --prepare_data too (it was ANDed
+    # with the first run's value, so --prepare_data=true was ignored in silence after a run on one's own data)
+    d = tmp_path / "data"   # token ids < 64 declared as a 300-id vocabulary: --prepare_data needs >= 257
+    d.mkdir()
+    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 300)
+    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 300)
+    args = [a for a in _train_main_args(d, tmp_path / "o") if a != "--vocab_size=64"] + ["--vocab_size=300"]
+    train.main(args)
+    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["config"]["prepare_data"] is False
+    train.main(args + ["--max_iters=3", "--prepare_data=true"])
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 3 and ck["config"]["prepare_data"] is True
+
+
+# ====================================================================================================================
+# data: fineweb.py and stories.py: corpora to token shards, the main job's data, the story generator
+# ====================================================================================================================
+
+
+def _fw_hub_probe():
+    ok, reason = fineweb.hub_reachable()
+    assert ok is False or reason in ("", "behind a proxy: not probed", "HF_ENDPOINT not understood: not probed")
+    assert (reason == "") == (ok and "not probed" not in reason)  # a connection made, or why not
+    return ok
+
+
+def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks model.py's hub_reachable
+    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
+    import socket
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
+                "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert _fw_hub_probe() is True
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
+    assert _fw_hub_probe() is False
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
+    assert _fw_hub_probe() is True
+    monkeypatch.delenv("HTTP_PROXY")
+    for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
+        monkeypatch.setenv("HF_ENDPOINT", bad)
+        assert _fw_hub_probe() is True
+
+
+_FW_EOT = "<|endoftext|>"
+
+
+def _fw_read_shards(out_dir):
+    """All token ids of a shard directory in stream order (val_000000 first), plus the per-file arrays."""
+    meta = json.loads((Path(out_dir) / "meta.json").read_text())
+    dtype = np.dtype(meta["config"]["dtype"]).newbyteorder("<")
+    arrays = [np.fromfile(Path(out_dir) / s["file"], dtype=dtype) for s in meta["shards"]]
+    return np.concatenate(arrays), arrays, meta
+
+
+def _fw_corpus(tmp_path, n=120, seed=0, name="corpus.txt"):
+    docs = stories.generate_stories(n, seed)
+    path = tmp_path / name
+    path.write_text("".join(d + stories.SEPARATOR for d in docs), encoding="utf-8")
+    return path, docs
+
+
+@pytest.fixture(scope="module")
+def _fw_bpe_dir(tmp_path_factory):
+    """A small bpe.py tokenizer (vocab 300) trained on generated stories."""
+    import bpe
+    tmp = tmp_path_factory.mktemp("fw_bpe")
+    path, _ = _fw_corpus(tmp, n=200, seed=5)
+    vocab, merges = bpe.train_bpe(str(path), 300, [_FW_EOT], num_workers=1)
+    bpe.Tokenizer(vocab, merges, [_FW_EOT]).save_dir(tmp / "tok")
+    return str(tmp / "tok")
+
+
+def test_stories_deterministic_for_a_seed():
+    a, b, c = stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=4)
+    assert a == b and a != c
+    assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
+
+
+def test_stories_write_corpus_size_and_separator(tmp_path):
+    path = tmp_path / "s.txt"
+    n, nbytes = stories.write_corpus(path, 50_000, seed=2)
+    data = path.read_bytes()
+    assert len(data) == nbytes
+    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by SEPARATOR
+    assert data.decode("utf-8") == "".join(d + stories.SEPARATOR for d in docs)
+    last = len((docs[-1] + stories.SEPARATOR).encode())
+    assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
+    assert stories.SEPARATOR == "\n<|endoftext|>\n"
+    stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
+    assert (tmp_path / "t.txt").read_bytes() == data
+
+
+def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tmp_path, monkeypatch):
+    # a size met exactly by k stories gets those k (no extra story); sizes count UTF-8 bytes, not characters
+    # (stories.py's own stories are ASCII, so a story with accents stands in); a size of 0 is refused
+    docs = stories.generate_stories(5, seed=7)
+    exact = len("".join(d + stories.SEPARATOR for d in docs).encode())
+    assert stories.write_corpus(tmp_path / "a.txt", exact, seed=7) == (5, exact)
+    assert stories.write_corpus(tmp_path / "b.txt", exact + 1, seed=7)[0] == 6
+    story = "Zo\u00eb ate cr\u00e8me br\u00fbl\u00e9e."  # 21 characters, 25 bytes
+    monkeypatch.setattr(stories, "make_story", lambda r: story)
+    one = (story + stories.SEPARATOR).encode()
+    assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
+    assert (tmp_path / "c.txt").read_bytes() == 3 * one
+    with pytest.raises(ValueError, match="num_bytes must be positive"):
+        stories.write_corpus(tmp_path / "d.txt", 0)
+    assert not (tmp_path / "d.txt").exists()
+
+
+def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
+    # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
+    calls = []
+
+    def story_then_ctrl_c(r):
+        calls.append(1)
+        if len(calls) == 50:
+            raise KeyboardInterrupt
+        return "Tom had a red ball."
+    monkeypatch.setattr(stories, "make_story", story_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        stories.write_corpus(tmp_path / "s.txt", 50_000, seed=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stories_variety_and_well_formed():
+    docs = stories.generate_stories(3000, seed=0)
+    assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
+    for d in docs:
+        assert "{" not in d and "}" not in d, d  # no unfilled template fields
+        assert d.count('"') % 2 == 0, d  # every quote closes
+        assert d[0].isupper() and d.rstrip()[-1] in '.!?"', d
+    openers = {d.split("\n")[1].split()[0] for d in docs}
+    assert len(openers) > 20  # the plots and their phrasings all occur
+
+
+def test_fw_file_docs_splits_at_separators_across_any_chunking(tmp_path):
+    # separators cut across chunk boundaries, half separators, CRLF, a BOM, long documents over many chunks:
+    # the same documents as splitting the whole text at once
+    rng = random.Random(0)
+    pieces = [_BPE_EOT, "<|", "endoftext|>", "a", "bc ", " ", "\n", "\r\n", "é", "<", "|>", "x" * 40]
+    path = tmp_path / "t.txt"
+    for i in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
+        path.write_bytes((b"\xef\xbb\xbf" if i % 7 == 0 else b"") + text.encode("utf-8"))
+        want = [d.strip() for d in text.split(_BPE_EOT) if d.strip()]
+        chunk = rng.randint(1, 14)
+        assert list(fineweb.file_docs(path, chunk_chars=chunk)) == want, (text, chunk)
+
+
+@needs_gpt2_files
+def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path)
+    assert list(fineweb.file_docs(path)) == docs
+    out = tmp_path / "shards"
+    fineweb.write_shards(fineweb.file_docs(path), out, "gpt2", shard_size=5000, num_workers=2, progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(out)
+    # independent reference: tiktoken on each document, eot before each
+    ref = []
+    for d in docs:
+        ref += [enc.eot_token] + enc.encode_ordinary(d)
+    assert ids.tolist() == ref
+    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    # shard boundaries: every shard full but the last; shard 0 is validation
+    names = [s["file"] for s in meta["shards"]]
+    assert names[0] == "val_000000.bin" and names[1:] == [f"train_{i:06d}.bin" for i in range(1, len(names))]
+    assert [len(a) for a in arrays[:-1]] == [5000] * (len(arrays) - 1) and 0 < len(arrays[-1]) <= 5000
+    assert len(arrays) == -(-len(ref) // 5000)
+    # metadata: directory record and tokens-v1 sidecars
+    assert meta["complete"] and meta["num_tokens"] == len(ref) and meta["num_docs"] == len(docs)
+    assert meta["config"]["tokenizer"] == "gpt2" and meta["config"]["vocab_size"] == 50257 and meta["config"]["dtype"] == "uint16"
+    for s, a in zip(meta["shards"], arrays):
+        side = json.loads((out / f"{s['file']}.json").read_text())
+        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 50257, "num_tokens": len(a),
+                        "num_docs": int((a == enc.eot_token).sum()), "tokenizer": "gpt2",
+                        "tokenizer_fingerprint": "gpt2", "eot_id": 50256}
+    assert sum(s["num_docs"] for s in meta["shards"]) == len(docs)
+    assert (out / "val_000000.bin").stat().st_size == 2 * 5000
+    assert not list(out.glob("*.tmp"))
+
+
+def test_fw_round_trip_bpe_tokenizer_file_and_folder(tmp_path, _fw_bpe_dir):
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    path, docs = _fw_corpus(tmp_path, n=60, seed=9)
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "a", _fw_bpe_dir, shard_size=3000, num_workers=1,
+                         progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "a")
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    assert ids.tolist() == [i for d in docs for i in [tok.eot_id] + tok.encode(d)]
+    assert meta["config"]["vocab_size"] == 300 and meta["config"]["eot_id"] == tok.eot_id == 0
+    assert len(arrays) > 2
+    # a folder: one document per file, sorted by name
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, d in enumerate(docs[:12]):
+        (folder / f"{i:03d}.txt").write_text(d + "\n", encoding="utf-8")
+    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "b", _fw_bpe_dir, shard_size=10**6, num_workers=2,
+                         progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "b")
+    assert len(arrays) == 1 and tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs[:12])
+
+
+@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
+def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
+    ref = _fw_bpe_dir if which == "bpe" else "gpt2"
+    tok = bpe.load_tokenizer(ref)
+    docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for i, d in enumerate(docs):
+        (folder / f"{i}.txt").write_text(d, encoding="utf-8")
+    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "out", ref, shard_size=10**6, num_workers=1,
+                         progress=False, log=lambda *a: None)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert int((ids == tok.eot_id).sum()) == 2 == meta["num_docs"]  # only the two separators
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+
+
+@needs_gpt2_files
+def test_fw_uint32_and_token_file(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path, n=30)
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
+                         num_workers=1, progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
+    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
+    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
+    one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
+    assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+@needs_gpt2_files
+def test_fw_resume_after_interruption(tmp_path):
+    path, docs = _fw_corpus(tmp_path, n=150)
+    kw = dict(tokenizer="gpt2", shard_size=4000, progress=False, log=lambda *a: None, batch_chars=3000)
+    fineweb.write_shards(iter(docs), tmp_path / "clean", num_workers=1, **kw)
+
+    def crashing(n):  # the corpus stream dies after n documents, as a killed job would
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
+
+    out = tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(100), out, num_workers=2, **kw)
+    meta = json.loads((out / "meta.json").read_text())
+    assert not meta["complete"] and len(meta["shards"]) >= 2
+    done = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in meta["shards"]}
+    logs = []
+    fineweb.write_shards(iter(docs), out, num_workers=2, **{**kw, "log": logs.append})
+    assert any("resuming after shard" in line for line in logs)
+    assert {f: (out / f).stat().st_mtime_ns for f in done} == done  # complete shards were not rewritten
+    a, _, meta_a = _fw_read_shards(tmp_path / "clean")
+    b, _, meta_b = _fw_read_shards(out)
+    assert np.array_equal(a, b) and meta_a["shards"] == meta_b["shards"]
+    for f in (tmp_path / "clean").glob("*.bin"):
+        assert f.read_bytes() == (out / f.name).read_bytes()
+    logs.clear()
+    fineweb.write_shards(iter(docs), out, num_workers=1, **{**kw, "log": logs.append})
+    assert "already complete" in logs[0]
+
+
+@needs_data
+@needs_gpt2_files
+def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
+    """Real files: curly quotes, non-ASCII, a BOM and CRLF line endings (Pride and Prejudice), a Wikipedia page."""
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    folder = tmp_path / "real"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes((DATA / "tinystories/cs336_tinystories_sample.txt").read_bytes())
+    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"), ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
+        data = (DATA / src).read_bytes()
+        (folder / name).write_bytes(data[:data.rindex(b"\n", 0, 60_000) + 1])  # cut at a line end, not mid-character
+    docs = list(fineweb.folder_docs(folder))
+    assert len(docs) == 3 and "\r\n" in docs[1] and not docs[1].startswith("\ufeff")
+    assert docs[0] == (folder / "a.txt").read_text(encoding="utf-8").strip()
+    for ref, decode, eot in [("gpt2", enc.decode, enc.eot_token), (_fw_bpe_dir, None, None)]:
+        tok = bpe.load_tokenizer(ref)
+        out = tmp_path / ("gpt2" if ref == "gpt2" else "bpe")
+        fineweb.write_shards(iter(docs), out, ref, shard_size=7000, num_workers=2, progress=False, log=lambda *a: None,
+                             batch_chars=20_000)
+        ids, _, _ = _fw_read_shards(out)
+        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+        if ref == "gpt2":
+            assert ids.tolist() == [i for d in docs for i in [eot] + enc.encode_ordinary(d)]
+
+
+def test_fw_shuffle_docs_is_a_seeded_permutation():
+    docs = [f"doc {i}" for i in range(500)]
+    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert sorted(a) == sorted(docs) and a != docs
+    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
+
+
+def test_fw_bad_input_errors(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        fineweb.check_input(tmp_path / "missing.txt")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
+        list(fineweb.file_docs(bad))
+    with pytest.raises(ValueError, match="unknown"):
+        fineweb.hf_docs("no-such-corpus")
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        fineweb.choose_dtype(100_000, "uint16")
+    assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
+    with pytest.raises(ValueError, match="not a tokenizer directory"):
+        bpe.load_tokenizer(str(tmp_path))
+    # the CLI turns these into one line naming the flag or file
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
+                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("fineweb.py: ") and "missing.txt" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--dataset", "nope"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--dataset 'nope': unknown" in r.stderr
+
+
+@needs_gpt2_files
+def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, monkeypatch):
+    path, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    with pytest.raises(ValueError, match="tokenizer 'gpt2'"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, **kw)
+    with pytest.raises(ValueError, match="different settings"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **{**kw, "shard_size": 100})
+    # the same tokenizer folder spelled another way (trailing slash) is the same tokenizer: no refusal
+    fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir, **kw)
+    assert fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir + "/", **kw)["complete"]
+    # ... but a folder named gpt2 stays that folder, not tiktoken's GPT-2
+    import shutil
+    shutil.copytree(_fw_bpe_dir, tmp_path / "gpt2")
+    monkeypatch.chdir(tmp_path)
+    meta = fineweb.write_shards(iter(docs), tmp_path / "local", "./gpt2", **kw)
+    assert meta["config"]["tokenizer"] == "./gpt2" and meta["config"]["vocab_size"] == 300
+    # token files from elsewhere (no meta.json)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other/train.bin").write_bytes(b"\0\0")
+    with pytest.raises(ValueError, match="no meta.json"):
+        fineweb.write_shards(iter(docs), tmp_path / "other", "gpt2", **kw)
+    # a meta.json that is not JSON, or not fineweb.py's, is named
+    good = (tmp_path / "out/meta.json").read_text()
+    for broken, problem in [("{oops", "not valid JSON"), ("[1]", "not a fineweb.py meta.json"),
+                            ('{"complete": false}', "not a fineweb.py meta.json")]:
+        (tmp_path / "out/meta.json").write_text(broken)
+        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'out/meta.json'))}: {problem}.*: "
+                                             "empty the directory and start again$"):
+            fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    (tmp_path / "out/meta.json").write_text(good)
+    # a listed shard that was truncated afterwards is not silently trusted
+    (tmp_path / "out/meta.json").write_text((tmp_path / "out/meta.json").read_text().replace('"complete": true', '"complete": false'))
+    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0")
+    with pytest.raises(ValueError, match="wrong size"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    # ... nor one that grew (one token longer than listed)
+    listed = json.loads((tmp_path / "out/meta.json").read_text())["shards"][0]["num_tokens"]
+    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0" * (listed + 1))
+    with pytest.raises(ValueError, match="wrong size"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+
+
+def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
+    import bpe
+    logs = []
+    kw = dict(vocab_size=320, allow_download=False, log=logs.append, corpus_bytes=40_000, num_workers=2)
+    got = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
+    d = Path(got["data_dir"])
+    assert got["tokenizer"] == str(d / "tokenizer") and "stories.py" in got["source"]
+    assert any("downloads disabled" in line for line in logs)
+    tok = bpe.load_tokenizer(got["tokenizer"])
+    assert tok.vocab_size == 320 and tok.eot_id is not None
+    for split in ("train", "val"):
+        side = json.loads((d / f"{split}.bin.json").read_text())
+        ids = np.fromfile(d / f"{split}.bin", dtype="<u2")
+        docs = list(fineweb.file_docs(d / f"{split}.txt"))
+        assert side["format"] == "tokens-v1" and side["num_tokens"] == len(ids) == got[f"{split}_tokens"]
+        assert side["num_docs"] == len(docs) and side["tokenizer"] == got["tokenizer"] and side["vocab_size"] == 320
+        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    assert 36_000 <= (d / "train.txt").stat().st_size and 1_000 <= (d / "val.txt").stat().st_size
+    # the second call reuses every step and rewrites nothing
+    stamps = {p: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
+    logs.clear()
+    again = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
+    assert again == got and sum("reusing" in line for line in logs) == 3
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    # a different vocabulary keeps the corpus, retrains the tokenizer and re-encodes
+    logs.clear()
+    other = fineweb.prepare_tinystories(tmp_path / "ts", **{**kw, "vocab_size": 300})
+    assert bpe.load_tokenizer(other["tokenizer"]).vocab_size == 300 and "reusing" in logs[0] and "trained BPE" in logs[1]
+    # fresh=True redoes everything (the generated corpus is the same for the same seed)
+    logs.clear()
+    fineweb.prepare_tinystories(tmp_path / "ts", fresh=True, **kw)
+    assert not any("reusing" in line for line in logs)
+    assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
+    # a prepared.json that is not JSON, or not an object, is a record that cannot be trusted: prepared again
+    for broken in ("{oops", "[1]"):
+        (d / "prepared.json").write_text(broken)
+        logs.clear()
+        assert fineweb.prepare_tinystories(tmp_path / "ts", **kw) == got
+        assert logs[0] == f"{d / 'prepared.json'}: unreadable, so the data is prepared again"
+        assert not any("reusing" in line for line in logs)
+
+
+def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
+    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error, nothing written,
+    # and no "using the generated corpus" line first
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    logs = []
+    for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
+        with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
+            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
+    assert logs == [] and not (tmp_path / "all").exists()
+    # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
+    fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
+    before = sorted(p.name for p in (tmp_path / "ts").iterdir())
+    with pytest.raises(ValueError, match="^all of TinyStories"):
+        fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
+    assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
+                                      f"--out_dir={tmp_path / 'cli'}"])
+    with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
+        fineweb.main()
+    assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
+
+
+def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
+    import types
+
+    def load_dataset(path, name=None, split=None, streaming=False):
+        calls.append(dict(path=path, name=name, split=split, streaming=streaming))
+        if fail:
+            raise fail
+        return iter({"text": t} for t in rows_by_split[split])
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
+
+
+def test_fw_hub_offline_is_detected_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
+    with pytest.raises(ValueError, match="unreachable.*--input PATH"):
+        fineweb.hf_docs("fineweb-edu")
+
+
+def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
+    calls = []
+    _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
+    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
+    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
+
+
+def test_fw_prepare_tinystories_download_and_failed_download(tmp_path, monkeypatch):
+    calls, logs = [], []
+    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)], "validation": [f"Val story {i}." for i in range(50)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+    assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
+    assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
+    train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
+    assert train_docs == rows["train"][:len(train_docs)] and 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
+    assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
+    # a failing download: one line saying so, then the generated corpus
+    logs.clear()
+    _fw_fake_datasets(monkeypatch, rows, calls, fail=ConnectionError("no route to host"))
+    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+    assert "stories.py" in got["source"]
+    assert logs[0].startswith("TinyStories download failed (ConnectionError: no route to host)")
+    assert not list((tmp_path / "fail").glob("*.tmp"))
+
+
+def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
+    import bpe
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    logs = []
+    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tmp_path / "out/tokenizer", num_workers=1, log=logs.append)
+    tok = bpe.load_tokenizer(ref)
+    assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
+    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tmp_path / "out/tokenizer", log=logs.append) == ref
+    assert "reusing" in logs[-1]
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
+    # asked for another size (or another amount of training text): refused, never a silent reuse
+    for size, max_bytes in [(300, None), (290, 5000)]:
+        with pytest.raises(ValueError, match=r"tokenizer: holds a tokenizer trained with vocab_size 290, "
+                                             r"bpe_train_bytes 0, not .*: choose another --out_dir"):
+            fineweb.train_tokenizer_on_docs(iter([]), size, tmp_path / "out/tokenizer", max_bytes, log=logs.append)
+
+
+def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch, capsys):
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", "--max_docs=5", "--vocab_size=280",
+                                      f"--out_dir={tmp_path / 'out'}", "--shard_size=500", "--num_workers=1"])
+    fineweb.main()
+    first5 = sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])
+    assert f"on {first5:,} bytes" in capsys.readouterr().out
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
+    # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
+    monkeypatch.setattr(sys, "argv", [a.replace("--max_docs=5", "--max_docs=6") for a in sys.argv])
+    with pytest.raises(SystemExit, match=r"tokenizer: holds a tokenizer trained with vocab_size 280, bpe_train_bytes "
+                                         r"\d+ on file:.*\[:5\], not vocab_size 280, bpe_train_bytes \d+ on file:.*\[:6\]: "
+                                         r"choose another --out_dir"):
+        fineweb.main()
+
+
+def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
+    # a worker whose start-up fails used to be restarted by the pool forever (a hang, tracebacks without end): the
+    # error now reaches the caller, from write_token_file before any work and from encode_docs at the first batch
+    # (run in a child process, so a regression fails on its timeout instead of hanging the suite)
+    d = _bad_tok_dir(tmp_path, specials=())
+    code = f"""
+import fineweb, sys
+for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
+                                               {str(d)!r}, num_workers=2),
+             lambda: list(fineweb.encode_docs(iter(["hello world"]), {str(d)!r}, "uint16", num_workers=2))):
+    try:
+        call()
+    except ValueError as e:
+        print("ValueError:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    want = f"ValueError: {d}: the tokenizer has no <|endoftext|> special token, needed to separate documents"
+    assert r.stdout.splitlines() == [want, want], r.stderr[-2000:]
+    assert not list(tmp_path.glob("x.bin*"))
+
+
+def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
+    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput
+    now = [100.0]
+    monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
+    bar = fineweb.Progress(True, start_tokens=3_000_000)
+    now[0] += 2.0
+    bar.update(10, 5_000_000, force=True)
+    assert "5,000,000 tokens | 1.00 M tok/s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
+                                        ("--seed", "-5"), ("--seed", "-1")])
+def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
+    value = str(tmp_path) if value == "DIR" else value
+    msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
+    assert msg.startswith(f"stories.py: {flag} {value}: ") and "expected" in msg
+    assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
+
+
+@pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
+                                   ["--prepare_tinystories", "--corpus_bytes=-5"]])
+def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
+    out = tmp_path / "out"
+    msg = _bad_exit(monkeypatch, fineweb, f"--input={_bad_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
+                    f"--out_dir={out}", *flags)
+    flag, value = flags[-1].split("=")
+    assert msg.startswith(f"fineweb.py: {flag} {value}: expected") and not out.exists()
+
+
+def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
+    with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
+        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
+    assert not (tmp_path / "d").exists()
+
+
+def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
+    (tmp_path / "a_file").write_text("x")
+    for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
+                  [f"--input={_bad_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
+        msg = _bad_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
+        assert msg == f"fineweb.py: [Errno 17] File exists: '{tmp_path / 'a_file'}'"
+
+
+def test_fw_choose_dtype_uint16_holds_exactly_65536_ids():
+    assert fineweb.choose_dtype(65536, "uint16") == "uint16"  # ids 0..65535
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        fineweb.choose_dtype(65537, "uint16")
+    assert fineweb.choose_dtype(65537, "uint32") == "uint32"
+
+
+def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
+    got = fineweb.prepare_tinystories(tmp_path / "ts", vocab_size=280, allow_download=False, log=lambda *a: None,
+                                      corpus_bytes=20_000, num_workers=1)
+    d = Path(got["data_dir"])
+    train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
+    assert len(val_docs) >= 1 and len(train_docs) > 10
+    assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
+
+
+def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
+    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
+    docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
+    per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
+    assert per_doc[0] == 20 * 41 + 2 + 15
+    logs = []
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
+    assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
+    # a budget met exactly by 3 documents stops there: no 4th
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
+                                    log=logs.append)
+    assert f"on {sum(per_doc[:3]):,} bytes" in logs[-1]
+
+
+def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
+    docs = [f"doc {i}" for i in range(40)]
+    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert sorted(a) == sorted(docs) and a != docs
+    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+
+
+def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_dir):
+    # a bpe.py tokenizer's <|endoftext|> is id 0, not the last id as in GPT-2: every shard's sidecar must say so
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=40, seed=3)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=2000, num_workers=1, progress=False,
+                         log=lambda *a: None)
+    _, arrays, meta = _fw_read_shards(out)
+    assert len(arrays) > 1 and tok.eot_id == 0 != tok.vocab_size - 1
+    for s, a in zip(meta["shards"], arrays):
+        side = json.loads((out / f"{s['file']}.json").read_text())
+        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
+                        "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
+                        "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
+
+
+def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
+    # after an interruption meta.json counts every document with tokens on disk, the last one split by the
+    # shard boundary included: the sum of the listed shards' document counts
+    _, docs = _fw_corpus(tmp_path, n=80, seed=4)
+
+    def crashing(n):
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
+                             log=lambda *a: None, batch_chars=2000)
+    meta = json.loads((out / "meta.json").read_text())
+    last = meta["shards"][-1]
+    assert not meta["complete"] and len(meta["shards"]) >= 2 and last["end_offset"] > 0  # a document cut in two
+    assert meta["num_docs"] == sum(s["num_docs"] for s in meta["shards"]) == last["end_doc"] + 1
+    assert meta["num_tokens"] == sum(s["num_tokens"] for s in meta["shards"])
+
+
+def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
+    # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
+    _, docs = _fw_corpus(tmp_path, n=60, seed=6)
+    kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
+
+    def crashing(n):
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
+
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
+    meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
+    clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
+    assert meta["complete"] and meta["shards"] == clean["shards"]
+    shuffled = fineweb.write_shards(iter(docs), tmp_path / "shuf", _fw_bpe_dir, shuffle_docs=True, seed=7, **kw)
+    assert shuffled["config"]["seed"] == 7
+
+
+def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_dir):
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=8)
+    side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
+                    "num_docs": 20, "tokenizer": _fw_bpe_dir,
+                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
+    assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
+    # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
+    import shutil
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(_fw_bpe_dir, tok_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=2)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+    old = bpe.tokenizer_fingerprint(str(tok_dir))
+    merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
+    new = bpe.tokenizer_fingerprint(str(tok_dir))
+    assert new != old
+    with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+
+
+def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
+    # a shuffle buffer that always evicted the same slot would keep the stream in order (doc i, i+1, ...) and start
+    # every seed with doc 0: the "unshuffled documents" weakness the spec names
+    docs = list(range(1000))
+    out = list(fineweb.buffer_shuffle(iter(docs), 64, seed=0))
+    assert sorted(out) == docs
+    in_order = sum(b == a + 1 for a, b in zip(out, out[1:]))
+    assert in_order < 60, in_order                       # ~1000/64 expected; an in-order stream gives ~1000
+    firsts = {next(iter(fineweb.buffer_shuffle(iter(docs), 64, seed=s))) for s in range(10)}
+    assert len(firsts) > 5
+
+
+def test_fw_shards_sidecars_and_meta_are_renamed_into_place(tmp_path, monkeypatch, _fw_bpe_dir):
+    # "written to a .tmp file and renamed": a kill mid-write never leaves a file that looks complete
+    real, renamed = os.replace, []
+    monkeypatch.setattr(fineweb.os, "replace", lambda src, dst: (renamed.append((str(src), str(dst))), real(src, dst)))
+    _, docs = _fw_corpus(tmp_path, n=30, seed=1)
+    out = tmp_path / "out"
+    meta = fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=1500, num_workers=1, progress=False,
+                                log=lambda *a: None)
+    files = [s["file"] for s in meta["shards"]]
+    assert len(files) >= 2
+    for name in files + [f"{f}.json" for f in files] + ["meta.json"]:
+        assert (f"{out / name}.tmp", str(out / name)) in renamed, name
+    renamed.clear()
+    fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    for name in ("one.bin", "one.bin.json"):
+        assert (f"{tmp_path / name}.tmp", str(tmp_path / name)) in renamed, name
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
+    kw = dict(num_workers=1)
+    with pytest.raises(ValueError, match="no documents to tokenise"):
+        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
+                             log=lambda *a: None, **kw)
+    assert not list((tmp_path / "shards").glob("*.bin"))
+    blank = tmp_path / "blank.txt"
+    blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
+    with pytest.raises(ValueError, match="one.bin: no documents to tokenise"):
+        fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
+    assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
+
+
+def test_fw_file_docs_streams_across_chunk_boundaries_and_drops_blank_documents(tmp_path):
+    # the file is read in chunks: a document (or a separator) cut by a chunk boundary is joined again, the last
+    # document needs no separator after it, and whitespace-only documents are dropped
+    text = (f"  first doc \n{_FW_EOT}\n \n\t{_FW_EOT}second{_FW_EOT}a third one, longer than any chunk below"
+            f"{_FW_EOT}{_FW_EOT}  last, without a separator after it \n")
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    want = ["first doc", "second", "a third one, longer than any chunk below", "last, without a separator after it"]
+    for chunk_chars in (1, 3, 7, 16, 1 << 20):
+        assert list(fineweb.file_docs(path, chunk_chars=chunk_chars)) == want, chunk_chars
+
+
+def test_fw_folder_docs_skips_hidden_files_and_folders(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "a.txt").write_text("Doc A\n")
+    (tmp_path / "sub" / "b.txt").write_text("  Doc B ")
+    (tmp_path / "empty.txt").write_text(" \n")
+    (tmp_path / ".hidden.txt").write_text("secret")
+    (tmp_path / ".git" / "config").write_text("[core]")
+    assert list(fineweb.folder_docs(tmp_path)) == ["Doc A", "Doc B"]
+
+
+def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path):
+    logs = []
+    kw = dict(vocab_size=280, allow_download=False, log=logs.append, num_workers=1)
+    d = tmp_path / "ts"
+    fineweb.prepare_tinystories(d, corpus_bytes=12_000, **kw)
+    small = (d / "train.txt").read_bytes()
+    # another corpus size: a new corpus, not the old one reused
+    logs.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert not any(line.startswith("corpus: reusing") for line in logs)
+    assert (d / "train.txt").stat().st_size > 1.5 * len(small)
+    big = (d / "train.txt").read_bytes()
+    # a corpus file edited (or cut short) after it was recorded: made again, not trusted
+    (d / "train.txt").write_bytes(big[:5000])
+    logs.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert not any(line.startswith("corpus: reusing") for line in logs)
+    assert (d / "train.txt").read_bytes() == big
+    # a tokenizer changed on disk after it was recorded: trained again, and the tokens encoded again
+    merges = (d / "tokenizer" / "merges.txt").read_text(encoding="utf-8").splitlines()
+    (d / "tokenizer" / "merges.txt").write_text("\n".join(merges[:-5]) + "\n", encoding="utf-8")
+    logs.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert logs[0].startswith("corpus: reusing") and logs[1].startswith("tokenizer: trained BPE")
+    assert logs[2].startswith("tokens: ") and "reusing" not in logs[2]
+
+
+def test_fw_prepare_tinystories_download_stops_at_a_split_size_met_exactly(tmp_path, monkeypatch):
+    # every row is 15 characters, 30 bytes with its separator: 5700 and 300 bytes are 190 and 10 rows exactly, and
+    # a download that has reached its size stops there (one more row would overshoot by a whole story)
+    calls = []
+    rows = {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
+    for split, path, n in (("train", "train.txt", 190), ("validation", "val.txt", 10)):
+        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
+        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n]) and len(text) == 30 * n
+
+
+def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, _fw_bpe_dir):
+    # a short stream (eot before each of 4 documents) sharded at every size from 1 token to past its length: the
+    # shards are full but the last (a last shard of 1 token included) and hold the stream exactly; meta.json records
+    # after each shard the documents complete and the tokens of the next one written (a document ending exactly at
+    # the boundary is complete: offset 0), and each shard counts the documents that start in it
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    docs = ["Tom had a red ball.", "Sue ran.", "The cat sat on the mat and looked at the dog.", "Mom smiled."]
+    pieces = [[tok.eot_id] + tok.encode(d) for d in docs]
+    ref = [i for piece in pieces for i in piece]
+    ends = [sum(len(q) for q in pieces[:j + 1]) for j in range(len(pieces))]
+    starts = [e - len(piece) for e, piece in zip(ends, pieces)]
+    n = len(ref)
+    for batch_chars in (1, 30):  # one document per batch; batches of 2, 1, 1 documents
+        for size in range(1, n + 2):
+            out = tmp_path / f"{batch_chars}_{size}"
+            fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=size, num_workers=1, progress=False,
+                                 log=lambda *a: None, batch_chars=batch_chars)
+            ids, arrays, meta = _fw_read_shards(out)
+            assert ids.tolist() == ref, size
+            assert [len(a) for a in arrays] == [size] * (n // size) + ([n % size] if n % size else []), size
+            for k, s in enumerate(meta["shards"]):
+                lo, hi = k * size, min((k + 1) * size, n)
+                done = sum(e <= hi for e in ends)
+                assert (s["end_doc"], s["end_offset"]) == (done, hi - (ends[done - 1] if done else 0)), (size, k)
+                assert s["num_docs"] == sum(lo <= st < hi for st in starts), (size, k)
+            assert meta["num_docs"] == len(docs) and meta["num_tokens"] == n and meta["complete"]
+
+
+def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path):
+    # an edit that keeps the size (a word for another as long) must still change the stamp, or a rerun would resume
+    # (or reuse) shards of the old text
+    path = tmp_path / "c.txt"
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a red ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18))
+    before = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert [fineweb.input_stamp(path), fineweb.input_stamp(folder)] == before   # the same file: the same stamp
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a big ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18 + 10**9))
+    after = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
+    # a buffer of 1 keeps the order; with a buffer of 2, the document in the second slot leaves long before the end
+    # (never evicting one slot would hold its document back to the final flush)
+    docs = list(range(200))
+    assert list(fineweb.buffer_shuffle(iter(docs), 1, seed=3)) == docs
+    out = list(fineweb.buffer_shuffle(iter(docs), 2, seed=3))
+    assert sorted(out) == docs and out.index(1) < 50
+
+
+def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_path, monkeypatch):
+    calls = []
+    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)],
+            "validation": [f"Val story {i}." for i in range(200)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
+    for split, path, limit in (("train", "train.txt", 5700), ("validation", "val.txt", 300)):
+        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
+        n = len(list(fineweb.file_docs(tmp_path / "dl" / path)))
+        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
+        last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
+        assert limit <= len(text.encode()) < limit + last, (split, len(text))      # 95 % / 5 % of corpus_bytes
+
+
+def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
+    # the README's way on: a shard size too large for the corpus leaves only the validation shard; the same folder
+    # with a smaller --shard_size is refused (other settings), and with --fresh it is rebuilt, the tokenizer trained
+    # there included, while a file fineweb.py did not write stays
+    path, _ = _fw_corpus(tmp_path, n=60, seed=1)
+    out = tmp_path / "out"
+
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", f"--out_dir={out}", "--vocab_size=300",
+                                          "--num_workers=1", *argv])
+        fineweb.main()
+    run("--shard_size=1000000")
+    assert sorted(p.name for p in out.glob("*.bin")) == ["val_000000.bin"]
+    assert "lower --shard_size (with --fresh)" in capsys.readouterr().out
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match=r"different settings \(shard_size=1000000\): rerun with the same flags to "
+                                         r"resume, --fresh to start over"):
+        run("--shard_size=2000")
+    old_vocab = (out / "tokenizer" / "vocab.json").stat().st_mtime_ns
+    run("--shard_size=2000", "--fresh")
+    assert "removed 1 shard(s) and the tokenizer trained there" in capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["config"]["shard_size"] == 2000 and len(meta["shards"]) > 2 and meta["complete"]
+    assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["file"] for s in meta["shards"])
+    assert (out / "tokenizer" / "vocab.json").stat().st_mtime_ns != old_vocab and (out / "notes.txt").exists()
+    other = tmp_path / "other"   # a folder fineweb.py did not write (no meta.json of its own): --fresh removes nothing
+    other.mkdir()
+    (other / "meta.json").write_text('{"format": "mine"}')
+    (other / "train_000001.bin").write_bytes(b"\0\0")
+    fineweb.clear_shards(other)
+    assert sorted(p.name for p in other.iterdir()) == ["meta.json", "train_000001.bin"]
+    # a folder fineweb.py wrote whose tokenizer/ it did not train (no request.json: the user's own, given with
+    # --tokenizer OUT/tokenizer): --fresh removes the shards and meta.json but never that tokenizer
+    mine = tmp_path / "mine"
+    shutil.copytree(out / "tokenizer", mine / "tokenizer")
+    (mine / "tokenizer" / "request.json").unlink()
+    shutil.copy(out / "meta.json", mine / "meta.json")
+    (mine / "val_000000.bin").write_bytes(b"\0\0")
+    fineweb.clear_shards(mine, log=lambda *a: None)
+    assert sorted(p.name for p in mine.iterdir()) == ["tokenizer"] and (mine / "tokenizer" / "vocab.json").is_file()
+
+
+def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
+    # what the command line hands on: --shuffle_docs shuffles the stream, --fresh reaches prepare_tinystories, and
+    # the default folders are the ones --help names
+    got = []
+    monkeypatch.setattr(fineweb, "prepare_tinystories", lambda *a, **k: got.append((a, k)))
+    monkeypatch.setattr(fineweb, "write_shards", lambda docs, out_dir, *a, **k: got.append((list(docs), out_dir, k)))
+    monkeypatch.chdir(tmp_path)
+    path, docs = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
+
+    def run(*argv):
+        got.clear()
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
+        fineweb.main()
+        return got[0]
+    a, k = run("--prepare_tinystories", "--fresh")
+    assert a == ("data/tinystories", 2048) and k["fresh"] is True and k["corpus_bytes"] == 4_000_000
+    a, k = run("--prepare_tinystories", "--corpus_bytes=0")
+    assert k["fresh"] is False and k["corpus_bytes"] is None
+    shuffled, out_dir, k = run(f"--input={path}", f"--tokenizer={_fw_bpe_dir}", "--shuffle_docs", "--shuffle_buffer=8",
+                               "--seed=3", "--num_workers=1")
+    assert shuffled == list(fineweb.buffer_shuffle(iter(docs), 8, 3)) and shuffled != docs
+    assert (out_dir, k["shuffle_docs"], k["seed"]) == ("data/c-bpe", True, 3)
+    plain, out_dir, k = run(f"--input={path}", "--num_workers=1")
+    assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
+
+
+def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatch, _fw_bpe_dir):
+    # a rerun on the same --input finds its shards complete; after the file changed it is refused (it said
+    # "already complete" and kept the old text's shards, and a half-done run would have resumed into the new text)
+    path, _ = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
+    argv = ["fineweb.py", f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}",
+            "--shard_size=500", "--num_workers=1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    fineweb.main()
+    fineweb.main()   # unchanged: reused
+    path.write_text(path.read_text()[: len(path.read_text()) // 2], encoding="utf-8")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    with pytest.raises(SystemExit, match=rf"out: its shards were made from {re.escape(str(path.resolve()))} as it "
+                                         r"was before: the input has changed since"):
+        fineweb.main()
+
+
+def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["stories.py", "--print", "3", "--seed", "1"])
+    stories.main()
+    assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
+
+
+# ====================================================================================================================
+# sample.py: decoding, the KV cache, loading a checkpoint with its tokenizer
+# ====================================================================================================================
 
 
 @pytest.fixture
@@ -2315,142 +5261,7 @@ def _sample_single_thread():
     torch.set_num_threads(before)
 
 
-# -----------------------------------------------------------------------------
-# flops.py
-
-_FLOPS_XL = dict(arch="llama", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48, num_heads=25,
-                 d_ff=4288, rope_theta=10000.0)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_flops_tiny_shape_hand_computed():
-    # Llama: V=10, d=4, 1 layer, 2 heads, d_ff=6, T=8. Params: embedding 10*4, Q/K/V/O 4*4*4,
-    # SwiGLU 3*4*6, two block norms + final norm 3*4, untied head 4*10.
-    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
-    p = flops.count_params(cfg)
-    assert (p["embedding"], p["attention"], p["ffn"], p["norm"], p["lm_head"], p["total"]) == (40, 64, 72, 12, 40, 228)
-    f = flops.forward_flops(cfg, 8)
-    # each projection 2*T*d*d = 256; scores and weighted sum 2*T*T*d = 512 each; FFN 2*T*3*d*d_ff = 1152;
-    # head 2*T*d*V = 640
-    assert [f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj")] == [256] * 4
-    assert (f["attn_scores"], f["attn_values"], f["ffn"], f["lm_head"], f["total"]) == (512, 512, 1152, 640, 3840)
-    assert flops.train_flops_per_token(cfg, 8) == 3 * 3840 / 8
-    # SiLU FFN has two matrices; no RMSNorm removes the 12 gains
-    silu = dict(cfg, ffn_type="silu", d_ff=16, remove_rmsnorm=True)
-    assert flops.count_params(silu)["total"] == 40 + 64 + 2 * 4 * 16 + 40
-    # activations per sequence: per layer 8*T*d + 4*T*d_ff + 2*h*T^2, then T*d (final norm) + 2*T*V; SiLU keeps 2
-    # FFN intermediates, and no RMSNorm drops the 2 norm inputs per layer and the final norm's
-    assert flops.activation_floats(cfg, 8) == (8 * 8 * 4 + 4 * 8 * 6 + 2 * 2 * 64) + 8 * 4 + 2 * 8 * 10
-    assert flops.activation_floats(silu, 8) == (6 * 8 * 4 + 2 * 8 * 16 + 2 * 2 * 64) + 2 * 8 * 10
-    # GPT-2: wte 10*4, wpe 8*4, c_attn 4*12+12, c_proj 4*4+4, c_fc 4*16+16, c_proj 16*4+4, 3 LayerNorms 3*8, tied head
-    gpt = dict(arch="gpt2", vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=4)
-    assert flops.count_params(gpt)["total"] == 40 + 32 + 60 + 20 + 80 + 68 + 24
-    assert flops.forward_flops(gpt, 8)["ffn"] == 2 * 8 * 2 * 4 * 16
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-@pytest.mark.parametrize("cfg", [
-    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64),
-    dict(arch="llama", vocab_size=100, context_length=8, d_model=48, num_layers=3, num_heads=3, d_ff=128),
-    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=128, ffn_type="silu"),
-    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=1, num_heads=4, d_ff=80,
-         remove_rmsnorm=True, remove_rope=True),
-    dict(arch="gpt2", vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32),
-    dict(arch="gpt2", vocab_size=50, block_size=24, n_layer=3, n_head=2, n_embd=16, pad_vocab_to_multiple_of=64),
-])
-def test_flops_param_counts_equal_real_models(cfg):
-    m = M.build_model(cfg)
-    p = flops.count_params(m.model_config())
-    assert p["total"] == sum(t.numel() for t in m.parameters())
-    assert p["total"] == sum(v for k, v in p.items() if k != "total")
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-@pytest.mark.parametrize("cfg", [
-    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=48),
-    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=128, ffn_type="silu"),
-    dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="scratch",
-         pad_vocab_to_multiple_of=64),
-    dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="sdpa"),
-])
-def test_flops_match_torch_flop_counter(cfg):
-    from torch.utils.flop_counter import FlopCounterMode
-    m = M.build_model(cfg)
-    x = torch.randint(0, 50, (2, 16))
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        m(x)
-    ours = flops.forward_flops(m.model_config(), 16, batch_size=2)
-    if m.model_config().get("attn_impl") == "sdpa":
-        # FlopCounterMode has no formula for the CPU fused attention kernel: it counts only the projections
-        assert counter.get_total_flops() == ours["total"] - ours["attn_scores"] - ours["attn_values"]
-    else:
-        assert counter.get_total_flops() == ours["total"]
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_flops_gpt2_xl_reference_figures():
-    p = flops.count_params(_FLOPS_XL)["total"]
-    assert round(p / 1e9, 2) == 1.64 and round(4 * p / 1e9, 2) == 6.56
-    f = flops.forward_flops(_FLOPS_XL, 1024)
-    assert round(f["total"] / 1e12, 2) == 3.52
-    blocks = f["total"] - f["lm_head"]  # the ~60/30/10 split is of the transformer blocks (head: 4.7% of total)
-    qkvo = sum(f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
-    assert round(100 * f["ffn"] / blocks) == 60 and round(100 * qkvo / blocks) == 30
-    assert round(100 * (f["attn_scores"] + f["attn_values"]) / blocks) == 10
-    f16 = flops.forward_flops(_FLOPS_XL, 16384)
-    assert round(f16["total"] / 1e12, 1) == 133.6
-    assert round(100 * (f16["attn_scores"] + f16["attn_values"]) / f16["total"]) == 62
-    fixed, per_seq = flops.memory_bytes(_FLOPS_XL, 1024)
-    assert round(per_seq / 1e9, 2) == 16.37
-    assert abs(fixed / 1e9 - 26.24) < 0.01  # 26.247: the spec's 26.24 is 16 bytes x 1.64e9 (N rounded first)
-    assert flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_flops_mfu_and_peak_table():
-    cfg = dict(_FLOPS_XL)
-    assert flops.peak_flops("H100", "bf16") == 989.4e12
-    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16) == 312e12
-    assert flops.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
-    assert flops.peak_flops("NVIDIA B200", "tf32") == 1.125e15
-    assert flops.peak_flops("NVIDIA L40S", "fp16") == 362e12 and flops.peak_flops("NVIDIA L4", "bf16") == 121e12
-    # a name is not matched inside a longer one: L40 is not an L4, H100 NVL is not an H100 SXM, A10G is an A10
-    assert flops.peak_flops("NVIDIA L40", "bf16") == 181e12 and flops.peak_flops("NVIDIA H100 NVL", "bf16") == 835e12
-    assert flops.peak_flops("NVIDIA A10G", "bf16") == 125e12 and flops.peak_flops("NVIDIA A40", "bf16") == 149.7e12
-    assert flops.peak_flops("NVIDIA H800", "bf16") == 989.4e12 and flops.peak_flops("NVIDIA H20", "bf16") == 148e12
-    assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
-    assert flops.peak_flops("NVIDIA H200 NVL", "bf16") == 835e12 and flops.peak_flops("NVIDIA H200", "bf16") == 989.4e12
-    assert flops.peak_flops("NVIDIA H800 PCIe", "bf16") == 756e12 and flops.peak_flops("NVIDIA A800-SXM4-80GB", "bf16") == 312e12
-    assert flops.peak_flops("NVIDIA GB200", "bf16") == 2.5e15 and flops.peak_flops("NVIDIA B200", "bf16") == 2.25e15
-    assert flops.peak_flops("NVIDIA GeForce RTX 3090 Ti", "bf16") == 80e12
-    assert flops.peak_flops("NVIDIA GeForce RTX 3090", "bf16") == 71e12
-    per_tok = flops.train_flops_per_token(cfg, 1024)
-    assert flops.mfu(cfg, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
-    with pytest.raises(ValueError, match="no peak"):
-        flops.peak_flops("Voodoo2", "bf16")
-    cpu = flops.peak_flops("cpu", torch.float32)
-    assert cpu > 1e8 and flops.peak_flops("cpu", "fp32") == cpu  # measured once, then cached
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_flops_cli_prints_reference_table(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2-xl", "--context", "1024,16384"])
-    flops.main()
-    out = capsys.readouterr().out
-    assert "1,640,452,800" in out and "6.56 GB" in out
-    assert "3.5168" in out and "133.5777" in out
-    assert "16.37 * batch + 26.25 GB" in out and "largest batch on 80 GB: 3" in out
-    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2", "--arch=gpt2"])
-    flops.main()
-    assert "124,439,808" in capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["flops.py", "--context", "abc"])
-    with pytest.raises(SystemExit, match="--context"):
-        flops.main()
-
-
-# -----------------------------------------------------------------------------
 # sample.py
-
 def _sample_models():
     torch.manual_seed(0)
     llama = M.build_model(dict(arch="llama", vocab_size=64, context_length=16, d_model=32, num_layers=2,
@@ -2801,491 +5612,569 @@ def test_sample_streamer_with_gpt2_tokens_that_straddle_characters():
         assert out.getvalue() == text + "\n", text
 
 
-# ============================================================================
-# fineweb.py and stories.py
-# ============================================================================
+def test_sample_rejects_a_tokenizer_larger_than_the_model(tmp_path, monkeypatch, capsys):
+    # 257 byte-level tokens for a 200-token model: ids 200+ would index past the embedding table
+    ckpt = _tiny_llama_ckpt(tmp_path, vocab_size=200)
+    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--prompt=Hello", "--device=cpu")
+    _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / 'tok')), "257", "200")
+    assert capsys.readouterr().out == ""  # caught at load time, before the prompt is printed
 
 
-_FW_EOT = "<|endoftext|>"
-
-
-def _fw_read_shards(out_dir):
-    """All token ids of a shard directory in stream order (val_000000 first), plus the per-file arrays."""
-    meta = json.loads((Path(out_dir) / "meta.json").read_text())
-    dtype = np.dtype(meta["config"]["dtype"]).newbyteorder("<")
-    arrays = [np.fromfile(Path(out_dir) / s["file"], dtype=dtype) for s in meta["shards"]]
-    return np.concatenate(arrays), arrays, meta
-
-
-def _fw_corpus(tmp_path, n=120, seed=0, name="corpus.txt"):
-    docs = stories.generate_stories(n, seed)
-    path = tmp_path / name
-    path.write_text("".join(d + stories.SEPARATOR for d in docs), encoding="utf-8")
-    return path, docs
-
-
-@pytest.fixture(scope="module")
-def _fw_bpe_dir(tmp_path_factory):
-    """A small bpe.py tokenizer (vocab 300) trained on generated stories."""
-    import bpe
-    tmp = tmp_path_factory.mktemp("fw_bpe")
-    path, _ = _fw_corpus(tmp, n=200, seed=5)
-    vocab, merges = bpe.train_bpe(str(path), 300, [_FW_EOT], num_workers=1)
-    bpe.Tokenizer(vocab, merges, [_FW_EOT]).save_dir(tmp / "tok")
-    return str(tmp / "tok")
-
-
-# ---- stories.py ----------------------------------------------------------------------------------------
-
-def test_stories_deterministic_for_a_seed():
-    a, b, c = stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=4)
-    assert a == b and a != c
-    assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
-
-
-def test_stories_write_corpus_size_and_separator(tmp_path):
-    path = tmp_path / "s.txt"
-    n, nbytes = stories.write_corpus(path, 50_000, seed=2)
-    data = path.read_bytes()
-    assert len(data) == nbytes
-    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by SEPARATOR
-    assert data.decode("utf-8") == "".join(d + stories.SEPARATOR for d in docs)
-    last = len((docs[-1] + stories.SEPARATOR).encode())
-    assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
-    assert stories.SEPARATOR == "\n<|endoftext|>\n"
-    stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
-    assert (tmp_path / "t.txt").read_bytes() == data
-
-
-def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tmp_path, monkeypatch):
-    # a size met exactly by k stories gets those k (no extra story); sizes count UTF-8 bytes, not characters
-    # (stories.py's own stories are ASCII, so a story with accents stands in); a size of 0 is refused
-    docs = stories.generate_stories(5, seed=7)
-    exact = len("".join(d + stories.SEPARATOR for d in docs).encode())
-    assert stories.write_corpus(tmp_path / "a.txt", exact, seed=7) == (5, exact)
-    assert stories.write_corpus(tmp_path / "b.txt", exact + 1, seed=7)[0] == 6
-    story = "Zo\u00eb ate cr\u00e8me br\u00fbl\u00e9e."  # 21 characters, 25 bytes
-    monkeypatch.setattr(stories, "make_story", lambda r: story)
-    one = (story + stories.SEPARATOR).encode()
-    assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
-    assert (tmp_path / "c.txt").read_bytes() == 3 * one
-    with pytest.raises(ValueError, match="num_bytes must be positive"):
-        stories.write_corpus(tmp_path / "d.txt", 0)
-    assert not (tmp_path / "d.txt").exists()
-
-
-def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
-    # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
-    calls = []
-
-    def story_then_ctrl_c(r):
-        calls.append(1)
-        if len(calls) == 50:
-            raise KeyboardInterrupt
-        return "Tom had a red ball."
-    monkeypatch.setattr(stories, "make_story", story_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        stories.write_corpus(tmp_path / "s.txt", 50_000, seed=2)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_stories_variety_and_well_formed():
-    docs = stories.generate_stories(3000, seed=0)
-    assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
-    for d in docs:
-        assert "{" not in d and "}" not in d, d  # no unfilled template fields
-        assert d.count('"') % 2 == 0, d  # every quote closes
-        assert d[0].isupper() and d.rstrip()[-1] in '.!?"', d
-    openers = {d.split("\n")[1].split()[0] for d in docs}
-    assert len(openers) > 20  # the plots and their phrasings all occur
-
-
-# ---- fineweb.py: local corpora into shards ---------------------------------------------------------------
-
-def test_fw_file_docs_splits_at_separators_across_any_chunking(tmp_path):
-    # separators cut across chunk boundaries, half separators, CRLF, a BOM, long documents over many chunks:
-    # the same documents as splitting the whole text at once
-    rng = random.Random(0)
-    pieces = [_BPE_EOT, "<|", "endoftext|>", "a", "bc ", " ", "\n", "\r\n", "é", "<", "|>", "x" * 40]
-    path = tmp_path / "t.txt"
-    for i in range(300):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
-        path.write_bytes((b"\xef\xbb\xbf" if i % 7 == 0 else b"") + text.encode("utf-8"))
-        want = [d.strip() for d in text.split(_BPE_EOT) if d.strip()]
-        chunk = rng.randint(1, 14)
-        assert list(fineweb.file_docs(path, chunk_chars=chunk)) == want, (text, chunk)
-
-
-@needs_gpt2_files
-def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    path, docs = _fw_corpus(tmp_path)
-    assert list(fineweb.file_docs(path)) == docs
-    out = tmp_path / "shards"
-    fineweb.write_shards(fineweb.file_docs(path), out, "gpt2", shard_size=5000, num_workers=2, progress=False, log=lambda *a: None)
-    ids, arrays, meta = _fw_read_shards(out)
-    # independent reference: tiktoken on each document, eot before each
-    ref = []
-    for d in docs:
-        ref += [enc.eot_token] + enc.encode_ordinary(d)
-    assert ids.tolist() == ref
-    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-    # shard boundaries: every shard full but the last; shard 0 is validation
-    names = [s["file"] for s in meta["shards"]]
-    assert names[0] == "val_000000.bin" and names[1:] == [f"train_{i:06d}.bin" for i in range(1, len(names))]
-    assert [len(a) for a in arrays[:-1]] == [5000] * (len(arrays) - 1) and 0 < len(arrays[-1]) <= 5000
-    assert len(arrays) == -(-len(ref) // 5000)
-    # metadata: directory record and tokens-v1 sidecars
-    assert meta["complete"] and meta["num_tokens"] == len(ref) and meta["num_docs"] == len(docs)
-    assert meta["config"]["tokenizer"] == "gpt2" and meta["config"]["vocab_size"] == 50257 and meta["config"]["dtype"] == "uint16"
-    for s, a in zip(meta["shards"], arrays):
-        side = json.loads((out / f"{s['file']}.json").read_text())
-        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 50257, "num_tokens": len(a),
-                        "num_docs": int((a == enc.eot_token).sum()), "tokenizer": "gpt2",
-                        "tokenizer_fingerprint": "gpt2", "eot_id": 50256}
-    assert sum(s["num_docs"] for s in meta["shards"]) == len(docs)
-    assert (out / "val_000000.bin").stat().st_size == 2 * 5000
-    assert not list(out.glob("*.tmp"))
-
-
-def test_fw_round_trip_bpe_tokenizer_file_and_folder(tmp_path, _fw_bpe_dir):
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    path, docs = _fw_corpus(tmp_path, n=60, seed=9)
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "a", _fw_bpe_dir, shard_size=3000, num_workers=1,
-                         progress=False, log=lambda *a: None)
-    ids, arrays, meta = _fw_read_shards(tmp_path / "a")
-    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-    assert ids.tolist() == [i for d in docs for i in [tok.eot_id] + tok.encode(d)]
-    assert meta["config"]["vocab_size"] == 300 and meta["config"]["eot_id"] == tok.eot_id == 0
-    assert len(arrays) > 2
-    # a folder: one document per file, sorted by name
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for i, d in enumerate(docs[:12]):
-        (folder / f"{i:03d}.txt").write_text(d + "\n", encoding="utf-8")
-    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "b", _fw_bpe_dir, shard_size=10**6, num_workers=2,
-                         progress=False, log=lambda *a: None)
-    ids, arrays, meta = _fw_read_shards(tmp_path / "b")
-    assert len(arrays) == 1 and tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs[:12])
-
-
-@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
-def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
-    ref = _fw_bpe_dir if which == "bpe" else "gpt2"
-    tok = bpe.load_tokenizer(ref)
-    docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
-    folder = tmp_path / "pages"
-    folder.mkdir()
-    for i, d in enumerate(docs):
-        (folder / f"{i}.txt").write_text(d, encoding="utf-8")
-    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "out", ref, shard_size=10**6, num_workers=1,
-                         progress=False, log=lambda *a: None)
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert int((ids == tok.eot_id).sum()) == 2 == meta["num_docs"]  # only the two separators
-    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-
-
-@needs_gpt2_files
-def test_fw_uint32_and_token_file(tmp_path):
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    path, docs = _fw_corpus(tmp_path, n=30)
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
-                         num_workers=1, progress=False, log=lambda *a: None)
-    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
-    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
-    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-    side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
-    one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
-    assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
-    assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
-    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
-
-
-@needs_gpt2_files
-def test_fw_resume_after_interruption(tmp_path):
-    path, docs = _fw_corpus(tmp_path, n=150)
-    kw = dict(tokenizer="gpt2", shard_size=4000, progress=False, log=lambda *a: None, batch_chars=3000)
-    fineweb.write_shards(iter(docs), tmp_path / "clean", num_workers=1, **kw)
-
-    def crashing(n):  # the corpus stream dies after n documents, as a killed job would
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    out = tmp_path / "resumed"
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(100), out, num_workers=2, **kw)
-    meta = json.loads((out / "meta.json").read_text())
-    assert not meta["complete"] and len(meta["shards"]) >= 2
-    done = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in meta["shards"]}
-    logs = []
-    fineweb.write_shards(iter(docs), out, num_workers=2, **{**kw, "log": logs.append})
-    assert any("resuming after shard" in line for line in logs)
-    assert {f: (out / f).stat().st_mtime_ns for f in done} == done  # complete shards were not rewritten
-    a, _, meta_a = _fw_read_shards(tmp_path / "clean")
-    b, _, meta_b = _fw_read_shards(out)
-    assert np.array_equal(a, b) and meta_a["shards"] == meta_b["shards"]
-    for f in (tmp_path / "clean").glob("*.bin"):
-        assert f.read_bytes() == (out / f.name).read_bytes()
-    logs.clear()
-    fineweb.write_shards(iter(docs), out, num_workers=1, **{**kw, "log": logs.append})
-    assert "already complete" in logs[0]
-
-
-@needs_data
-@needs_gpt2_files
-def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
-    """Real files: curly quotes, non-ASCII, a BOM and CRLF line endings (Pride and Prejudice), a Wikipedia page."""
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    folder = tmp_path / "real"
-    folder.mkdir()
-    (folder / "a.txt").write_bytes((DATA / "tinystories/cs336_tinystories_sample.txt").read_bytes())
-    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"), ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
-        data = (DATA / src).read_bytes()
-        (folder / name).write_bytes(data[:data.rindex(b"\n", 0, 60_000) + 1])  # cut at a line end, not mid-character
-    docs = list(fineweb.folder_docs(folder))
-    assert len(docs) == 3 and "\r\n" in docs[1] and not docs[1].startswith("\ufeff")
-    assert docs[0] == (folder / "a.txt").read_text(encoding="utf-8").strip()
-    for ref, decode, eot in [("gpt2", enc.decode, enc.eot_token), (_fw_bpe_dir, None, None)]:
-        tok = bpe.load_tokenizer(ref)
-        out = tmp_path / ("gpt2" if ref == "gpt2" else "bpe")
-        fineweb.write_shards(iter(docs), out, ref, shard_size=7000, num_workers=2, progress=False, log=lambda *a: None,
-                             batch_chars=20_000)
-        ids, _, _ = _fw_read_shards(out)
-        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-        if ref == "gpt2":
-            assert ids.tolist() == [i for d in docs for i in [eot] + enc.encode_ordinary(d)]
-
-
-def test_fw_shuffle_docs_is_a_seeded_permutation():
-    docs = [f"doc {i}" for i in range(500)]
-    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert sorted(a) == sorted(docs) and a != docs
-    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
-
-
-def test_fw_bad_input_errors(tmp_path):
-    with pytest.raises(ValueError, match="no such file"):
-        fineweb.check_input(tmp_path / "missing.txt")
+def test_sample_prompt_file_must_be_non_empty_utf8(tmp_path, monkeypatch):
     bad = tmp_path / "latin1.txt"
-    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
-        list(fineweb.file_docs(bad))
-    with pytest.raises(ValueError, match="unknown"):
-        fineweb.hf_docs("no-such-corpus")
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(100_000, "uint16")
-    assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
-    with pytest.raises(ValueError, match="not a tokenizer directory"):
-        bpe.load_tokenizer(str(tmp_path))
-    # the CLI turns these into one line naming the flag or file
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
-                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("fineweb.py: ") and "missing.txt" in r.stderr
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--dataset", "nope"], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "--dataset 'nope': unknown" in r.stderr
+    bad.write_bytes("caf\u00e9".encode("latin-1"))
+    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{bad}") == (
+        f"sample.py: --prompt FILE:{bad}: not UTF-8 text")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{empty}").startswith(
+        f"sample.py: --prompt FILE:{empty}: the file is empty")
 
 
-@needs_gpt2_files
-def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, monkeypatch):
-    path, docs = _fw_corpus(tmp_path, n=20)
-    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
-    fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    with pytest.raises(ValueError, match="tokenizer 'gpt2'"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, **kw)
-    with pytest.raises(ValueError, match="different settings"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **{**kw, "shard_size": 100})
-    # the same tokenizer folder spelled another way (trailing slash) is the same tokenizer: no refusal
-    fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir, **kw)
-    assert fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir + "/", **kw)["complete"]
-    # ... but a folder named gpt2 stays that folder, not tiktoken's GPT-2
-    import shutil
-    shutil.copytree(_fw_bpe_dir, tmp_path / "gpt2")
+@pytest.mark.parametrize("flag, expect", [("--max_new_tokens=-5", "--max_new_tokens must be >= 0, got -5"),
+                                          ("--num_samples=0", "--num_samples must be >= 1, got 0"),
+                                          ("--seed=18446744073709551616",
+                                           "--seed must be in [0, 2**64), got 18446744073709551616"),
+                                          ("--seed=-1", "--seed must be in [0, 2**64), got -1")])
+def test_sample_count_errors_name_the_wrong_flag_and_value(monkeypatch, flag, expect):
+    assert _bad_exit(monkeypatch, sample, flag) == f"sample.py: {expect}"
+
+
+def test_sample_ckpt_and_init_from_together_are_refused(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    assert _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--init_from=gpt2") == (
+        "sample.py: give one of --ckpt PATH or --init_from NAME, not both")
+
+
+def test_sample_checkpoint_tokenizer_that_cannot_load_suggests_the_flag(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    (tmp_path / "tok").rename(tmp_path / "moved")
+    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}")
+    assert message.startswith(f"sample.py: --ckpt {ckpt}: cannot load its tokenizer {str(tmp_path / 'tok')!r} (")
+    assert message.endswith("(if it moved, or the path is relative to another folder: pass --tokenizer)")
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", f"--tokenizer={tmp_path / 'moved'}",
+                                      "--max_new_tokens=2", "--num_samples=1"])
+    sample.main()   # the flag it suggests works
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_bad_top_k_and_max_new_tokens():
+    m = _sample_models()[0]
+    for k in (0, -1):
+        with pytest.raises(ValueError, match="top_k"):
+            sample.generate(m, [[1]], 3, top_k=k)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sample.generate(m, [[1]], -1)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_sliding_window_follows_the_documented_scheme():
+    # past the context the oldest half of the window is dropped: the plain uncached loop of that definition
+    for m in _sample_models():
+        ctx = m.context_length
+        for prompt in ([1, 2, 3], list(range(1, 17))):
+            ids, start = list(prompt), 0
+            for _ in range(40):
+                if len(ids) - start > ctx:
+                    start = len(ids) - ctx // 2
+                logits = M.logits(m, torch.tensor([ids[start:]]))
+                ids.append(int(logits[0, -1].argmax()))
+            assert sample.generate(m, [prompt], 40, temperature=0.0) == [ids[len(prompt):]]
+
+
+@pytest.mark.usefixtures("_sample_single_thread", "_sample_fixed_uniform")
+def test_sample_temperature_scales_the_logits():
+    # hand-computed inverse CDF on softmax(logits / T): u is fixed, so the drawn token pins the distribution
+    logits = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
+    for T, u, want in [(1.0, 0.45, 1), (1.0, 0.55, 2), (0.5, 0.45, 2), (2.0, 0.22, 0)]:
+        # at T = 0.5 the probabilities are (0.04, 0.09, 0.25) / 0.38: cdf 0.105, 0.342; at T = 2 cdf 0.2628, 0.5846
+        g = _FixedUniform(u)
+        assert sample.sample_next(logits, T, generator=g).tolist() == [want], (T, u)
+
+
+class _FixedUniform:
+    """Stands in for a torch.Generator in draw(): torch.rand is patched to return u."""
+    def __init__(self, u):
+        self.u, self.device = u, torch.device("cpu")
+
+
+@pytest.fixture
+def _sample_fixed_uniform(monkeypatch):
+    real = torch.rand
+
+    def fake(*shape, generator=None, **kw):
+        if isinstance(generator, _FixedUniform):
+            return torch.full(shape, generator.u, dtype=kw.get("dtype", torch.float32))
+        return real(*shape, generator=generator, **kw)
+    monkeypatch.setattr(torch, "rand", fake)
+
+
+@pytest.mark.usefixtures("_sample_fixed_uniform")
+def test_sample_draw_inverse_cdf_boundaries():
+    # each token owns [cdf_before, cdf): u on a boundary goes to the next token; a zero-probability token never
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]])
+    for u, want in [(0.0, 1), (0.25, 1), (0.5, 3), (0.9999, 3)]:
+        assert sample.draw(probs, _FixedUniform(u)).tolist() == [want], u
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cli_samples_differ_keep_the_prompt_tail_and_stop(tmp_path, capsys, monkeypatch):
+    import bpe
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    tok_dir = _sample_byte_tokenizer(tmp_path)
+    tok = bpe.load_tokenizer(tok_dir)
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
+    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--no_stop"]
+    # 1) a prompt longer than the context keeps its LAST tokens: the greedy text is generate() on them
+    monkeypatch.setattr(sys, "argv", base + ["--prompt=abcdefghijkl", "--num_samples=1", "--max_new_tokens=6",
+                                             "--temperature=0"])
+    sample.main()
+    want = tok.decode(sample.generate(m, [tok.encode("abcdefghijkl")[-8:]], 6, temperature=0.0)[0])
+    assert capsys.readouterr().out == "---------- sample 1/1\nabcdefghijkl" + want + "\n"
+    # 2) --num_samples draws with one generator seeded once: the samples continue its stream (they differ)
+    monkeypatch.setattr(sys, "argv", base + ["--prompt=ab", "--num_samples=2", "--max_new_tokens=12", "--seed=3"])
+    sample.main()
+    g = torch.Generator().manual_seed(3)
+    texts = [tok.decode(sample.generate(m, [tok.encode("ab")], 12, generator=g)[0]) for _ in range(2)]
+    assert texts[0] != texts[1]
+    assert capsys.readouterr().out == "".join(f"---------- sample {k + 1}/2\nab{t}\n" for k, t in enumerate(texts))
+    # 3) without --no_stop generation ends at <|endoftext|>: a model that always predicts it prints nothing new
+    with torch.no_grad():
+        m.token_embeddings.weight.fill_(1.0)
+        for layer in m.layers:
+            layer.attn.output_proj.weight.zero_()
+            layer.ffn.w2.weight.zero_()
+        m.lm_head.weight.zero_()
+        m.lm_head.weight[tok.eot_id] = 1.0
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
+    monkeypatch.setattr(sys, "argv", base[:-1] + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=5"])
+    sample.main()
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
+    monkeypatch.setattr(sys, "argv", base + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=2"])
+    sample.main()
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi<|endoftext|><|endoftext|>\n"
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_every_row_stops_at_its_own_end_of_text():
+    # the stop token is taken from each row in turn, so every row (not only row 0) must honour it
+    prompts = [[1, 2, 3], [4], [5, 6]]
+    for m in _sample_models():
+        run = lambda **kw: sample.generate(m, prompts, 12, temperature=1.0,
+                                           generator=torch.Generator().manual_seed(5), **kw)
+        free = run()
+        for r in range(len(prompts)):
+            stop = free[r][5]
+            got = run(stop_token=stop)
+            assert got == [f[:f.index(stop)] if stop in f else f for f in free]
+            assert len(got[r]) <= 5
+
+
+def test_sample_top_p_on_a_batch_of_a_peaked_row_and_a_flat_row():
+    # row 0's nucleus is one token, row 1's most of the vocabulary (a 0.2 token over a flat tail): each row gets
+    # its own exact nucleus
+    V = 3000
+    probs = torch.ones(2, V)
+    probs[0, 5] = 20 * V
+    probs[1, 9] = 0.25 * (V - 1)
+    probs /= probs.sum(-1, keepdim=True)
+    for p in (0.5, 0.9):
+        out = sample.filter_probs(probs, top_p=p)
+        for b in range(2):
+            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
+            assert torch.nonzero(out[b]).flatten().tolist() == expected
+            assert float(out[b].sum()) == pytest.approx(1.0)
+        assert len(torch.nonzero(out[1])) > 256
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_top_p_on_distinct_near_equal_probabilities():
+    # a flat distribution of distinct values: thousands of tokens within a hair of each other
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(3, 3000, generator=g) * 0.05, dim=-1)
+    for p in (0.3, 0.77, 0.95):
+        out = sample.filter_probs(probs, top_p=p)
+        for b in range(3):
+            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
+            assert torch.nonzero(out[b]).flatten().tolist() == expected
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tmp_path, monkeypatch, capsys):
+    # README: `python sample.py --top_p 0.9` samples the latest checkpoint of the default run, out/ckpt.pt
     monkeypatch.chdir(tmp_path)
-    meta = fineweb.write_shards(iter(docs), tmp_path / "local", "./gpt2", **kw)
-    assert meta["config"]["tokenizer"] == "./gpt2" and meta["config"]["vocab_size"] == 300
-    # token files from elsewhere (no meta.json)
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other/train.bin").write_bytes(b"\0\0")
-    with pytest.raises(ValueError, match="no meta.json"):
-        fineweb.write_shards(iter(docs), tmp_path / "other", "gpt2", **kw)
-    # a meta.json that is not JSON, or not fineweb.py's, is named
-    good = (tmp_path / "out/meta.json").read_text()
-    for broken, problem in [("{oops", "not valid JSON"), ("[1]", "not a fineweb.py meta.json"),
-                            ('{"complete": false}', "not a fineweb.py meta.json")]:
-        (tmp_path / "out/meta.json").write_text(broken)
-        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'out/meta.json'))}: {problem}.*: "
-                                             "empty the directory and start again$"):
-            fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    (tmp_path / "out/meta.json").write_text(good)
-    # a listed shard that was truncated afterwards is not silently trusted
-    (tmp_path / "out/meta.json").write_text((tmp_path / "out/meta.json").read_text().replace('"complete": true', '"complete": false'))
-    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0")
-    with pytest.raises(ValueError, match="wrong size"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    # ... nor one that grew (one token longer than listed)
-    listed = json.loads((tmp_path / "out/meta.json").read_text())["shards"][0]["num_tokens"]
-    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0" * (listed + 1))
-    with pytest.raises(ValueError, match="wrong size"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    assert _bad_exit(monkeypatch, sample, "--device=cpu") == (
+        "sample.py: --ckpt out/ckpt.pt: no such checkpoint (train one with `python train.py`, or use --init_from=gpt2)")
+    (tmp_path / "out").mkdir()
+    _tiny_llama_ckpt(tmp_path / "out")
+    flags = ["--prompt=ab", "--num_samples=1", "--max_new_tokens=4", "--temperature=0", "--no_stop", "--device=cpu"]
+    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
+    sample.main()
+    default = capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt=out/ckpt.pt", *flags])
+    sample.main()
+    assert default == capsys.readouterr().out and default.startswith("---------- sample 1/1\nab")
 
 
-# ---- fineweb.prepare_tinystories: train.py's default data --------------------------------------------------
-
-def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
-    import bpe
-    logs = []
-    kw = dict(vocab_size=320, allow_download=False, log=logs.append, corpus_bytes=40_000, num_workers=2)
-    got = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
-    d = Path(got["data_dir"])
-    assert got["tokenizer"] == str(d / "tokenizer") and "stories.py" in got["source"]
-    assert any("downloads disabled" in line for line in logs)
-    tok = bpe.load_tokenizer(got["tokenizer"])
-    assert tok.vocab_size == 320 and tok.eot_id is not None
-    for split in ("train", "val"):
-        side = json.loads((d / f"{split}.bin.json").read_text())
-        ids = np.fromfile(d / f"{split}.bin", dtype="<u2")
-        docs = list(fineweb.file_docs(d / f"{split}.txt"))
-        assert side["format"] == "tokens-v1" and side["num_tokens"] == len(ids) == got[f"{split}_tokens"]
-        assert side["num_docs"] == len(docs) and side["tokenizer"] == got["tokenizer"] and side["vocab_size"] == 320
-        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-    assert 36_000 <= (d / "train.txt").stat().st_size and 1_000 <= (d / "val.txt").stat().st_size
-    # the second call reuses every step and rewrites nothing
-    stamps = {p: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
-    logs.clear()
-    again = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
-    assert again == got and sum("reusing" in line for line in logs) == 3
-    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    # a different vocabulary keeps the corpus, retrains the tokenizer and re-encodes
-    logs.clear()
-    other = fineweb.prepare_tinystories(tmp_path / "ts", **{**kw, "vocab_size": 300})
-    assert bpe.load_tokenizer(other["tokenizer"]).vocab_size == 300 and "reusing" in logs[0] and "trained BPE" in logs[1]
-    # fresh=True redoes everything (the generated corpus is the same for the same seed)
-    logs.clear()
-    fineweb.prepare_tinystories(tmp_path / "ts", fresh=True, **kw)
-    assert not any("reusing" in line for line in logs)
-    assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
-    # a prepared.json that is not JSON, or not an object, is a record that cannot be trusted: prepared again
-    for broken in ("{oops", "[1]"):
-        (d / "prepared.json").write_text(broken)
-        logs.clear()
-        assert fineweb.prepare_tinystories(tmp_path / "ts", **kw) == got
-        assert logs[0] == f"{d / 'prepared.json'}: unreadable, so the data is prepared again"
-        assert not any("reusing" in line for line in logs)
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path, monkeypatch, capsys):
+    # FILE:path prompts keep the file's text as it is (here its final newline) and --dtype sets the weights' dtype
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    m = M.model_from_checkpoint(torch.load(ckpt, weights_only=True))
+    (tmp_path / "p.txt").write_text("ab \n", encoding="utf-8")
+    dtypes, generate = [], sample.generate
+    monkeypatch.setattr(sample, "generate", lambda model, *a, **k: dtypes.append(
+        next(model.parameters()).dtype) or generate(model, *a, **k))
+    flags = [f"--ckpt={ckpt}", f"--prompt=FILE:{tmp_path / 'p.txt'}", "--num_samples=1", "--max_new_tokens=4",
+             "--temperature=0", "--no_stop", "--device=cpu"]
+    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
+    sample.main()
+    want = tok.decode(generate(m, [tok.encode("ab \n")], 4, temperature=0.0)[0])
+    assert capsys.readouterr().out == "---------- sample 1/1\nab \n" + want + "\n"
+    monkeypatch.setattr(sys, "argv", ["sample.py", *flags, "--dtype=bfloat16"])
+    sample.main()
+    assert dtypes == [torch.float32, torch.bfloat16]
 
 
-def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
-    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error, nothing written,
-    # and no "using the generated corpus" line first
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
-    logs = []
-    for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
-        with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
-            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
-    assert logs == [] and not (tmp_path / "all").exists()
-    # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
-    fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
-    before = sorted(p.name for p in (tmp_path / "ts").iterdir())
-    with pytest.raises(ValueError, match="^all of TinyStories"):
-        fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
-    assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
-                                      f"--out_dir={tmp_path / 'cli'}"])
-    with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
-        fineweb.main()
-    assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
-
-
-# ---- the network paths, with `datasets` replaced by a local stand-in (no network in tests) ------------------
-
-def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
-    import types
-
-    def load_dataset(path, name=None, split=None, streaming=False):
-        calls.append(dict(path=path, name=name, split=split, streaming=streaming))
-        if fail:
-            raise fail
-        return iter({"text": t} for t in rows_by_split[split])
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
-
-
-def test_fw_hub_offline_is_detected_at_once(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
-    with pytest.raises(ValueError, match="unreachable.*--input PATH"):
-        fineweb.hf_docs("fineweb-edu")
-
-
-def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
+# Ctrl-C in sample.py and bpe.py: one line, no traceback, nothing half-written; workers leave it to the parent
+def test_sample_cli_ctrl_c_while_streaming_is_one_line(tmp_path, capsys, monkeypatch):
+    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1, num_heads=2,
+                           d_ff=32))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
     calls = []
-    _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
-    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
-    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
+
+    def _ctrl_c(*a, **k):
+        calls.append(1)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sample, "generate", _ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--prompt=Hi", "--device=cpu"])
+    with pytest.raises(SystemExit) as e:
+        sample.main()
+    assert str(e.value) == "\nsample.py: interrupted" and calls == [1]
+    assert "sample 1/" in capsys.readouterr().out
 
 
-def test_fw_prepare_tinystories_download_and_failed_download(tmp_path, monkeypatch):
-    calls, logs = [], []
-    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)], "validation": [f"Val story {i}." for i in range(50)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
-    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
-    assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
-    assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
-    train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
-    assert train_docs == rows["train"][:len(train_docs)] and 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
-    assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
-    # a failing download: one line saying so, then the generated corpus
-    logs.clear()
-    _fw_fake_datasets(monkeypatch, rows, calls, fail=ConnectionError("no route to host"))
-    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
-    assert "stories.py" in got["source"]
-    assert logs[0].startswith("TinyStories download failed (ConnectionError: no route to host)")
-    assert not list((tmp_path / "fail").glob("*.tmp"))
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cli_takes_every_seed_torch_takes_and_zero_new_tokens(tmp_path, capsys, monkeypatch):
+    # torch seeds are 64-bit unsigned: 2**64 - 1 is a seed, 2**64 is not; --max_new_tokens=0 prints the prompt only
+    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
+    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
+    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=0"])
+    sample.main()
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
+    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=3", "--no_stop"])
+    sample.main()
+    g = torch.Generator().manual_seed(2 ** 64 - 1)
+    want = _sample_byte_tokenizer(tmp_path)
+    assert capsys.readouterr().out == "---------- sample 1/1\nhi" + \
+        bpe.load_tokenizer(want).decode(sample.generate(m, [[104, 105]], 3, generator=g)[0]) + "\n"
+    assert _bad_exit(monkeypatch, sample, *base[1:], f"--seed={2 ** 64}") == \
+        f"sample.py: --seed must be in [0, 2**64), got {2 ** 64}"
+    assert _bad_exit(monkeypatch, sample, *base[1:], "--max_new_tokens=-1") == \
+        "sample.py: --max_new_tokens must be >= 0, got -1"
 
 
-def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
-    import bpe
-    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
-    logs = []
-    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tmp_path / "out/tokenizer", num_workers=1, log=logs.append)
-    tok = bpe.load_tokenizer(ref)
-    assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
-    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tmp_path / "out/tokenizer", log=logs.append) == ref
-    assert "reusing" in logs[-1]
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
-    # asked for another size (or another amount of training text): refused, never a silent reuse
-    for size, max_bytes in [(300, None), (290, 5000)]:
-        with pytest.raises(ValueError, match=r"tokenizer: holds a tokenizer trained with vocab_size 290, "
-                                             r"bpe_train_bytes 0, not .*: choose another --out_dir"):
-            fineweb.train_tokenizer_on_docs(iter([]), size, tmp_path / "out/tokenizer", max_bytes, log=logs.append)
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_cli_an_empty_prompt_needs_an_endoftext_token_to_start_from(tmp_path, monkeypatch, capsys):
+    m = M.build_model(dict(arch="llama", vocab_size=256, context_length=8, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save_dir(tmp_path / "tok")   # no special tokens
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=str(tmp_path / "tok"))
+    args = (f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--max_new_tokens=2")
+    assert _bad_exit(monkeypatch, sample, *args) == \
+        "sample.py: --prompt is empty and the tokenizer has no <|endoftext|> to start from"
+    monkeypatch.setattr(sys, "argv", ["sample.py", *args, "--prompt=a", "--num_samples=1", "--temperature=0"])
+    sample.main()   # with a prompt it samples (and, with no end-of-text id, never stops early)
+    assert capsys.readouterr().out.startswith("---------- sample 1/1\na")
 
 
-def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch, capsys):
-    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", "--max_docs=5", "--vocab_size=280",
-                                      f"--out_dir={tmp_path / 'out'}", "--shard_size=500", "--num_workers=1"])
-    fineweb.main()
-    first5 = sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])
-    assert f"on {first5:,} bytes" in capsys.readouterr().out
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
-    # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
-    monkeypatch.setattr(sys, "argv", [a.replace("--max_docs=5", "--max_docs=6") for a in sys.argv])
-    with pytest.raises(SystemExit, match=r"tokenizer: holds a tokenizer trained with vocab_size 280, bpe_train_bytes "
-                                         r"\d+ on file:.*\[:5\], not vocab_size 280, bpe_train_bytes \d+ on file:.*\[:6\]: "
-                                         r"choose another --out_dir"):
-        fineweb.main()
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_sample_init_from_that_cannot_load_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "hf").mkdir()   # a local folder without config.json / weights: no download is tried
+    msg = _bad_exit(monkeypatch, sample, f"--init_from={tmp_path / 'hf'}", "--device=cpu")
+    _one_line_naming(msg, f"sample.py: --init_from {tmp_path / 'hf'}: ", "config.json")
 
 
-# ============================================================================
-# hellaswag.py
-# ============================================================================
+# ====================================================================================================================
+# flops.py: parameters, FLOPs, memory and MFU against the reference figures
+# ====================================================================================================================
+
+
+# flops.py
+_FLOPS_XL = dict(arch="llama", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48, num_heads=25,
+                 d_ff=4288, rope_theta=10000.0)
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_tiny_shape_hand_computed():
+    # Llama: V=10, d=4, 1 layer, 2 heads, d_ff=6, T=8. Params: embedding 10*4, Q/K/V/O 4*4*4,
+    # SwiGLU 3*4*6, two block norms + final norm 3*4, untied head 4*10.
+    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
+    p = flops.count_params(cfg)
+    assert (p["embedding"], p["attention"], p["ffn"], p["norm"], p["lm_head"], p["total"]) == (40, 64, 72, 12, 40, 228)
+    f = flops.forward_flops(cfg, 8)
+    # each projection 2*T*d*d = 256; scores and weighted sum 2*T*T*d = 512 each; FFN 2*T*3*d*d_ff = 1152;
+    # head 2*T*d*V = 640
+    assert [f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj")] == [256] * 4
+    assert (f["attn_scores"], f["attn_values"], f["ffn"], f["lm_head"], f["total"]) == (512, 512, 1152, 640, 3840)
+    assert flops.train_flops_per_token(cfg, 8) == 3 * 3840 / 8
+    # SiLU FFN has two matrices; no RMSNorm removes the 12 gains
+    silu = dict(cfg, ffn_type="silu", d_ff=16, remove_rmsnorm=True)
+    assert flops.count_params(silu)["total"] == 40 + 64 + 2 * 4 * 16 + 40
+    # activations per sequence: per layer 8*T*d + 4*T*d_ff + 2*h*T^2, then T*d (final norm) + 2*T*V; SiLU keeps 2
+    # FFN intermediates, and no RMSNorm drops the 2 norm inputs per layer and the final norm's
+    assert flops.activation_floats(cfg, 8) == (8 * 8 * 4 + 4 * 8 * 6 + 2 * 2 * 64) + 8 * 4 + 2 * 8 * 10
+    assert flops.activation_floats(silu, 8) == (6 * 8 * 4 + 2 * 8 * 16 + 2 * 2 * 64) + 2 * 8 * 10
+    # GPT-2: wte 10*4, wpe 8*4, c_attn 4*12+12, c_proj 4*4+4, c_fc 4*16+16, c_proj 16*4+4, 3 LayerNorms 3*8, tied head
+    gpt = dict(arch="gpt2", vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=4)
+    assert flops.count_params(gpt)["total"] == 40 + 32 + 60 + 20 + 80 + 68 + 24
+    assert flops.forward_flops(gpt, 8)["ffn"] == 2 * 8 * 2 * 4 * 16
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.parametrize("cfg", [
+    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64),
+    dict(arch="llama", vocab_size=100, context_length=8, d_model=48, num_layers=3, num_heads=3, d_ff=128),
+    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=128, ffn_type="silu"),
+    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=1, num_heads=4, d_ff=80,
+         remove_rmsnorm=True, remove_rope=True),
+    dict(arch="gpt2", vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32),
+    dict(arch="gpt2", vocab_size=50, block_size=24, n_layer=3, n_head=2, n_embd=16, pad_vocab_to_multiple_of=64),
+])
+def test_flops_param_counts_equal_real_models(cfg):
+    m = M.build_model(cfg)
+    p = flops.count_params(m.model_config())
+    assert p["total"] == sum(t.numel() for t in m.parameters())
+    assert p["total"] == sum(v for k, v in p.items() if k != "total")
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.parametrize("cfg", [
+    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=48),
+    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=128, ffn_type="silu"),
+    dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="scratch",
+         pad_vocab_to_multiple_of=64),
+    dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="sdpa"),
+])
+def test_flops_match_torch_flop_counter(cfg):
+    from torch.utils.flop_counter import FlopCounterMode
+    m = M.build_model(cfg)
+    x = torch.randint(0, 50, (2, 16))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        m(x)
+    ours = flops.forward_flops(m.model_config(), 16, batch_size=2)
+    if m.model_config().get("attn_impl") == "sdpa":
+        # FlopCounterMode has no formula for the CPU fused attention kernel: it counts only the projections
+        assert counter.get_total_flops() == ours["total"] - ours["attn_scores"] - ours["attn_values"]
+    else:
+        assert counter.get_total_flops() == ours["total"]
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_gpt2_xl_reference_figures():
+    p = flops.count_params(_FLOPS_XL)["total"]
+    assert round(p / 1e9, 2) == 1.64 and round(4 * p / 1e9, 2) == 6.56
+    f = flops.forward_flops(_FLOPS_XL, 1024)
+    assert round(f["total"] / 1e12, 2) == 3.52
+    blocks = f["total"] - f["lm_head"]  # the ~60/30/10 split is of the transformer blocks (head: 4.7% of total)
+    qkvo = sum(f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert round(100 * f["ffn"] / blocks) == 60 and round(100 * qkvo / blocks) == 30
+    assert round(100 * (f["attn_scores"] + f["attn_values"]) / blocks) == 10
+    f16 = flops.forward_flops(_FLOPS_XL, 16384)
+    assert round(f16["total"] / 1e12, 1) == 133.6
+    assert round(100 * (f16["attn_scores"] + f16["attn_values"]) / f16["total"]) == 62
+    fixed, per_seq = flops.memory_bytes(_FLOPS_XL, 1024)
+    assert round(per_seq / 1e9, 2) == 16.37
+    assert abs(fixed / 1e9 - 26.24) < 0.01  # 26.247: the spec's 26.24 is 16 bytes x 1.64e9 (N rounded first)
+    assert flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_mfu_and_peak_table():
+    cfg = dict(_FLOPS_XL)
+    assert flops.peak_flops("H100", "bf16") == 989.4e12
+    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16) == 312e12
+    assert flops.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert flops.peak_flops("NVIDIA B200", "tf32") == 1.125e15
+    assert flops.peak_flops("NVIDIA L40S", "fp16") == 362e12 and flops.peak_flops("NVIDIA L4", "bf16") == 121e12
+    # a name is not matched inside a longer one: L40 is not an L4, H100 NVL is not an H100 SXM, A10G is an A10
+    assert flops.peak_flops("NVIDIA L40", "bf16") == 181e12 and flops.peak_flops("NVIDIA H100 NVL", "bf16") == 835e12
+    assert flops.peak_flops("NVIDIA A10G", "bf16") == 125e12 and flops.peak_flops("NVIDIA A40", "bf16") == 149.7e12
+    assert flops.peak_flops("NVIDIA H800", "bf16") == 989.4e12 and flops.peak_flops("NVIDIA H20", "bf16") == 148e12
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
+    assert flops.peak_flops("NVIDIA H200 NVL", "bf16") == 835e12 and flops.peak_flops("NVIDIA H200", "bf16") == 989.4e12
+    assert flops.peak_flops("NVIDIA H800 PCIe", "bf16") == 756e12 and flops.peak_flops("NVIDIA A800-SXM4-80GB", "bf16") == 312e12
+    assert flops.peak_flops("NVIDIA GB200", "bf16") == 2.5e15 and flops.peak_flops("NVIDIA B200", "bf16") == 2.25e15
+    assert flops.peak_flops("NVIDIA GeForce RTX 3090 Ti", "bf16") == 80e12
+    assert flops.peak_flops("NVIDIA GeForce RTX 3090", "bf16") == 71e12
+    per_tok = flops.train_flops_per_token(cfg, 1024)
+    assert flops.mfu(cfg, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
+    with pytest.raises(ValueError, match="no peak"):
+        flops.peak_flops("Voodoo2", "bf16")
+    cpu = flops.peak_flops("cpu", torch.float32)
+    assert cpu > 1e8 and flops.peak_flops("cpu", "fp32") == cpu  # measured once, then cached
+
+
+@pytest.mark.usefixtures("_sample_single_thread")
+def test_flops_cli_prints_reference_table(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2-xl", "--context", "1024,16384"])
+    flops.main()
+    out = capsys.readouterr().out
+    assert "1,640,452,800" in out and "6.56 GB" in out
+    assert "3.5168" in out and "133.5777" in out
+    assert "16.37 * batch + 26.25 GB" in out and "largest batch on 80 GB: 3" in out
+    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2", "--arch=gpt2"])
+    flops.main()
+    assert "124,439,808" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["flops.py", "--context", "abc"])
+    with pytest.raises(SystemExit, match="--context"):
+        flops.main()
+
+
+@pytest.mark.parametrize("flags", [["--d_model=512"], ["--arch=gpt2"], ["--num_layers=2", "--ffn_type=silu"]])
+def test_flops_ckpt_with_shape_flags_is_refused(tmp_path, monkeypatch, flags):
+    # the checkpoint's shape would win in silence: say so instead
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    given = ", ".join(f.split("=")[0] for f in flags)
+    assert _bad_exit(monkeypatch, flops, f"--ckpt={ckpt}", *flags) == (
+        f"flops.py: --ckpt reads the shape from the checkpoint: leave out {given} (or --ckpt, to describe the "
+        "shape with flags)")
+
+
+@pytest.mark.parametrize("flag", ["--num_layers=0", "--vocab_size=0", "--d_model=-768", "--num_heads=0",
+                                  "--context_length=0", "--d_ff=0", "--pad_vocab_to_multiple_of=0",
+                                  "--train_tokens=-1", "--gpu_mem=-1", "--gpu_mem=nan"])
+def test_flops_rejects_out_of_range_numbers(monkeypatch, flag):
+    name, value = flag.split("=")
+    message = _bad_exit(monkeypatch, flops, "--model=gpt2", "--arch=gpt2", flag)
+    assert message.startswith(f"flops.py: {name} must be ") and message.endswith(f"got {value}")
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--arch=gpt2", "--d_ff=100"], "--d_ff does not apply to --arch=gpt2"),
+    (["--arch=gpt2", "--ffn_type=silu"], "--ffn_type does not apply to --arch=gpt2"),
+    (["--pad_vocab_to_multiple_of=64"], "--pad_vocab_to_multiple_of does not apply to --arch=llama (the default)")])
+def test_flops_flags_of_the_other_architecture_are_refused(monkeypatch, flags, message):
+    # each would be ignored in silence (a GPT-2 MLP is 4*d GELU; the Llama model's vocabulary is not padded)
+    assert _bad_exit(monkeypatch, flops, "--model=gpt2", *flags) == f"flops.py: {message}"
+
+
+def test_flops_max_batch_size_uses_decimal_gigabytes():
+    # tiny Llama (see test_flops_tiny_shape_hand_computed): fixed = 16 bytes x 228 params = 3648 bytes,
+    # per sequence = 4 bytes x 896 floats = 3584 bytes; GB is 1e9 bytes, not 2**30
+    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
+    assert flops.memory_bytes(cfg, 8) == (3648, 3584)
+    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 + 0.5) / 1e9) == 2
+    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 - 0.5) / 1e9) == 1
+    assert flops.max_batch_size(cfg, 8, 3000 / 1e9) == 0  # not even the weights and optimizer state fit
+    # GPT-2 XL at context 1024: 26.25 GB fixed + 16.37 GB per sequence; 40 GB holds none, 80 GB three
+    assert flops.max_batch_size(_FLOPS_XL, 1024, 40) == 0 and flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
+
+
+def test_flops_report_time_to_train_is_chinchilla_tokens_at_the_assumed_mfu():
+    # hand-computed forward matmul FLOPs per token of GPT-2 XL (Llama shape) at T = 1024:
+    # per layer Q/K/V/O 8*d^2 + attention 4*T*d + SwiGLU 6*d*d_ff, then the head 2*d*V
+    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
+    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
+    tokens = 20 * N
+    for mfu in (0.5, 0.25):
+        out = flops.report(_FLOPS_XL, [1024], mfu_assumed=mfu, gpus=("H100", "A100"))
+        assert f"time to train 32.81B tokens (20 x params, Chinchilla) at context 1,024: {3 * fwd * tokens:.3e} FLOPs" in out
+        for gpu, peak in (("H100", 989.4e12), ("A100", 312e12)):
+            days = 3 * fwd * tokens / (mfu * peak) / 86400
+            assert f"1 x {gpu:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu:.0f}% MFU: {days:.1f} days" in out
+
+
+def test_flops_fp32_peak_follows_the_matmul_precision():
+    # fp32 matmuls run on TF32 tensor cores only when torch allows it ("high"/"medium"); "highest" is true fp32
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert flops.peak_flops("H100", "fp32") == 66.9e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 19.5e12
+        torch.set_float32_matmul_precision("high")
+        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
+        assert flops.peak_flops("H100", "tf32") == 494.7e12
+        torch.set_float32_matmul_precision("medium")
+        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_flops_cpu_peak_counts_two_flops_per_multiply_add_of_the_timed_matmul(monkeypatch):
+    # an (n, n) @ (n, n) product is n^3 multiply-adds, 2 n^3 FLOPs: at 0.5 s a product (a fake clock) the peak is
+    # 4 n^3 FLOP/s (half of it would double every CPU MFU that train.py reports)
+    ticks = iter(0.5 * i for i in range(100))
+    monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    assert flops._measure_cpu_peak("float32", n=8, repeats=3) == 2 * 8 ** 3 / 0.5
+
+
+def test_flops_peak_table_never_matches_a_name_inside_a_longer_model_number():
+    # RTX A4000 is no A40 and RTX A1000 no A100: unknown, not silently another card's peak
+    for name in ("NVIDIA RTX A4000", "NVIDIA RTX A1000", "NVIDIA H1000"):
+        with pytest.raises(ValueError, match="no peak"):
+            flops.peak_flops(name, "bf16")
+
+
+def test_flops_report_6n_figures_and_a_given_token_budget():
+    # 6*N per token with N = all parameters and with N = the matmul ones (no input embeddings: Llama's untied
+    # table; GPT-2's position table, its tied token table being the LM head), and --train_tokens replacing 20 x N
+    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
+    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
+    out = flops.report(_FLOPS_XL, [1024], train_tokens=10**9, gpus=("H100",))
+    assert f"6*N = {6 * N / 1e9:.3f} GFLOPs with N = all 1.64B params, {6 * (N - V * d) / 1e9:.3f} with N = the 1.56B" in out
+    assert (f"time to train 1.00B tokens at context 1,024: {3 * fwd * 10**9:.3e} FLOPs (6*N*D = {6 * N * 10**9:.3e})"
+            in out) and "Chinchilla" not in out
+    hours = 3 * fwd * 10**9 / (0.5 * 989.4e12) / 3600
+    assert f"1 x H100   bf16 peak   989.4 TFLOP/s at 50% MFU: {hours:.1f} h" in out
+    gpt2 = dict(arch="gpt2", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    n, n_matmul = 124_439_808, 124_439_808 - 1024 * 768
+    assert f"6*N = {6 * n / 1e9:.3f} GFLOPs with N = all 124.44M params, {6 * n_matmul / 1e9:.3f} with" in flops.report(gpt2, [1024])
+
+
+def test_flops_cli_presets_defaults_and_flags_reach_the_tables(capsys, monkeypatch):
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", ["flops.py", *argv])
+        flops.main()
+        return capsys.readouterr().out
+    out = run()   # --model=gpt2-xl, timed on an H100, an A100 and a B200
+    assert "layers=48 d_model=1600 heads=25 " in out and all(f"1 x {g:<6} bf16 peak" in out for g in ("H100", "A100", "B200"))
+    for model, L, d, h, n in (("gpt2", 12, 768, 12, 124_439_808), ("gpt2-medium", 24, 1024, 16, 354_823_168),
+                              ("gpt2-large", 36, 1280, 20, 774_030_080), ("gpt2-xl", 48, 1600, 25, 1_557_611_200)):
+        out = run(f"--model={model}", "--arch=gpt2")   # OpenAI's GPT-2 sizes
+        assert f"layers={L} d_model={d} heads={h} " in out and f"{n:,}" in out, model
+    out = run("--model=tinystories")   # the model's own context is the default --context
+    assert "layers=4 d_model=512 heads=16 d_ff=1344 (swiglu) vocab=10000 context=256" in out
+    assert "forward FLOPs, context 256, " in out and "context 1,024" not in out
+    out = run("--model=tinystories", "--context_length=512", "--train_tokens=1e9")
+    assert "context=512" in out and "forward FLOPs, context 512, " in out and "time to train 1.00B tokens at" in out
+    # each context its own memory and largest batch; the time to train at the first context given
+    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
+    out = run("--model=tinystories", "--context", "256", "2048", "--gpu_mem=40")
+    for T in (256, 2048):
+        fixed, per_seq = flops.memory_bytes(cfg, T)
+        assert (f"context {T:,}: {per_seq / 1e9:.4f} * batch + {fixed / 1e9:.4f} GB" in out and
+                f"largest batch on 40 GB: {flops.max_batch_size(cfg, T, 40)}\n" in out)
+    assert flops.max_batch_size(cfg, 256, 40) != flops.max_batch_size(cfg, 2048, 40)
+    assert " at context 256: " in out
+    assert "vocab=50304 " in run("--model=gpt2", "--arch=gpt2", "--pad_vocab_to_multiple_of=64")
+    assert "at 100% MFU: " in run("--mfu=1")
+    out = json.loads(run("--model=tinystories", "--context", "2048", "--gpu_mem=40", "--json"))
+    assert out["contexts"]["2048"]["max_batch_size"] == flops.max_batch_size(cfg, 2048, 40)
+
+
+def test_flops_duration_units():
+    assert [flops._duration(s) for s in (3599, 3600, 2 * 86400 - 1, 2 * 86400)] == ["60.0 min", "1.0 h", "48.0 h",
+                                                                                    "2.0 days"]
+
+
+# ====================================================================================================================
+# evaluation: hellaswag.py, lambada.py: rendering and scoring with controlled models and against transformers
+# ====================================================================================================================
 
 
 # Hand-written rows in the original rowanz format: one ending is the obvious continuation.
@@ -3625,26 +6514,6 @@ def _hs_free_port():
         return s.getsockname()[1]
 
 
-def _watched_rank(rank, fn, seconds, *args):
-    import faulthandler
-    faulthandler.dump_traceback_later(seconds)   # a hang prints where this rank waits, before it is killed
-    fn(rank, *args)
-    faulthandler.cancel_dump_traceback_later()
-
-
-def _spawn_ranks(fn, *args, nprocs=2, timeout=240):
-    """mp.spawn(fn, args=(nprocs, free port, *args)) with a deadline: ranks that hang fail the test (each rank
-    first dumps its stack to stderr) instead of blocking the whole suite."""
-    ctx = mp.spawn(_watched_rank, args=(fn, timeout - 30, nprocs, _hs_free_port(), *args), nprocs=nprocs, join=False)
-    try:
-        finished = any(ctx.join(timeout=5) for _ in range(timeout // 5))
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-    assert finished, f"{fn.__name__}: the ranks did not finish within {timeout} s"
-
-
 def _hs_ddp_worker(rank, world_size, port, table, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -3670,8 +6539,6 @@ def test_hs_ddp_two_processes_equal_one_process(tmp_path):
     for rank in range(2):  # 7 examples split 4 + 3, every rank gets the all-reduced totals
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == single
 
-
-# ---- with model.py and bpe.py ----
 
 def _hs_tiny_model(arch, vocab_size, context_length=64, seed=0):
     torch.manual_seed(seed)
@@ -3800,11 +6667,6 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
                                             f"acc {ref_correct / n:.4f} ({ref_correct}/{n})")
 
 
-# ============================================================================
-# lambada.py
-# ============================================================================
-
-
 # Hand-written passages in the LAMBADA format: the last word is easy to guess from the whole passage. The last
 # context word differs from passage to passage (his, some, the, old, her, their, hungry), so a bigram model can
 # be told separately for each passage what to predict; two targets are two pieces long (" ice-" "cream",
@@ -3825,6 +6687,7 @@ _LB_PASSAGES = [
     "Sam found a hungry puppy shivering by the river. He carried it home, wrapped it in a towel and gave a "
     "bowl of warm milk to the hungry puppy",
 ]
+
 _LB_TARGETS = [" kite", " bread", " race", " violin", " ice-cream", " pen-pal", " puppy"]
 
 
@@ -3896,8 +6759,6 @@ def _lb_designed_table(tok):
 _LB_DESIGNED_VERDICTS = [True, True, False, True, False, True, False]
 
 
-# ---- data -------------------------------------------------------------------------------------------------
-
 def test_lambada_load_examples_reads_jsonl_with_blank_lines(tmp_path):
     path = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
     with open(path, "a", encoding="utf-8", newline="") as f:  # a CRLF line and an extra key are fine too
@@ -3966,8 +6827,6 @@ def test_lambada_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="cannot download .*gone.jsonl"):
         lambada.load_examples(None, data_dir=tmp_path / "other")
 
-
-# ---- rendering ----------------------------------------------------------------------------------------------
 
 def test_lambada_split_passage_at_the_last_space():
     assert lambada.split_passage("the cat sat on the mat") == ("the cat sat on the", " mat")
@@ -4038,8 +6897,6 @@ def test_lambada_render_with_tiktoken_context_and_target_apart():
     with pytest.raises(hellaswag.Unscorable):
         lambada.render_example({"text": _LB_PASSAGES[4]}, enc, max_len=num_target - 1)
 
-
-# ---- scoring with a controlled model --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("gpt_style", [False, True])
 def test_lambada_score_targets_matches_hand_computed_nll(gpt_style):
@@ -4156,8 +7013,6 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
     assert capsys.readouterr().err.split("\r")[-1] == "lambada 3/3 acc 1.0000\n"
 
 
-# ---- model.py models: batched, padded scoring equals one passage at a time ---------------------------------------
-
 def _lb_model_reference(model, tokens, num_target):
     """One unpadded passage straight through the model: float64 log-softmax, summed nll and greedy of the target."""
     with torch.no_grad():
@@ -4196,8 +7051,6 @@ def test_lambada_batched_padded_scoring_equals_one_passage_at_a_time(arch):
             assert r["ppl"] == pytest.approx(math.exp(sum(n for n, _ in refs) / 7), rel=1e-5)
             assert model.training == (mode == "train")  # left as it was found
 
-
-# ---- against transformers + tiktoken -------------------------------------------------------------------------
 
 @needs_gpt2_files
 def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path, monkeypatch, capsys):
@@ -4259,8 +7112,6 @@ def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path,
             "start") in err.splitlines()
 
 
-# ---- DDP ---------------------------------------------------------------------------------------------------------
-
 def _lb_ddp_worker(rank, world_size, port, table, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -4289,8 +7140,6 @@ def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
             k: v for k, v in single.items() if k not in ("nll", "ppl")}
         assert r["nll"] == pytest.approx(single["nll"], rel=1e-9) and r["ppl"] == pytest.approx(single["ppl"], rel=1e-9)
 
-
-# ---- the command line ---------------------------------------------------------------------------------------------
 
 def _lb_run_main(monkeypatch, capsys, *argv):
     return _hs_run_main(monkeypatch, capsys, *argv, script=lambada)
@@ -4393,229 +7242,160 @@ def test_lambada_render_refuses_a_target_that_encodes_to_nothing():
         lambada.render_example(_lb_examples()[0], tok)
 
 
-# ---- HellaSwag and LAMBADA inside train.py's evaluations ----
-
-_TRAIN_LAMBADA_TEXTS = [
-    "The old man took his fishing rod down to the river every morning and sat there until he caught a fish",
-    "Mary baked a chocolate cake for her brother and put seven candles on the cake",
-    "The children ran out into the yard and played until the teacher called them back into the classroom",
-]
-
-
-def _train_data_with_gpt2_tokenizer(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 50257, tokenizer="gpt2")
-    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 50257, tokenizer="gpt2")
-    return d
+def test_hs_fails_when_no_example_fits_the_context(tmp_path, monkeypatch):
+    # byte-level tokens: every ending is longer than the 16-token context, so every example is skipped
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
+    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits.", ["then he stands up and walks away"] * 4)] * 2)
+    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        "hellaswag.py: no example fits the model's context (16 tokens): all 2 skipped "
+        "(an ending too long for it, or an empty context)")
 
 
-@needs_gpt2_files
-@pytest.mark.parametrize("compiled", [False, True])
-def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compiled):
-    # train.py's evaluations (compiled training or not) log both tasks, and the final figures equal the tasks'
-    # own evaluate() on the saved weights
-    hs = _hs_write_rows(tmp_path / "hs.jsonl")
-    lam = tmp_path / "lambada.jsonl"
-    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in _TRAIN_LAMBADA_TEXTS))
-    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
-                     context_length=64, max_iters=3, eval_interval=2, hellaswag=True, hellaswag_path=str(hs),
-                     lambada=True, lambada_path=str(lam), compile=compiled, compile_backend="aot_eager")
-    said = []
-    train.train(cfg, log=said.append)
-    evals = _train_records(tmp_path / "o", "eval")
-    assert [r["step"] for r in evals] == [0, 2, 3]
-    model = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
-    tok = bpe.load_tokenizer("gpt2")
-    hs_result = hellaswag.evaluate(model, tok, hellaswag.load_examples(hs), "cpu")
-    lam_result = lambada.evaluate(model, tok, lambada.load_examples(lam), "cpu")
-    assert lam_result["num_total"] == 3 and hs_result["num_total"] == len(_HS_ROWS)
-    assert evals[-1]["hellaswag_acc_norm"] == hs_result["acc_norm"]
-    assert evals[-1]["lambada_acc"] == lam_result["acc"]
-    assert evals[-1]["lambada_ppl"] == pytest.approx(lam_result["ppl"], rel=1e-4)
-    assert 1 < evals[0]["lambada_ppl"] and evals[0]["lambada_ppl"] != evals[-1]["lambada_ppl"]
-    assert sum(" | hellaswag " in line and " | lambada " in line for line in said) == 3
+def test_hs_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=32)
+    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits down on a bench in the park.", ["a", "b", "c", "d"]),
+                                             ("He", ["e", "f", "g", "h"])])
+    monkeypatch.setattr(sys, "argv", ["hellaswag.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
+    hellaswag.main()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["hellaswag.py: warning: 1 of 2 contexts were too long for the model's context (32 tokens) "
+                        "with their endings: cut from the start"]
 
 
-@needs_gpt2_files
-def test_train_downstream_examples_the_context_cannot_hold_are_said_once_and_never_scored_as_zero(tmp_path):
-    # a 4-token context holds no HellaSwag ending of these rows (GPT-2 tokens) and not the 11-token last word of one
-    # LAMBADA passage: HellaSwag gets no figure at all (not 0.0), LAMBADA's figures are over the 3 passages that
-    # fit, and each task says so once, not at every evaluation
-    tok = bpe.load_tokenizer("gpt2")
-    assert all(max(len(tok.encode(" " + e)) for e in endings) >= 4 for _, _, endings in _HS_ROWS)
-    hs = _hs_write_rows(tmp_path / "hs.jsonl")
-    texts = _TRAIN_LAMBADA_TEXTS + ["Mary Poppins taught the children a long word: supercalifragilisticexpialidocious"]
-    lam = tmp_path / "lambada.jsonl"
-    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
-                     context_length=4, max_iters=2, eval_interval=1, hellaswag=True, hellaswag_path=str(hs),
-                     lambada=True, lambada_path=str(lam))
-    said = []
-    train.train(cfg, log=said.append)
-    evals = _train_records(tmp_path / "o", "eval")
-    assert [r["step"] for r in evals] == [0, 1, 2]
-    assert not any("hellaswag_acc_norm" in r for r in evals) and not any(" | hellaswag " in line for line in said)
-    model = M.model_from_checkpoint(torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True))
-    lam_result = lambada.evaluate(model, tok, lambada.load_examples(lam), "cpu")
-    assert (lam_result["num_total"], lam_result["num_skipped"]) == (3, 1)
-    assert evals[-1]["lambada_acc"] == lam_result["acc"]
-    assert evals[-1]["lambada_ppl"] == pytest.approx(lam_result["ppl"], rel=1e-4)
-    notes = [line for line in said if "do not fit" in line]
-    assert notes == ["train.py: HellaSwag: 7 of 7 examples do not fit the model's context (4 tokens): it is not scored",
-                     "train.py: LAMBADA: 1 of 4 examples do not fit the model's context (4 tokens): its figures are "
-                     "over the other 3"]
+def test_hs_names_a_data_file_that_is_not_utf8(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    data = tmp_path / "val.jsonl"
+    data.write_bytes(b'{"ctx": "caf\xe9"}\n')
+    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
+        f"hellaswag.py: --data {data}: not UTF-8 text (expected a HellaSwag jsonl file)")
 
 
-def test_train_downstream_tasks_need_a_tokenizer_and_their_files(tmp_path, _train_data):
-    # data without a tokenizer: said once, no task fields; a missing task file: one line naming the flag
-    said = []
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1, hellaswag=True, lambada=True), log=said.append)
-    assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
-    evals = _train_records(tmp_path / "o", "eval")
-    assert evals and all(set(r) == {"type", "step", "val_loss", "val_bpb", "elapsed"} for r in evals)
-    for task in ("hellaswag", "lambada"):   # either task alone is said too
-        said.clear()
-        train.train(_train_cfg(_train_data, tmp_path / task, max_iters=1, **{task: True}), log=said.append)
-        assert said.count("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation") == 1
+def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
+    # a uniform model: every target piece costs log(V). 20 copies of the 7 passages (9 target pieces) sum to an
+    # nll far above 700, as any real test set does; ppl is exp(mean nll per passage) = V ** (9 / 7)
+    tok = _lb_tokenizer()
+    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    r = lambada.evaluate(model, tok, _lb_examples() * 20, "cpu", batch_size=32)
+    nll = 20 * 9 * math.log(tok.vocab_size)
+    assert r["num_total"] == 140 and r["nll"] > 700 and r["nll"] == pytest.approx(nll, rel=1e-5)
+    assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
 
 
-@needs_gpt2_files
-def test_train_missing_lambada_file_is_one_line_before_training(tmp_path):
-    missing = tmp_path / "nope.jsonl"
-    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
-                     context_length=32, lambada=True, lambada_path=str(missing))
-    steps = []
-    with pytest.raises(ValueError) as e:
-        train.train(cfg, on_step=steps.append, log=_train_quiet)
-    assert str(e.value) == f"--lambada_path: {missing}: no such file (expected a LAMBADA jsonl file)" and not steps
+def test_lambada_perplexity_of_a_confidently_wrong_model_is_not_capped_early():
+    # a model that gives every target piece a logit 100 below the rest: the mean nll per passage is ~130 nats, so
+    # ppl is exp(~130) (~1e56), a finite float64: only a mean above ~709 would overflow, and only there may it be
+    # capped (a cap at, say, 70 would report e^70 for any model this bad)
+    tok = _lb_tokenizer()
+    for penalty in (100.0, 1000.0):
+        table = torch.zeros(tok.vocab_size, tok.vocab_size)
+        for target in _LB_TARGETS:
+            table[:, tok.encode(target)] = -penalty
+        nll = sum(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target))[0]
+                  for text, target in zip(_LB_PASSAGES, _LB_TARGETS))
+        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu")
+        assert r["num_total"] == 7 and r["nll"] == pytest.approx(nll, rel=1e-5)
+        if nll / 7 < 700:
+            assert 100 < nll / 7 and r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-4)
+        else:   # exp(1290) overflows a float64: capped, finite, still above every uncapped perplexity below it
+            assert math.isfinite(r["ppl"]) and r["ppl"] >= math.exp(700)
 
 
-# ============================================================================
-# bench.py gpu: the prepared CUDA check, run on CPU at tiny shapes so it works the day a GPU is lent
-# ============================================================================
+def test_hs_score_endings_takes_the_loss_in_float32_from_bf16_logits():
+    # a bfloat16 model's logits are upcast before the cross-entropy: the losses are those of the bf16 logits
+    # computed in float32, not rounded to bf16's 8 bits
+    tok = _hs_word_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
+    model = _HsTableLM(table.float()).to(torch.bfloat16)
+    assert model.table.dtype == torch.bfloat16
+    ctx, _, endings = _HS_ROWS[0]
+    tokens, mask, _ = hellaswag.render_example(_hs_row(0, ctx, 0, endings), tok)
+    sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
+    assert sum_loss.dtype == torch.float32
+    for j, ending in enumerate(endings):
+        ref_sum, ref_avg = _hs_reference_losses(table.float(), tok.encode(ctx), tok.encode(ending))
+        assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
+        assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
 
 
-def _bench_gpu_args(**kw):
-    return argparse.Namespace(**{**dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager"), **kw})
+def test_lambada_score_targets_takes_the_nll_in_float32_from_bf16_logits():
+    tok = _lb_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()
+    model = _HsTableLM(table.float()).to(torch.bfloat16)
+    for ex in _lb_examples():
+        toks, n, _ = lambada.render_example(ex, tok)
+        nll, greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
+        ref_nll, ref_greedy = _lb_reference(table.float(), toks[:-n], toks[-n:])
+        assert nll.item() == pytest.approx(ref_nll, rel=1e-5) and greedy.item() == ref_greedy
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["sample", "--repeats", "0"], "bench.py: --repeats 0: expected at least 1"),
-    (["model", "--threads", "0"], "bench.py: --threads 0: expected at least 1"),
-    (["train", "--steps", "0"], "bench.py: --steps 0: expected at least 1"),
-    (["gpu", "--steps", "1", "--tiny"], "bench.py: --steps 1: expected at least 2"),
-    (["train", "--batch_size", "-2"], "bench.py: --batch_size -2: expected at least 1"),
-    (["sample", "--max_new_tokens", "0"], "bench.py: --max_new_tokens 0: expected at least 1"),
-    (["sample", "--prompt_len", "0"], "bench.py: --prompt_len 0: expected at least 1"),
-    (["sample", "--prompt_len", "-3"], "bench.py: --prompt_len -3: expected at least 1"),
-    (["sample", "--modes", "foo"], "bench.py: --modes 'foo': expected a comma list of greedy, top_p"),
-    (["tokenizer", "--parts", "trian"], "bench.py: --parts 'trian': expected a comma list of train, encode, encode_file"),
-    (["model", "--parts", ""], "bench.py: --parts '': expected a comma list of train, generate, compile"),
-    (["train", "--dtypes", "float32,float16"], "bench.py: --dtypes 'float32,float16': expected a comma list of "
-                                               "float32, bfloat16"),
-    (["sample", "--prompt_len", "1020", "--max_new_tokens", "10"],
-     "bench.py: --prompt_len 1020 + --max_new_tokens 10: the benchmark's GPT-2 has 1,024 positions"),
-    (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'"),
-    (["tokenizer", "--mix20", "."], "bench.py: --mix20 .: expected the corpus file's path (made if absent), got a folder"),
-    (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "bench.py: --mix20 /nonexistent-dir/mix20.txt: no such "
-                                                             "file, and no folder /nonexistent-dir to make it in"),
-    (["gpu", "--compile_backend", "nope", "--tiny"], "bench.py: --compile_backend: expected a torch.compile backend "
-                                                      "(inductor, aot_eager, ...: see torch.compiler.list_backends()), got 'nope'")])
-def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
-    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    for section in ("tokenizer", "model", "train", "gpu", "sample"):
-        monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
-    with pytest.raises(SystemExit) as e:
-        bench.main()
-    assert str(e.value) == message
+def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
+    # examples of different lengths in one padded forward: every example's 4 losses (printed by verbose) are
+    # the ones it gets alone, whichever example of the batch is the longest
+    tok = _hs_word_tokenizer()
+    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    lengths = [len(tok.encode(r["ctx"])) + max(len(tok.encode(" " + e)) for e in r["endings"]) for r in examples]
+    assert lengths[0] < max(lengths)  # the first example of the batch is not the widest
+    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(3)) * 2
+    outputs = []
+    for batch_examples in (1, 8):
+        hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", verbose=True, batch_examples=batch_examples)
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0].count("avg ") == 4 * len(examples) and outputs[0] == outputs[1]
 
 
-def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
-    # --mix20 names a file: ~ is expanded as in every script's path flags (README), not made into a folder "~"
-    monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "mix.txt").write_text("x")
-    ran = []
-    monkeypatch.setattr(sys, "argv", ["bench.py", "tokenizer", "--parts", "encode_file", "--mix20", "~/mix.txt"])
-    monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
-    bench.main()
-    assert ran == [str(tmp_path / "mix.txt")]
+def test_hs_ties_go_to_the_lowest_ending_index():
+    # a model with no preference (every logit equal) gives all 4 endings of equal length the same summed and mean
+    # loss: both acc and acc_norm must pick ending 0 (the documented tie rule), so only the rows labelled 0 count
+    endings = ["ran home", "sat down", "ate fish", "was sad"]
+    rows = [_hs_row(i, ctx, label, endings) for i, (ctx, label) in enumerate([("The cat", 0), ("The dog", 2),
+                                                                             ("A cow", 0)])]
+    tok = _HsWordTokenizer([r["ctx"] for r in rows] + endings)
+    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    for batch_examples in (1, 3):
+        r = hellaswag.evaluate(model, tok, rows, "cpu", batch_examples=batch_examples)
+        assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (2, 2, 3)
 
 
-def test_bpe_cli_refuses_a_bad_sample_docs_before_training(tmp_path):
-    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
-    r = _bpe_cli("--vocab", 300, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--sample_docs", -1)
-    assert r.returncode == 1 and r.stderr.strip() == "bpe.py: --sample_docs -1: expected a positive number of documents"
-    assert not (tmp_path / "tok").exists()
+def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_checks_its_size(tmp_path, monkeypatch):
+    # --tokenizer overrides the tokenizer a checkpoint names and, with --init_from, the default gpt2; one of another
+    # size than the model's vocabulary (ids past its embedding table, or ids it cannot decode) is refused at load time
+    import argparse
+    transformers = pytest.importorskip("transformers")
+    GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
+    ckpt = _tiny_llama_ckpt(tmp_path)  # names tmp_path/tok: 257 byte tokens with <|endoftext|>
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=[]).save_dir(str(tmp_path / "bytes"))
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        tmp_path / "hf")
+
+    def load(**kw):
+        args = argparse.Namespace(**{"ckpt": None, "init_from": None, "tokenizer": None, **kw})
+        return hellaswag.load_model(args, "cpu")
+    assert load(ckpt=str(ckpt))[1].vocab_size == 257
+    with pytest.raises(SystemExit, match="has 256 tokens but this model 257"):
+        load(ckpt=str(ckpt), tokenizer=str(tmp_path / "bytes"))
+    with pytest.raises(SystemExit, match="has 256 tokens but this model 300"):
+        load(init_from=str(tmp_path / "hf"), tokenizer=str(tmp_path / "bytes"))
+    (tmp_path / "small").mkdir()
+    small = _tiny_llama_ckpt(tmp_path / "small", vocab_size=200)
+    for script in (hellaswag, lambada):
+        name = f"{script.__name__}.py"
+        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu"), f"{name}: --ckpt {small}: ",
+                         repr(str(tmp_path / 'small' / 'tok')), "257", "200")
 
 
-def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
-    removed_at_exit, register = [], atexit.register
-    monkeypatch.setattr(atexit, "register", lambda f, *a, **k: removed_at_exit.append(a[0]) if f is shutil.rmtree
-                        else register(f, *a, **k))
-    bench.bench_gpu(_bench_gpu_args())
-    out = capsys.readouterr().out
-    assert out.count("\nOK ") == 13 and "FAIL" not in out and out.rstrip().endswith("all checks passed")
-    assert all(f"\n{a} {m} " in out for a in ("gpt2", "llama") for m in ("compiled", "eager"))  # each timed run printed
-    (tmp,) = removed_at_exit  # the data and both checkpoints (GPT-2-sized on a GPU) go when bench.py exits
-    assert tmp.name.startswith("bench_gpu_") and (tmp / "llama_compiled" / "ckpt.pt").is_file()
-    shutil.rmtree(tmp)
+@pytest.mark.parametrize("argv, expect", [
+    (["--init_from=gpt2", "--limit=0"], "hellaswag.py: --limit must be a positive integer, got 0"),
+    (["--init_from=gpt2", "--limit=-3"], "hellaswag.py: --limit must be a positive integer, got -3"),
+    (["--init_from=gpt2", "--batch_examples=0"], "hellaswag.py: --batch_examples must be a positive integer, got 0"),
+])
+def test_hs_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
+    # (a --limit of -3 would otherwise drop the last 3 examples, and 0 end with "no example fits the context")
+    assert _bad_exit(monkeypatch, hellaswag, *argv) == expect
 
 
-def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch):
-    monkeypatch.setattr(M, "scaled_dot_product_attention", lambda q, k, v, mask=None: torch.zeros_like(q))
-    with pytest.raises(SystemExit) as e:
-        bench.bench_gpu(_bench_gpu_args(steps=2))
-    out = capsys.readouterr().out
-    assert e.value.code == 1 and "FAIL  SDPA (no flash kernel here) vs from scratch" in out
-    assert out.rstrip().endswith("FAILED: SDPA (no flash kernel here) vs from scratch")
-
-
-def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
-    # on the CPU the "device" is the CPU, so each check is shown able to fail by a fault it exists to find: a device
-    # whose weights differ from the CPU's (.to doubles them), a bf16 autocast loss that is off, a fused AdamW that is
-    # not train.AdamW, a torch.compile that changes the loss, a KV cache that forgets
-    real_to, real_loss, real_adamw = torch.nn.Module.to, M.lm_loss, torch.optim.AdamW
-
-    def doubled_to(self, *a, **k):
-        out = real_to(self, *a, **k)
-        with torch.no_grad():
-            for p in out.parameters():
-                p.mul_(2.0)
-        return out
-
-    def off_under_autocast(model, x, y, **k):
-        return real_loss(model, x, y, **k) + (1.0 if torch.is_autocast_enabled("cpu") else 0.0)
-
-    class BrokenFused(real_adamw):
-        def __init__(self, params, lr=1e-3, fused=None, **k):
-            super().__init__(params, lr=2 * lr if fused else lr, fused=fused, **k)
-
-    def broken_compile(m, **k):
-        return lambda *a, **kw: tuple(o + 1 if i == 1 else o for i, o in enumerate(m(*a, **kw)))
-
-    class Forgetful(M.KVCache):
-        def update(self, layer, k, v):
-            return k, v   # the new positions only
-
-    monkeypatch.setattr(torch.nn.Module, "to", doubled_to)
-    monkeypatch.setattr(M, "lm_loss", off_under_autocast)
-    monkeypatch.setattr(torch.optim, "AdamW", BrokenFused)
-    monkeypatch.setattr(torch, "compile", broken_compile)
-    monkeypatch.setattr(M, "KVCache", Forgetful)
-    with pytest.raises(SystemExit):
-        bench.bench_gpu(_bench_gpu_args(steps=2))
-    out = capsys.readouterr().out
-    for what in ("llama: float32 forward on the device vs CPU", "gpt2: float32 forward on the device vs CPU",
-                 "llama: bf16 autocast loss vs float32", "gpt2: bf16 autocast loss vs float32",
-                 "fused AdamW vs train.AdamW, 5 steps", "torch.compile forward vs eager (bf16)",
-                 "KV-cached greedy decoding vs uncached", "HellaSwag and LAMBADA on the device vs CPU"):
-        assert f"\nFAIL  {what}" in out, what
-
-
-# ============================================================================
-# experiments.py
-# ============================================================================
+# ====================================================================================================================
+# experiments.py: the sweeps and ablations: plans, reuse of finished logs, the report
+# ====================================================================================================================
 
 
 @pytest.mark.parametrize("preset", sorted(experiments.PRESETS))
@@ -4725,714 +7505,11 @@ def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(tmp
     assert said and "matplotlib is not installed" in said[-1] and "pip install matplotlib" in said[-1]
 
 
-# ============================================================================
-# bad input: one clear line naming the flag or file, before any work is done
-# ============================================================================
-
-# ---- train.py --------------------------------------------------------------------------------------------
-
-def _bad_cfg(data_dir, out_dir, **kw):
-    return _train_cfg(data_dir, out_dir, **{"max_iters": 2, "warmup_iters": 1, **kw})
-
-
-def _bad_train_two_steps(data, out):
-    train.train(_bad_cfg(data, out), log=_train_quiet)
-    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
-
-
-# ---- flags out of range
-
-TRAIN_BAD_FLAGS = [("batch_size", 0), ("batch_size", -4), ("context_length", 0), ("d_model", 0), ("num_layers", 0),
-                   ("num_heads", 0), ("d_ff", -1), ("eval_interval", 0), ("num_threads", -1), ("max_iters", -5),
-                   ("weight_decay", -1.0), ("warmup_iters", -10), ("grad_clip", -1.0), ("eval_tokens", -100),
-                   ("ckpt_interval", -1), ("num_samples", -1), ("learning_rate", -1.0), ("learning_rate", float("nan")),
-                   ("beta1", 1.5), ("min_lr_ratio", -2.0), ("top_p", 2.0), ("temperature", -1.0),
-                   ("temperature", float("inf")), ("sample_tokens", -3), ("time_budget", "-5m"), ("beta2", 1.0),
-                   ("beta1", -0.1), ("top_p", 0.0), ("min_lr_ratio", 1.5), ("rope_theta", 0.0), ("eps", -1e-8),
-                   ("eval_iters", 0), ("log_interval", 0), ("lr_decay_iters", -1), ("total_batch_tokens", -1),
-                   ("time_budget", "0s"), ("learning_rate", float("inf")), ("rope_theta", float("inf")),
-                   ("eps", float("inf")), ("weight_decay", float("inf"))]
-
-
-@pytest.mark.parametrize("name,value", TRAIN_BAD_FLAGS)
-def test_train_out_of_range_flag_is_refused_before_any_work(tmp_path, _train_data, name, value):
-    # every range a setting declares (its `check`), NaN and inf included: one line naming the flag and the value
-    out = tmp_path / "o"
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(_train_data, out, **{"max_iters": 2, name: value}), log=_train_quiet)
-    assert str(e.value).startswith(f"--{name} ") and repr(value).strip("'") in str(e.value) and "\n" not in str(e.value)
-    assert not out.exists()                                           # nothing was written
-
-
-@pytest.mark.parametrize("flag,named", [
-    ("--model=gtp2", "--model"), ("--ffn_type=relu", "--ffn_type"), ("--attn_impl=flash", "--attn_impl"),
-    ("--dtype=float16", "--dtype"), ("--num_heads=3", "--num_heads"), ("--seed=-1", "--seed"),
-    ("--vocab_size=100", "--vocab_size"), ("--compile_backend=indcutor", "--compile_backend"),
-    ("--total_batch_tokens=1000", "--total_batch_tokens"), ("--eval_tokens=1000", "--eval_tokens"),
-    ("--init_from=gpt2", "--init_from=gpt2: only for --model=gpt2"),
-])
-def test_train_bad_choice_is_refused_before_data_is_prepared(tmp_path, flag, named):
-    args = [f"--data_dir={tmp_path / 'data'}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}", "--d_model=32",
-            "--num_heads=2", "--download=false", flag]
-    with pytest.raises(SystemExit) as e:
-        train.main(args)
-    assert str(e.value).startswith("train.py: ") and named in str(e.value) and "\n" not in str(e.value)
-    assert not (tmp_path / "data").exists() and not (tmp_path / "o").exists()
-
-
-def test_train_batch_arithmetic_is_checked_with_torchruns_world_size(tmp_path, monkeypatch):
-    # before the process group (and data preparation): WORLD_SIZE is what torchrun sets
-    cfg = _train_cfg(tmp_path, tmp_path / "o", batch_size=4, context_length=16, total_batch_tokens=192, eval_tokens=64)
-    train.check_config(cfg)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match=r"--total_batch_tokens=192 is not divisible by .*4\*16\*2 = 128"):
-        train.check_config(cfg)
-    with pytest.raises(ValueError, match=r"--eval_tokens=64 is not a multiple of .* = 128"):
-        train.check_config(dict(cfg, total_batch_tokens=256))
-
-
-def test_train_plain_switches_are_true_or_false(tmp_path, capsys):
-    for flag in ("--remove_rope=auto", "--fresh=auto", "--hellaswag=maybe"):
-        with pytest.raises(SystemExit):
-            train.get_config([flag])
-        assert "expected true/false, got" in capsys.readouterr().err
-    assert train.get_config(["--compile=auto", "--remove_rope"])[0]["compile"] == "auto"
-    assert train.get_config(["--remove_rope"])[0]["remove_rope"] is True
-
-
-def test_train_bad_flag_on_the_command_line_is_one_line(tmp_path, _train_data):
-    data = _train_data
-    with pytest.raises(SystemExit) as e:
-        train.main([f"--data_dir={data}", f"--out_dir={tmp_path}/o", "--prepare_data=false", "--top_p=2"])
-    assert str(e.value) == "train.py: --top_p must be in (0, 1], got 2.0"
-
-
-def test_train_resume_with_a_bad_sample_flag_fails_before_training(tmp_path, _train_data):
-    data = _train_data
-    out = tmp_path / "o"
-    _bad_train_two_steps(data, out)
-    with pytest.raises(SystemExit) as e:
-        train.main([f"--data_dir={data}", f"--out_dir={out}", "--resume", "--max_iters=4", "--sample_tokens=-3"])
-    assert str(e.value) == "train.py: --sample_tokens must be >= 0, got -3"
-    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
-
-
-# ---- device
-
-def test_train_device_this_machine_does_not_have(tmp_path, _train_data, monkeypatch):
-    data = _train_data
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    for device, msg in [("cuda", "--device cuda: CUDA is not available on this machine"),
-                        ("cuda:1", "--device cuda:1: CUDA is not available on this machine"),
-                        ("mps", "--device mps: MPS is not available on this machine"),
-                        ("gpu", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'")]:
-        with pytest.raises(ValueError) as e:
-            train.train(_bad_cfg(data, tmp_path / "o", device=device), log=_train_quiet)
-        assert str(e.value) == msg
-    assert not (tmp_path / "o").exists()
-
-
-# ---- checkpoints and data
-
-def test_train_resume_checkpoint_whose_weights_do_not_fit_its_model_config(tmp_path, _train_data):
-    data = _train_data
-    out = tmp_path / "o"
-    _bad_train_two_steps(data, out)
-    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
-    mc = ckpt["model_config"]
-    gpt2 = dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
-    for model_config, problem in [(dict(mc, d_model=64), r"state dict token_embeddings.weight: shape \(64, 32\), "
-                                                          r"model expects \(64, 64\)"),
-                                  (gpt2, r"state dict holds a llama model, but the model is gpt2")]:
-        torch.save(dict(ckpt, model_config=model_config), out / "ckpt.pt")
-        with pytest.raises(ValueError, match=f"^{out / 'ckpt.pt'}: {problem}$"):
-            train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet)
-
-
-def test_train_sidecar_without_vocab_size_or_with_a_different_one(tmp_path, _train_data):
-    data = _train_data
-    side = data / "val.bin.json"
-    meta = json.loads(side.read_text())
-    side.write_text(json.dumps({k: v for k, v in meta.items() if k != "vocab_size"}))
-    with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
-    assert str(e.value) == f'{data / "val.bin"}.json: missing "vocab_size"'
-    side.write_text(json.dumps(dict(meta, vocab_size=128)))
-    with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
-    assert str(e.value) == (f"{data}: token files disagree on vocab_size ({data / 'train.bin'}.json: 64, "
-                            f"{data / 'val.bin'}.json: 128)")
-    assert not (tmp_path / "o").exists()
-
-
-def test_train_sidecar_that_is_not_an_object_or_has_a_bad_vocab_size_or_eot_id(tmp_path, _train_data):
-    data = _train_data
-    for name, change, problem in [
-            ("val", lambda meta: [1, 2], "expected a JSON object (the token file's format, dtype, vocab_size ...)"),
-            ("val", lambda meta: dict(meta, vocab_size="abc"), "\"vocab_size\" must be a positive integer, got 'abc'"),
-            ("val", lambda meta: dict(meta, vocab_size=0), "\"vocab_size\" must be a positive integer, got 0"),
-            ("train", lambda meta: dict(meta, eot_id=99999),
-             "\"eot_id\" must be a token id in [0, 64) or null, got 99999"),
-            ("train", lambda meta: dict(meta, eot_id=64), "\"eot_id\" must be a token id in [0, 64) or null, got 64")]:
-        side = data / f"{name}.bin.json"
-        good = side.read_text()
-        side.write_text(json.dumps(change(json.loads(good))))
-        with pytest.raises(ValueError) as e:
-            train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
-        assert str(e.value) == f"{side}: {problem}"
-        side.write_text(good)
-    assert not (tmp_path / "o").exists()
-
-
-@needs_gpt2_files
-def test_train_sidecar_naming_a_tokenizer_of_another_size_is_refused(tmp_path, _train_data):
-    # 64-id token files whose sidecars name GPT-2's 50,257-token tokenizer: bits/byte, samples and HellaSwag would
-    # all go through the wrong tokenizer, so the run stops before it starts
-    data = _train_data
-    for name in ("train.bin", "val.bin"):
-        _train_write_tokens(data / name, np.fromfile(data / name, dtype=np.uint16), 64, tokenizer="gpt2")
-    with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
-    _one_line_naming(str(e.value), f"{data / 'train.bin'}.json: ", "'gpt2'", "50257", "64")
-    assert not (tmp_path / "o").exists()
-
-
-def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch,
-                                                                                          capsys):
-    # bpe.py --out into an existing tokenizer folder keeps its path and size but changes what the ids mean: the token
-    # files and the checkpoint record its content fingerprint, so train.py, sample.py, hellaswag.py and lambada.py
-    # refuse it in one line instead of scoring, sampling and evaluating with the wrong tokens
-    import argparse
-    d, tok_dir = tmp_path / "data", tmp_path / "data" / "tok"
-    d.mkdir()
-    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(tok_dir)
-    shutil.copytree(tok_dir, tmp_path / "original")
-
-    def encode(*names):
-        for name in names:
-            (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
-            bpe.encode_file(tmp_path / f"{name}.txt", str(tok_dir), d / f"{name}.bin", num_workers=1)
-    encode("train", "val")
-    old = bpe.tokenizer_fingerprint(tok_dir)
-    train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
-    ckpt = tmp_path / "o" / "ckpt.pt"
-    assert torch.load(ckpt, weights_only=True)["tokenizer_fingerprint"] == old
-
-    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
-    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
-    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(tok_dir)   # retrained in place: same path, same 300 ids
-    new = bpe.tokenizer_fingerprint(tok_dir)
-    assert new != old
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
-    _one_line_naming(str(e.value), f"{d / 'train.bin'}.json: ", str(tok_dir), old, new)
-    with pytest.raises(ValueError) as e:
-        sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
-    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new, "--tokenizer")
-    for script in (hellaswag, lambada):
-        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu"),
-                         f"{script.__name__}.py: --ckpt {ckpt}: ", old, new)
-    # the original kept elsewhere is accepted by all; another tokenizer given with --tokenizer is refused too
-    assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
-    args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
-    assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
-    with pytest.raises(ValueError) as e:
-        sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))
-    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new)
-    encode("val")
-    with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: token files were written by different versions of "
-                                         f"tokenizer {re.escape(repr(str(tok_dir)))} \\(fingerprints "):
-        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
-    encode("train")
-    assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
-    # the model trained on the old ids is not resumed on the new ones
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
-    _one_line_naming(str(e.value), f"{ckpt}: ", old, new, "--fresh")
-
-
-def test_train_takes_the_tokenizer_copied_with_its_data_and_one_tokenizer_named_by_two_paths(tmp_path, monkeypatch):
-    # token files name one tokenizer relatively and absolutely (the same fingerprint: one tokenizer); the data folder
-    # is copied with it, and the original is retrained in place: train.py, run where the relative name finds the
-    # retrained one, takes the copy beside the data (its fingerprint matches) and the checkpoint names that copy
-    a = tmp_path / "a" / "data"
-    a.mkdir(parents=True)
-    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(a / "tok")
-    monkeypatch.chdir(tmp_path / "a")
-    for name, ref in (("train", "data/tok"), ("val", str(a / "tok"))):
-        (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
-        bpe.encode_file(tmp_path / f"{name}.txt", ref, a / f"{name}.bin", num_workers=1)
-    copy = tmp_path / "b" / "data"
-    shutil.copytree(a, copy)
-    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
-    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
-    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(a / "tok")
-    s = train.train(_train_cfg(copy, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
-    assert s["step"] == 1 and s["val_bpb"] is not None
-    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ck["tokenizer"] == str(copy / "tok") and ck["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(copy / "tok")
-
-
-def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_data):
-    data = _train_data
-    _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)                # one batch needs 4*16+1 = 65 tokens
-    with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
-    assert str(e.value) == (f"validation data too short: {data / 'val.bin'} has 50 tokens, one batch needs "
-                            f"batch_size*context_length*world_size+1 = 65")
-    _train_write_tokens(data / "val.bin", _train_docs(3000, 1), 64)
-    _train_write_tokens(data / "train.bin", _train_docs(60, 0), 64)
-    with pytest.raises(ValueError, match=f"^training data too short: {data / 'train.bin'} has 60 tokens"):
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
-
-
-def test_train_short_validation_file_is_refused_before_a_resumed_run_trains(tmp_path, _train_data):
-    data = _train_data
-    out = tmp_path / "o"
-    _bad_train_two_steps(data, out)
-    _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)
-    steps = []
-    with pytest.raises(ValueError, match="^validation data too short"):
-        train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet, on_step=steps.append)
-    assert steps == []                                                 # not one step was trained (and lost)
-
-
-# ---- --plot
-
-@pytest.mark.parametrize("content,msg", [
-    (None, "no such file"),
-    ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2\n', "line 2: not JSON"),
-    ('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n[1, 2]\n', "line 2: not a JSON object"),
-    (b"\x80\x81\xfe binary", "not a text file (expected a log.jsonl)"),
-    ('{"type": "train", "step": 1}\n{"type": "eval", "step": 1, "elapsed": 0.1}\n', "no training records to plot"),
-])
-def test_train_plot_of_a_bad_log_is_one_line(tmp_path, content, msg):
-    log = tmp_path / "log.jsonl"
-    if isinstance(content, str):
-        log.write_text(content)
-    elif content is not None:
-        log.write_bytes(content)
-    sep = " " if msg.startswith("line") else ": "
-    with pytest.raises(SystemExit) as e:
-        train.main([f"--plot={log}"])
-    assert str(e.value) == (f"train.py: {log}: {msg}" if msg.startswith("no training") else
-                            f"train.py: --plot {log}{sep}{msg}")
-    assert not list(tmp_path.glob("*.png"))
-
-
-def test_train_plot_leaves_out_records_missing_a_figure(tmp_path):
-    pytest.importorskip("matplotlib")
-    log = tmp_path / "log.jsonl"
-    log.write_text('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2}\n'
-                   '{"type": "eval", "step": 2, "val_loss": 1.9}\n')
-    assert runs.plot_log(log) == [str(tmp_path / "loss_vs_steps.png"), str(tmp_path / "loss_vs_time.png")]
-
-
-def test_train_resume_drops_torn_and_non_object_log_lines():
-    assert runs.kept_on_resume('{"type": "train", "step": 4}', 4)
-    for line in ('{"type": "train", "step": 5}', '{"type": "train", "step": 3, "lo', "[1, 2]", "7"):
-        assert not runs.kept_on_resume(line, 4), line
-
-
-# ---- sample.py, flops.py, hellaswag.py -------------------------------------------------------------------
-
-def _bad_exit(monkeypatch, script, *argv):
-    """The message main() exits with for this command line; it must be one line."""
-    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
-    with pytest.raises(SystemExit) as exc:
-        script.main()
-    message = str(exc.value)
-    assert "\n" not in message, message
-    return message
-
-
-def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
-    """A tiny train.py-format Llama checkpoint with a byte-level bpe.py tokenizer (257 tokens with <|endoftext|>)."""
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
-    tok.save_dir(str(tmp_path / "tok"))
-    torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=16,
-                           num_layers=1, num_heads=2, d_ff=32))
-    path = tmp_path / "ckpt.pt"
-    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": str(tmp_path / "tok"),
-                "iteration": 0}, path)
-    return path
-
-
-# -----------------------------------------------------------------------------
-# checkpoints and devices, the same in the three scripts
-
-
-@pytest.mark.parametrize("script", [sample, flops, hellaswag, lambada])
-@pytest.mark.parametrize("kind, expect", [("truncated", "not a readable checkpoint"),
-                                          ("empty", "not a readable checkpoint"),
-                                          ("garbage", "not a readable checkpoint"),
-                                          ("directory", "is a directory")])
-def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, expect):
-    good = _tiny_llama_ckpt(tmp_path).read_bytes()
-    bad = tmp_path / "bad.pt"
-    if kind == "directory":
-        bad.mkdir()
-    else:
-        bad.write_bytes({"truncated": good[:len(good) // 2], "empty": b"", "garbage": b"\x0e\xff not a pickle"}[kind])
-    message = _bad_exit(monkeypatch, script, f"--ckpt={bad}")
-    assert message.startswith(f"{script.__name__}.py: --ckpt {bad}: {expect}")
-
-
-@pytest.mark.parametrize("script, argv", [
-    (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
-    (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
-    (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
-    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
-def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
-    # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    argv = [a.replace("CKPT", str(_tiny_llama_ckpt(tmp_path))) for a in argv]
-    message = _bad_exit(monkeypatch, script, *argv)
-    assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
-
-
-def test_train_init_from_a_local_folder_expands_a_leading_tilde(tmp_path, monkeypatch):
-    # --init_from also takes a local Hugging Face folder (README), so ~ is expanded there as in sample.py,
-    # hellaswag.py and lambada.py; the names of OpenAI's releases and "scratch" pass through unchanged
-    monkeypatch.setenv("HOME", str(tmp_path))
-    for value, expected in (("~/hf-gpt2", f"{tmp_path}/hf-gpt2"), ("gpt2-xl", "gpt2-xl"), ("scratch", "scratch")):
-        cfg, _ = train.get_config(["--model=gpt2", f"--init_from={value}"])
-        assert cfg["init_from"] == expected
-
-
-def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path))
-    cfg, _ = train.get_config(["--out_dir=~/runs", "--data_dir=~/data", "--plot=~/log.jsonl", "--lambada_path=~/l",
-                               "--hellaswag_path=~/h", "--sample_prompt=~/not a path"])
-    assert [cfg[k] for k in ("out_dir", "data_dir", "plot", "lambada_path", "hellaswag_path", "sample_prompt")] == [
-        f"{tmp_path}/runs", f"{tmp_path}/data", f"{tmp_path}/log.jsonl", f"{tmp_path}/l", f"{tmp_path}/h", "~/not a path"]
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["stories.py", "--out=~/s.txt", "--num_bytes=1000"])
-    stories.main()
-    assert (tmp_path / "s.txt").stat().st_size >= 1000 and not (tmp_path / "~").exists()
-
-
-@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
-def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    name = f"{script.__name__}.py"
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=tpu") == (
-        f"{name}: --device: expected auto, cpu, cuda, cuda:N or mps, got 'tpu'")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda") == (
-        f"{name}: --device cuda: CUDA is not available on this machine")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3") == (
-        f"{name}: --device cuda:3: no such GPU (1 visible)")
-
-
-# -----------------------------------------------------------------------------
-# sample.py
-
-
-def test_sample_rejects_a_tokenizer_larger_than_the_model(tmp_path, monkeypatch, capsys):
-    # 257 byte-level tokens for a 200-token model: ids 200+ would index past the embedding table
-    ckpt = _tiny_llama_ckpt(tmp_path, vocab_size=200)
-    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--prompt=Hello", "--device=cpu")
-    _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / 'tok')), "257", "200")
-    assert capsys.readouterr().out == ""  # caught at load time, before the prompt is printed
-
-
-def test_sample_prompt_file_must_be_non_empty_utf8(tmp_path, monkeypatch):
-    bad = tmp_path / "latin1.txt"
-    bad.write_bytes("caf\u00e9".encode("latin-1"))
-    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{bad}") == (
-        f"sample.py: --prompt FILE:{bad}: not UTF-8 text")
-    empty = tmp_path / "empty.txt"
-    empty.write_bytes(b"")
-    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{empty}").startswith(
-        f"sample.py: --prompt FILE:{empty}: the file is empty")
-
-
-@pytest.mark.parametrize("flag, expect", [("--max_new_tokens=-5", "--max_new_tokens must be >= 0, got -5"),
-                                          ("--num_samples=0", "--num_samples must be >= 1, got 0"),
-                                          ("--seed=18446744073709551616",
-                                           "--seed must be in [0, 2**64), got 18446744073709551616"),
-                                          ("--seed=-1", "--seed must be in [0, 2**64), got -1")])
-def test_sample_count_errors_name_the_wrong_flag_and_value(monkeypatch, flag, expect):
-    assert _bad_exit(monkeypatch, sample, flag) == f"sample.py: {expect}"
-
-
-def test_sample_ckpt_and_init_from_together_are_refused(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    assert _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--init_from=gpt2") == (
-        "sample.py: give one of --ckpt PATH or --init_from NAME, not both")
-
-
-def test_sample_checkpoint_tokenizer_that_cannot_load_suggests_the_flag(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    (tmp_path / "tok").rename(tmp_path / "moved")
-    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}")
-    assert message.startswith(f"sample.py: --ckpt {ckpt}: cannot load its tokenizer {str(tmp_path / 'tok')!r} (")
-    assert message.endswith("(if it moved, or the path is relative to another folder: pass --tokenizer)")
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", f"--tokenizer={tmp_path / 'moved'}",
-                                      "--max_new_tokens=2", "--num_samples=1"])
-    sample.main()   # the flag it suggests works
-
-
-@pytest.mark.parametrize("flags", [["--d_model=512"], ["--arch=gpt2"], ["--num_layers=2", "--ffn_type=silu"]])
-def test_flops_ckpt_with_shape_flags_is_refused(tmp_path, monkeypatch, flags):
-    # the checkpoint's shape would win in silence: say so instead
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    given = ", ".join(f.split("=")[0] for f in flags)
-    assert _bad_exit(monkeypatch, flops, f"--ckpt={ckpt}", *flags) == (
-        f"flops.py: --ckpt reads the shape from the checkpoint: leave out {given} (or --ckpt, to describe the "
-        "shape with flags)")
-
-
-# -----------------------------------------------------------------------------
-# flops.py
-
-
-@pytest.mark.parametrize("flag", ["--num_layers=0", "--vocab_size=0", "--d_model=-768", "--num_heads=0",
-                                  "--context_length=0", "--d_ff=0", "--pad_vocab_to_multiple_of=0",
-                                  "--train_tokens=-1", "--gpu_mem=-1", "--gpu_mem=nan"])
-def test_flops_rejects_out_of_range_numbers(monkeypatch, flag):
-    name, value = flag.split("=")
-    message = _bad_exit(monkeypatch, flops, "--model=gpt2", "--arch=gpt2", flag)
-    assert message.startswith(f"flops.py: {name} must be ") and message.endswith(f"got {value}")
-
-
-@pytest.mark.parametrize("flags,message", [
-    (["--arch=gpt2", "--d_ff=100"], "--d_ff does not apply to --arch=gpt2"),
-    (["--arch=gpt2", "--ffn_type=silu"], "--ffn_type does not apply to --arch=gpt2"),
-    (["--pad_vocab_to_multiple_of=64"], "--pad_vocab_to_multiple_of does not apply to --arch=llama (the default)")])
-def test_flops_flags_of_the_other_architecture_are_refused(monkeypatch, flags, message):
-    # each would be ignored in silence (a GPT-2 MLP is 4*d GELU; the Llama model's vocabulary is not padded)
-    assert _bad_exit(monkeypatch, flops, "--model=gpt2", *flags) == f"flops.py: {message}"
-
-
-# -----------------------------------------------------------------------------
-# hellaswag.py
-
-
-def _bad_hs_data(path, rows):
-    """rows: (ctx, endings) with label 0."""
-    path.write_text("".join(json.dumps({"ind": i, "ctx": ctx, "endings": endings, "label": 0}) + "\n"
-                            for i, (ctx, endings) in enumerate(rows)), encoding="utf-8")
-    return path
-
-
-def test_hs_fails_when_no_example_fits_the_context(tmp_path, monkeypatch):
-    # byte-level tokens: every ending is longer than the 16-token context, so every example is skipped
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
-    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits.", ["then he stands up and walks away"] * 4)] * 2)
-    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        "hellaswag.py: no example fits the model's context (16 tokens): all 2 skipped "
-        "(an ending too long for it, or an empty context)")
-
-
-def test_hs_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=32)
-    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits down on a bench in the park.", ["a", "b", "c", "d"]),
-                                             ("He", ["e", "f", "g", "h"])])
-    monkeypatch.setattr(sys, "argv", ["hellaswag.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
-    hellaswag.main()
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert warnings == ["hellaswag.py: warning: 1 of 2 contexts were too long for the model's context (32 tokens) "
-                        "with their endings: cut from the start"]
-
-
-def test_hs_names_a_data_file_that_is_not_utf8(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    data = tmp_path / "val.jsonl"
-    data.write_bytes(b'{"ctx": "caf\xe9"}\n')
-    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"hellaswag.py: --data {data}: not UTF-8 text (expected a HellaSwag jsonl file)")
-
-
-# ---- bpe.py, stories.py, fineweb.py, experiments.py ------------------------------------------------------
-
-BAD_EOT = "<|endoftext|>"
-
-
-def _bad_corpus(path, n=60, seed=0):
-    path.write_text("".join(d + stories.SEPARATOR for d in stories.generate_stories(n, seed)), encoding="utf-8")
-    return path
-
-
-def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
-    """A small bpe.py tokenizer directory (vocab 300) trained on generated stories."""
-    vocab, merges = bpe.train_bpe(_bad_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
-    bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
-    return tmp_path / "tok"
-
-
-# ---- bpe.py ------------------------------------------------------------------------------------------------------
-
-def test_bpe_special_token_not_in_vocab_is_refused_at_load(tmp_path, monkeypatch):
-    d = _bad_tok_dir(tmp_path)
-    (d / "special_tokens.json").write_text(json.dumps([BAD_EOT, "<|pad|>"]))
-    want = f"{d / 'special_tokens.json'}: special token '<|pad|>' is not in vocab.json"
-    for load in (bpe.load_tokenizer, bpe.Tokenizer.from_dir):
-        with pytest.raises(ValueError) as e:
-            load(str(d))
-        assert str(e.value) == want
-    out = tmp_path / "out" / "x.bin"
-    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
-    assert msg == f"bpe.py: {want}" and not out.parent.exists()
-
-
-def test_bpe_tokenizer_dir_without_special_tokens_json_is_refused(tmp_path, monkeypatch):
-    d = _bad_tok_dir(tmp_path)
-    (d / "special_tokens.json").unlink()
-    with pytest.raises(ValueError, match="not a tokenizer directory \\(missing special_tokens.json\\)"):
-        bpe.load_tokenizer(str(d))
-    out = tmp_path / "out" / "x.bin"
-    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
-    assert msg == f"bpe.py: {d}: not a tokenizer directory (missing special_tokens.json)" and not out.parent.exists()
-
-
-def test_bpe_tokenizer_without_special_tokens_still_loads_and_says_no_doc_count(tmp_path, monkeypatch, capsys):
-    d = _bad_tok_dir(tmp_path, specials=())
-    assert json.loads((d / "special_tokens.json").read_text()) == [] and bpe.load_tokenizer(str(d)).eot_id is None
-    out = tmp_path / "x.bin"
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(tmp_path / "corpus.txt"), "--tokenizer", str(d),
-                                      "--out", str(out), "--workers", "1"])
-    bpe.main()
-    said = capsys.readouterr().out
-    assert "None" not in said and "no <|endoftext|> token" in said
-    assert json.loads(Path(f"{out}.json").read_text())["eot_id"] is None
-
-
-def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
-    # a worker whose start-up fails used to be restarted by the pool forever (a hang, tracebacks without end): the
-    # error now reaches the caller, from write_token_file before any work and from encode_docs at the first batch
-    # (run in a child process, so a regression fails on its timeout instead of hanging the suite)
-    d = _bad_tok_dir(tmp_path, specials=())
-    code = f"""
-import fineweb, sys
-for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
-                                               {str(d)!r}, num_workers=2),
-             lambda: list(fineweb.encode_docs(iter(["hello world"]), {str(d)!r}, "uint16", num_workers=2))):
-    try:
-        call()
-    except ValueError as e:
-        print("ValueError:", e)
-"""
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    want = f"ValueError: {d}: the tokenizer has no <|endoftext|> special token, needed to separate documents"
-    assert r.stdout.splitlines() == [want, want], r.stderr[-2000:]
-    assert not list(tmp_path.glob("x.bin*"))
-
-
-def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
-    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput
-    now = [100.0]
-    monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
-    bar = fineweb.Progress(True, start_tokens=3_000_000)
-    now[0] += 2.0
-    bar.update(10, 5_000_000, force=True)
-    assert "5,000,000 tokens | 1.00 M tok/s" in capsys.readouterr().err
-
-
-def test_bpe_input_directory_says_it_is_a_directory(tmp_path, monkeypatch):
-    (tmp_path / "dir").mkdir()
-    with pytest.raises(ValueError, match="dir: is a directory, expected a text file"):
-        bpe.train_bpe(str(tmp_path / "dir"), 300, [BAD_EOT], num_workers=1)
-    msg = _bad_exit(monkeypatch, bpe, "--input", tmp_path / "dir", "--vocab", "300", "--out", tmp_path / "t")
-    assert msg == f"bpe.py: {tmp_path / 'dir'}: is a directory, expected a text file" and not (tmp_path / "t").exists()
-    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "dir", "--out", tmp_path / "x.bin")
-    assert "is a directory" in msg and not (tmp_path / "x.bin").exists()
-
-
-def test_bpe_binary_vocab_or_merges_file_is_named(tmp_path):
-    d = _bad_tok_dir(tmp_path)
-    (d / "merges.txt").write_bytes(b"#version: 0.2\n\x97\xff \x80\n")
-    with pytest.raises(ValueError) as e:
-        bpe.load_tokenizer(str(d))
-    assert str(e.value) == f"{d / 'merges.txt'}: not UTF-8 text (expected one merge per line)"
-    (d / "vocab.json").write_bytes(b'{"\x97": 0}')
-    with pytest.raises(ValueError, match=f"^{re.escape(str(d / 'vocab.json'))}: cannot read a JSON vocabulary: "):
-        bpe.load_tokenizer(str(d))
-
-
-def test_bpe_output_paths_that_cannot_be_written_give_one_line(tmp_path, monkeypatch):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    (tmp_path / "a_file").write_text("x")
-    for out in (tmp_path / "a_file", tmp_path / "a_file" / "sub"):   # refused before training, not after
-        msg = _bad_exit(monkeypatch, bpe, "--input", corpus, "--vocab", "300", "--out", out, "--workers", "1")
-        assert msg == f"bpe.py: --out {out}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
-    d = _bad_tok_dir(tmp_path)
-    (tmp_path / "a_dir").mkdir()
-    for out in (tmp_path / "a_dir", tmp_path / "a_file" / "x.bin"):   # the OS's reason, naming the path
-        msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", d, "--out", out, "--workers", "1")
-        assert re.match(rf"^bpe.py: \[Errno \d+\] [\w ]+: '{re.escape(str(tmp_path))}/a_(dir|file)", msg), msg
-
-
-# ---- stories.py --------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
-                                        ("--seed", "-5"), ("--seed", "-1")])
-def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
-    value = str(tmp_path) if value == "DIR" else value
-    msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
-    assert msg.startswith(f"stories.py: {flag} {value}: ") and "expected" in msg
-    assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
-
-
-# ---- fineweb.py --------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
-                                   ["--prepare_tinystories", "--corpus_bytes=-5"]])
-def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
-    out = tmp_path / "out"
-    msg = _bad_exit(monkeypatch, fineweb, f"--input={_bad_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
-                    f"--out_dir={out}", *flags)
-    flag, value = flags[-1].split("=")
-    assert msg.startswith(f"fineweb.py: {flag} {value}: expected") and not out.exists()
-
-
-def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
-    with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
-        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
-    assert not (tmp_path / "d").exists()
-
-
-def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
-    (tmp_path / "a_file").write_text("x")
-    for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
-                  [f"--input={_bad_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
-        msg = _bad_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
-        assert msg == f"fineweb.py: [Errno 17] File exists: '{tmp_path / 'a_file'}'"
-
-
-# ---- experiments.py ----------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def _bad_results(tmp_path, monkeypatch):
-    """results/ and results/logs/ redirected into tmp_path."""
-    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
-    return tmp_path / "results"
-
-
 def test_experiments_negative_steps_refused_before_anything_runs(tmp_path, _bad_results):
     with pytest.raises(SystemExit) as e:
         experiments.main(["run", "--steps=-5", "--only=baseline", f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
     assert str(e.value.code).startswith("experiments.py: --steps -5: expected")
     assert not (tmp_path / "scratch").exists() and not _bad_results.exists()
-
-
-def _bad_fake_log(path, name, steps=(5, 10), evals=((0, 7.6), (10, 4.0))):
-    rows = [dict(type="experiment", name=name, groups=["ablation"], change=name, flags={}, args=[], wall=3.0),
-            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=3e-3, warmup_iters=1,
-                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
-                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
-    rows += [dict(type="train", step=s, loss=5.0 - s / 10, lr=3e-3, tokens_per_sec=100.0, elapsed=s * 1.0, tokens=s * 32)
-             for s in steps]
-    rows += [dict(type="eval", step=s, val_loss=v, val_bpb=v / math.log(2) / 3.6, elapsed=s * 1.0) for s, v in evals]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_results):
@@ -5482,10 +7559,6 @@ def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, 
                        (["list"], _bad_results)]:
         experiments.main(argv)
         assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
-
-
-def _bad_tag(path):
-    return str(path).replace("/", "-")   # an absolute path outside the repository: /tmp/x/mine -> -tmp-x-mine
 
 
 def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(tmp_path, _bad_results, capsys):
@@ -5546,19 +7619,6 @@ def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path
     assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
 
 
-@pytest.fixture
-def _bad_tiny_preset(tmp_path, monkeypatch):
-    """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
-    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
-             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
-             extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
-             base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
-                       learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
-                       grad_clip=1.0, sampler="random", eval_interval=100, num_threads=1))
-    monkeypatch.setitem(experiments.PRESETS, "tiny", p)
-    return "tiny"
-
-
 def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _bad_results, _bad_tiny_preset, capsys):
     scratch = tmp_path / "scratch"
     experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={scratch}", "--no_samples"])
@@ -5581,133 +7641,6 @@ def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _
     assert msg.startswith("experiments.py: run baseline failed (train.py exit 1: ") and "sidecar" in msg
     assert msg.endswith(f"see {tmp_path / 's' / f'tiny{_bad_tag(data)}' / 'runs' / 'baseline' / 'console.txt'}")
     assert "\n" not in msg
-
-
-
-
-# ---- flops.py, fineweb.py, lambada.py, experiments.py: gaps found by mutation testing (each test fails on its mutant) ---
-
-def test_flops_max_batch_size_uses_decimal_gigabytes():
-    # tiny Llama (see test_flops_tiny_shape_hand_computed): fixed = 16 bytes x 228 params = 3648 bytes,
-    # per sequence = 4 bytes x 896 floats = 3584 bytes; GB is 1e9 bytes, not 2**30
-    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
-    assert flops.memory_bytes(cfg, 8) == (3648, 3584)
-    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 + 0.5) / 1e9) == 2
-    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 - 0.5) / 1e9) == 1
-    assert flops.max_batch_size(cfg, 8, 3000 / 1e9) == 0  # not even the weights and optimizer state fit
-    # GPT-2 XL at context 1024: 26.25 GB fixed + 16.37 GB per sequence; 40 GB holds none, 80 GB three
-    assert flops.max_batch_size(_FLOPS_XL, 1024, 40) == 0 and flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
-
-
-def test_flops_report_time_to_train_is_chinchilla_tokens_at_the_assumed_mfu():
-    # hand-computed forward matmul FLOPs per token of GPT-2 XL (Llama shape) at T = 1024:
-    # per layer Q/K/V/O 8*d^2 + attention 4*T*d + SwiGLU 6*d*d_ff, then the head 2*d*V
-    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
-    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
-    tokens = 20 * N
-    for mfu in (0.5, 0.25):
-        out = flops.report(_FLOPS_XL, [1024], mfu_assumed=mfu, gpus=("H100", "A100"))
-        assert f"time to train 32.81B tokens (20 x params, Chinchilla) at context 1,024: {3 * fwd * tokens:.3e} FLOPs" in out
-        for gpu, peak in (("H100", 989.4e12), ("A100", 312e12)):
-            days = 3 * fwd * tokens / (mfu * peak) / 86400
-            assert f"1 x {gpu:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu:.0f}% MFU: {days:.1f} days" in out
-
-
-def test_flops_fp32_peak_follows_the_matmul_precision():
-    # fp32 matmuls run on TF32 tensor cores only when torch allows it ("high"/"medium"); "highest" is true fp32
-    before = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("highest")
-        assert flops.peak_flops("H100", "fp32") == 66.9e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 19.5e12
-        torch.set_float32_matmul_precision("high")
-        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
-        assert flops.peak_flops("H100", "tf32") == 494.7e12
-        torch.set_float32_matmul_precision("medium")
-        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
-    finally:
-        torch.set_float32_matmul_precision(before)
-
-
-def test_flops_cpu_peak_counts_two_flops_per_multiply_add_of_the_timed_matmul(monkeypatch):
-    # an (n, n) @ (n, n) product is n^3 multiply-adds, 2 n^3 FLOPs: at 0.5 s a product (a fake clock) the peak is
-    # 4 n^3 FLOP/s (half of it would double every CPU MFU that train.py reports)
-    ticks = iter(0.5 * i for i in range(100))
-    monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
-    assert flops._measure_cpu_peak("float32", n=8, repeats=3) == 2 * 8 ** 3 / 0.5
-
-
-def test_flops_peak_table_never_matches_a_name_inside_a_longer_model_number():
-    # RTX A4000 is no A40 and RTX A1000 no A100: unknown, not silently another card's peak
-    for name in ("NVIDIA RTX A4000", "NVIDIA RTX A1000", "NVIDIA H1000"):
-        with pytest.raises(ValueError, match="no peak"):
-            flops.peak_flops(name, "bf16")
-
-
-def test_fw_choose_dtype_uint16_holds_exactly_65536_ids():
-    assert fineweb.choose_dtype(65536, "uint16") == "uint16"  # ids 0..65535
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(65537, "uint16")
-    assert fineweb.choose_dtype(65537, "uint32") == "uint32"
-
-
-def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
-    got = fineweb.prepare_tinystories(tmp_path / "ts", vocab_size=280, allow_download=False, log=lambda *a: None,
-                                      corpus_bytes=20_000, num_workers=1)
-    d = Path(got["data_dir"])
-    train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
-    assert len(val_docs) >= 1 and len(train_docs) > 10
-    assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
-
-
-def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
-    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
-    docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
-    per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
-    assert per_doc[0] == 20 * 41 + 2 + 15
-    logs = []
-    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
-    assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
-    # a budget met exactly by 3 documents stops there: no 4th
-    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
-                                    log=logs.append)
-    assert f"on {sum(per_doc[:3]):,} bytes" in logs[-1]
-
-
-def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
-    docs = [f"doc {i}" for i in range(40)]
-    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert sorted(a) == sorted(docs) and a != docs
-    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-
-
-def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
-    # a uniform model: every target piece costs log(V). 20 copies of the 7 passages (9 target pieces) sum to an
-    # nll far above 700, as any real test set does; ppl is exp(mean nll per passage) = V ** (9 / 7)
-    tok = _lb_tokenizer()
-    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
-    r = lambada.evaluate(model, tok, _lb_examples() * 20, "cpu", batch_size=32)
-    nll = 20 * 9 * math.log(tok.vocab_size)
-    assert r["num_total"] == 140 and r["nll"] > 700 and r["nll"] == pytest.approx(nll, rel=1e-5)
-    assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
-
-
-def test_lambada_perplexity_of_a_confidently_wrong_model_is_not_capped_early():
-    # a model that gives every target piece a logit 100 below the rest: the mean nll per passage is ~130 nats, so
-    # ppl is exp(~130) (~1e56), a finite float64: only a mean above ~709 would overflow, and only there may it be
-    # capped (a cap at, say, 70 would report e^70 for any model this bad)
-    tok = _lb_tokenizer()
-    for penalty in (100.0, 1000.0):
-        table = torch.zeros(tok.vocab_size, tok.vocab_size)
-        for target in _LB_TARGETS:
-            table[:, tok.encode(target)] = -penalty
-        nll = sum(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target))[0]
-                  for text, target in zip(_LB_PASSAGES, _LB_TARGETS))
-        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu")
-        assert r["num_total"] == 7 and r["nll"] == pytest.approx(nll, rel=1e-5)
-        if nll / 7 < 700:
-            assert 100 < nll / 7 and r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-4)
-        else:   # exp(1290) overflows a float64: capped, finite, still above every uncapped perplexity below it
-            assert math.isfinite(r["ppl"]) and r["ppl"] >= math.exp(700)
 
 
 def test_experiments_best_run_skips_a_divergent_run_listed_first(tmp_path, monkeypatch):
@@ -5787,1666 +7720,6 @@ def test_experiments_summary_reports_the_last_eval_not_the_best():
             dict(type="eval", step=10, val_loss=4.3, val_bpb=1.7, elapsed=10.0)]  # the loss went up at the end
     s = experiments.summarize(rows)
     assert (s["step"], s["val_loss"], s["val_bpb"]) == (10, 4.3, 1.7)
-
-
-# ---- model.py, sample.py: gaps found by mutation testing (each test fails on its mutant) -----------------------------
-
-def test_model_embedding_init_is_unit_trunc_normal():
-    # CS336 init: embeddings N(0, 1) truncated at +-3 (std 0.9866 after the truncation); linears std
-    # sqrt(2 / (in + out)) truncated at +-3 std
-    torch.manual_seed(0)
-    emb = M.Embedding(1000, 256)
-    assert abs(emb.weight.std().item() - 0.9866) < 0.01 and emb.weight.abs().max().item() > 2.9
-    lin = M.Linear(256, 512)
-    std = (2 / (256 + 512)) ** 0.5
-    assert abs(lin.weight.std().item() / std - 0.9866) < 0.01 and lin.weight.abs().max().item() > 2.9 * std
-
-
-@pytest.mark.parametrize("theta", [500.0, 500000.0])
-def test_model_llama_matches_transformers_at_another_rope_theta(theta):
-    # rope_theta must reach the rotary tables (every other test uses the 10000 default)
-    ours = _model_llama(rope_theta=theta, attn_impl="scratch")
-    hf = _model_llama_to_hf(ours)
-    ids = _model_ids(97)
-    with torch.no_grad():
-        ref, out = hf(ids).logits, ours(ids)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-
-
-def test_model_llama_gradients_match_transformers():
-    # the hand-written backwards (RoPE, softmax, cross-entropy) against HF autograd on the same weights
-    ours = _model_llama(attn_impl="scratch")
-    hf = _model_llama_to_hf(ours)
-    ids = _model_ids(97)
-    targets = torch.roll(ids, -1, 1)
-    M.lm_loss(ours, ids, targets).backward()
-    F.cross_entropy(hf(ids).logits.view(-1, 97), targets.view(-1)).backward()
-    H, d_k = 4, 16
-    halves = lambda w: w.view(H, d_k // 2, 2, -1).transpose(1, 2).reshape(w.shape)
-    for i, layer in enumerate(ours.layers):
-        ref = hf.model.layers[i].self_attn
-        torch.testing.assert_close(halves(layer.attn.q_proj.weight.grad), ref.q_proj.weight.grad, rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(halves(layer.attn.k_proj.weight.grad), ref.k_proj.weight.grad, rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(layer.attn.v_proj.weight.grad, ref.v_proj.weight.grad, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(ours.token_embeddings.weight.grad, hf.model.embed_tokens.weight.grad,
-                               rtol=1e-4, atol=1e-6)
-
-
-def test_model_rope_gradient_is_the_inverse_rotation():
-    rope = M.RotaryPositionalEmbedding(10000.0, 16, 64)
-    pos = torch.randint(0, 64, (2, 1, 12))
-    x = torch.randn(2, 3, 12, 16, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: rope(t, pos), (x,))
-
-
-def test_model_cache_longer_than_the_context_is_refused():
-    # a cache with room past the context: the position check, not an IndexError from the tables
-    for m in (_model_llama(), M.GPT(M.GPTConfig(block_size=32, vocab_size=97, n_layer=2, n_head=4, n_embd=64))):
-        cache = m.init_kv_cache(1, max_seq_len=40)
-        with torch.no_grad():
-            m.forward_with_cache(_model_ids(97, (1, 32)), cache)
-            with pytest.raises(ValueError, match="position 33 exceeds"):
-                m.forward_with_cache(_model_ids(97, (1, 1)), cache)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_bad_top_k_and_max_new_tokens():
-    m = _sample_models()[0]
-    for k in (0, -1):
-        with pytest.raises(ValueError, match="top_k"):
-            sample.generate(m, [[1]], 3, top_k=k)
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        sample.generate(m, [[1]], -1)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_sliding_window_follows_the_documented_scheme():
-    # past the context the oldest half of the window is dropped: the plain uncached loop of that definition
-    for m in _sample_models():
-        ctx = m.context_length
-        for prompt in ([1, 2, 3], list(range(1, 17))):
-            ids, start = list(prompt), 0
-            for _ in range(40):
-                if len(ids) - start > ctx:
-                    start = len(ids) - ctx // 2
-                logits = M.logits(m, torch.tensor([ids[start:]]))
-                ids.append(int(logits[0, -1].argmax()))
-            assert sample.generate(m, [prompt], 40, temperature=0.0) == [ids[len(prompt):]]
-
-
-@pytest.mark.usefixtures("_sample_single_thread", "_sample_fixed_uniform")
-def test_sample_temperature_scales_the_logits():
-    # hand-computed inverse CDF on softmax(logits / T): u is fixed, so the drawn token pins the distribution
-    logits = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
-    for T, u, want in [(1.0, 0.45, 1), (1.0, 0.55, 2), (0.5, 0.45, 2), (2.0, 0.22, 0)]:
-        # at T = 0.5 the probabilities are (0.04, 0.09, 0.25) / 0.38: cdf 0.105, 0.342; at T = 2 cdf 0.2628, 0.5846
-        g = _FixedUniform(u)
-        assert sample.sample_next(logits, T, generator=g).tolist() == [want], (T, u)
-
-
-class _FixedUniform:
-    """Stands in for a torch.Generator in draw(): torch.rand is patched to return u."""
-    def __init__(self, u):
-        self.u, self.device = u, torch.device("cpu")
-
-
-@pytest.fixture
-def _sample_fixed_uniform(monkeypatch):
-    real = torch.rand
-
-    def fake(*shape, generator=None, **kw):
-        if isinstance(generator, _FixedUniform):
-            return torch.full(shape, generator.u, dtype=kw.get("dtype", torch.float32))
-        return real(*shape, generator=generator, **kw)
-    monkeypatch.setattr(torch, "rand", fake)
-
-
-@pytest.mark.usefixtures("_sample_fixed_uniform")
-def test_sample_draw_inverse_cdf_boundaries():
-    # each token owns [cdf_before, cdf): u on a boundary goes to the next token; a zero-probability token never
-    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5]])
-    for u, want in [(0.0, 1), (0.25, 1), (0.5, 3), (0.9999, 3)]:
-        assert sample.draw(probs, _FixedUniform(u)).tolist() == [want], u
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cli_samples_differ_keep_the_prompt_tail_and_stop(tmp_path, capsys, monkeypatch):
-    import bpe
-    torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    tok_dir = _sample_byte_tokenizer(tmp_path)
-    tok = bpe.load_tokenizer(tok_dir)
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
-    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--no_stop"]
-    # 1) a prompt longer than the context keeps its LAST tokens: the greedy text is generate() on them
-    monkeypatch.setattr(sys, "argv", base + ["--prompt=abcdefghijkl", "--num_samples=1", "--max_new_tokens=6",
-                                             "--temperature=0"])
-    sample.main()
-    want = tok.decode(sample.generate(m, [tok.encode("abcdefghijkl")[-8:]], 6, temperature=0.0)[0])
-    assert capsys.readouterr().out == "---------- sample 1/1\nabcdefghijkl" + want + "\n"
-    # 2) --num_samples draws with one generator seeded once: the samples continue its stream (they differ)
-    monkeypatch.setattr(sys, "argv", base + ["--prompt=ab", "--num_samples=2", "--max_new_tokens=12", "--seed=3"])
-    sample.main()
-    g = torch.Generator().manual_seed(3)
-    texts = [tok.decode(sample.generate(m, [tok.encode("ab")], 12, generator=g)[0]) for _ in range(2)]
-    assert texts[0] != texts[1]
-    assert capsys.readouterr().out == "".join(f"---------- sample {k + 1}/2\nab{t}\n" for k, t in enumerate(texts))
-    # 3) without --no_stop generation ends at <|endoftext|>: a model that always predicts it prints nothing new
-    with torch.no_grad():
-        m.token_embeddings.weight.fill_(1.0)
-        for layer in m.layers:
-            layer.attn.output_proj.weight.zero_()
-            layer.ffn.w2.weight.zero_()
-        m.lm_head.weight.zero_()
-        m.lm_head.weight[tok.eot_id] = 1.0
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
-    monkeypatch.setattr(sys, "argv", base[:-1] + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=5"])
-    sample.main()
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
-    monkeypatch.setattr(sys, "argv", base + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=2"])
-    sample.main()
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi<|endoftext|><|endoftext|>\n"
-
-
-def test_model_gpt_mlp_is_the_tanh_gelu_of_gpt2():
-    # GPT-2's "gelu_new" (tanh approximation), by its formula, on pre-activations of size ~1-4 where it differs
-    # from the exact erf GELU by up to ~1e-3 (the tiny random-init models elsewhere stay near 0, where both agree)
-    mlp = M.MLP(M.GPTConfig(n_embd=16, n_head=2))
-    with torch.no_grad():
-        mlp.c_fc.weight.normal_(0, 1.0)
-    x = torch.randn(4, 16, dtype=torch.float64)
-    mlp = mlp.double()
-    h = F.linear(x, mlp.c_fc.weight, mlp.c_fc.bias)
-    gelu_new = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
-    torch.testing.assert_close(mlp(x), F.linear(gelu_new, mlp.c_proj.weight, mlp.c_proj.bias), rtol=1e-10, atol=1e-10)
-
-
-def test_model_checkpoint_keys_from_any_wrapper_order(tmp_path):
-    # DDP(torch.compile(m)) saves module._orig_mod.*, torch.compile(DDP(m)) _orig_mod.module.*
-    m = _model_llama()
-    ids = _model_ids(97)
-    for prefix in ("_orig_mod.module.", "module._orig_mod.", "_orig_mod._orig_mod."):
-        ckpt = {"model": {prefix + k: v for k, v in m.state_dict().items()}, "model_config": m.model_config()}
-        loaded = M.model_from_checkpoint(ckpt)
-        torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
-        assert M.unwrapped_state_dict(ckpt["model"]).keys() == m.state_dict().keys()
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_every_row_stops_at_its_own_end_of_text():
-    # the stop token is taken from each row in turn, so every row (not only row 0) must honour it
-    prompts = [[1, 2, 3], [4], [5, 6]]
-    for m in _sample_models():
-        run = lambda **kw: sample.generate(m, prompts, 12, temperature=1.0,
-                                           generator=torch.Generator().manual_seed(5), **kw)
-        free = run()
-        for r in range(len(prompts)):
-            stop = free[r][5]
-            got = run(stop_token=stop)
-            assert got == [f[:f.index(stop)] if stop in f else f for f in free]
-            assert len(got[r]) <= 5
-
-
-# ---- bpe.py, train.py: gaps found by mutation testing (each test fails on its mutant) ---------------------------
-
-def test_bpe_whitespace_table_is_exactly_regex_backslash_s():
-    # the str.split fast path is exact only if its whitespace table is the regex module's \s, every character of it
-    ws = set(regex.findall(r"\s", "".join(map(chr, range(0x110000)))))   # every code point, one pass
-    assert set(bpe._WS_CHARS) == ws and set(bpe._NONSPACE_WS) == ws - {" "}
-
-
-@needs_gpt2_files
-def test_bpe_gpt2_files_match_tiktoken_with_rare_whitespace():
-    # U+0085 (NEL), U+2028, U+3000 ... next to space runs: the fast path must cut these runs as the regex does
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    tok = _bpe_gpt2()
-    rng = random.Random(3)
-    alphabet = [" ", "  ", "\n", "a", "Bc", "!", "\t"] + [c for c in bpe._WS_CHARS if c not in " \t\n"] + ["\x85", "\u2028"]
-    for text in ["  \n\n\x85  a! "] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(3000)]:
-        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
-        counts = Counter()
-        bpe._count_pretokens(text, [], counts)
-        assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text)), repr(text)
-
-
-def test_bpe_truncated_utf8_at_the_end_of_the_file_is_replaced_and_counted(tmp_path, capsys):
-    # a file that ends inside a multi-byte character: the incremental decoder must be flushed (final=True), and
-    # the warning counts invalid BYTES (one U+FFFD here stands for two of them)
-    data = b"good text\n" + _BPE_EOT.encode() + b"\nthe end \xe2\x82"
-    (tmp_path / "t.txt").write_bytes(data)
-    for workers in (1, 2):
-        stats = {}
-        counts = bpe.count_pretokens_file(tmp_path / "t.txt", [_BPE_EOT], num_workers=workers, stats=stats,
-                                          min_chunk_bytes=8)
-        docs = data.decode("utf-8", "replace").split(_BPE_EOT)
-        assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
-        assert counts[" \ufffd"] == 1 and stats["invalid_bytes"] == 2
-    assert "2 bytes of invalid UTF-8 replaced" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("n_vocab,dtype", [(65536, np.uint16), (65537, np.uint32)])
-def test_bpe_encode_file_dtype_at_the_uint16_boundary(tmp_path, n_vocab, dtype):
-    # ids up to 65535 fit uint16; a vocabulary of 65537 has id 65536, which would wrap to 0 in uint16
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab.update({i: f"<f{i}>".encode() for i in range(256, n_vocab - 1)})
-    bpe.Tokenizer(vocab, [], [_BPE_EOT]).save_dir(tmp_path / "tok")   # the special token takes the last id
-    (tmp_path / "in.txt").write_text("hi<|endoftext|>yo", encoding="utf-8")
-    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
-    assert meta["vocab_size"] == n_vocab and meta["eot_id"] == n_vocab - 1
-    assert meta["dtype"] == np.dtype(dtype).name
-    assert np.fromfile(tmp_path / "o.bin", dtype=dtype).tolist() == [104, 105, n_vocab - 1, 121, 111]
-
-
-def _train_byte_data(tmp_path):
-    """Token files of random lowercase words under a byte-level bpe.py tokenizer (257 ids, eot 256) in data/tok."""
-    d = tmp_path / "data"
-    d.mkdir()
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [bpe.EOT])
-    tok.save_dir(d / "tok")
-    eot = tok.eot_id  # 256
-
-    def docs(n, seed):
-        r = np.random.default_rng(seed)
-        out = []
-        while len(out) < n:
-            out += [eot] + r.integers(97, 123, size=r.integers(3, 20)).tolist()
-        return out[:n]
-    _train_write_tokens(d / "train.bin", docs(20000, 0), 257, eot_id=eot, tokenizer=str(d / "tok"))
-    _train_write_tokens(d / "val.bin", docs(3000, 1), 257, eot_id=eot, tokenizer=str(d / "tok"))
-    return d, tok
-
-
-def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
-    # one token per byte and 0 bytes per end-of-text token: bytes/token is counted by hand over the scored targets,
-    # and every logged evaluation (not only the summary) reports val_loss / ln 2 / bytes_per_token
-    d, tok = _train_byte_data(tmp_path)
-    eot = tok.eot_id
-    val = np.fromfile(d / "val.bin", dtype=np.uint16).tolist()
-    n = 2 * 4 * 16                                   # eval_iters x batch_size x context_length targets
-    assert val[0] == eot != val[n]                   # inputs val[:n] and targets val[1:n+1] differ by one eot
-    targets = val[1:n + 1]
-    bpt = sum(t != eot for t in targets) / len(targets)
-    assert train.bytes_per_token(tok, targets, eot) == pytest.approx(bpt, rel=1e-12)
-    s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, eval_iters=2),
-                    log=_train_quiet)
-    evals = _train_records(tmp_path / "o", "eval")
-    assert [r["step"] for r in evals] == [0, 1, 2]
-    for r in evals:
-        assert r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2) / bpt, rel=1e-9)
-    assert s["val_bpb"] == pytest.approx(s["val_loss"] / math.log(2) / bpt, rel=1e-9)
-
-
-def test_train_sample_prompt_longer_than_the_context_is_said_once_and_cut(tmp_path):
-    d, tok = _train_byte_data(tmp_path)
-    lines = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")   # no Python warning (two lines, with a source line) from generate()
-        s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, num_samples=1,
-                                   sample_tokens=2, sample_prompt="abcdefghijklmnopqrstuvwxyz"), log=lines.append)
-    assert [line for line in lines if "--sample_prompt" in line] == [
-        "train.py: --sample_prompt is 26 tokens, the context is 16: the samples keep its last 16"]
-    assert len(s["samples"]) == 1 and s["samples"][0].startswith("klmnopqrstuvwxyz")
-    # each evaluation's log record carries its samples (the last: the ones the run returns)
-    evals = _train_records(tmp_path / "o", "eval")
-    assert [len(r["samples"]) for r in evals] == [1, 1, 1] and evals[-1]["samples"] == s["samples"]
-
-
-def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train_data):
-    # the logged training loss is the mean over all micro-steps, not the last micro-step's share
-    kw = dict(max_iters=3, log_interval=1)
-    train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, **kw), log=_train_quiet)
-    train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, **kw), log=_train_quiet)
-    a, b = _train_records(tmp_path / "a", "train"), _train_records(tmp_path / "b", "train")
-    assert [r["step"] for r in b] == [1, 2, 3]
-    for ra, rb in zip(a, b):
-        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
-        assert rb["tokens"] == ra["tokens"] == ra["step"] * 8 * 16
-
-
-_TRAIN_DDP_KW = dict(total_batch_tokens=256, max_iters=3, warmup_iters=1, eval_tokens=256, eval_interval=2, log_interval=1,
-               num_threads=1)
-
-
-def _train_ddp_worker(rank, world, port, data_dir, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    flops.peak_flops = lambda device, dtype: 1e9   # a known peak: MFU becomes a number computed by hand
-    # first, in the same process group: the random sampler (a stream per rank) straight to step 4, and to step 2
-    # then resumed to 4 (each rank must get its own loader state back)
-    kw = dict(sampler="random", lr_decay_iters=4, num_threads=1)
-    for sub, more in (("rand_a", dict(max_iters=4)), ("rand_b", dict(max_iters=2)), ("rand_b", dict(max_iters=4, resume=True))):
-        train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet, teardown=False)
-        dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
-    # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it at the end of the next step, so
-    # both stop after step 2 and the checkpoint is written; resumed to step 4 it ends where rand_a did
-    import signal
-    term = Path(out_dir) / "term"
-    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet, teardown=False,
-                          on_step=lambda step: rank == 1 and step == 1 and os.kill(os.getpid(), signal.SIGTERM))
-    if rank == 1:   # the repeat torchrun sends may come after the loop: still ignored, the teardown goes on
-        os.kill(os.getpid(), signal.SIGTERM)
-    dist.barrier()
-    stopped["ckpt_step"] = torch.load(term / "ckpt.pt", weights_only=True)["iteration"]
-    dist.barrier()
-    train.train(_train_cfg(data_dir, term, **kw, max_iters=4, resume=True), log=_train_quiet, teardown=False)
-    dist.barrier()
-    Path(out_dir, f"term{rank}.json").write_text(json.dumps(
-        {k: stopped[k] for k in ("step", "stopped_by", "interrupted", "ckpt_step")}))
-    # then the run compared with one process, watched: what each rank prints and saves, and how often the
-    # gradients are all-reduced (one bucket for this tiny model, so once per synchronised backward)
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    said, saves, synced = [], [], []
-    real_save = train.save_checkpoint
-    train.save_checkpoint = lambda *a, **k: (saves.append(a[2]), real_save(*a, **k))[1]
-
-    class CountingDDP(torch.nn.parallel.DistributedDataParallel):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-
-            def hook(state, bucket):
-                synced.append(1)
-                return default_hooks.allreduce_hook(None, bucket)
-            self.register_comm_hook(None, hook)
-    torch.nn.parallel.DistributedDataParallel = CountingDDP
-    train.train(_train_cfg(data_dir, out_dir, **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=said.append)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(dict(
-        said=len(said), saves=saves, synced=len(synced), initialized=dist.is_initialized())))
-
-
-def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_logged_figure(tmp_path, _train_data,
-                                                                                             monkeypatch):
-    # 1 process x 4 micro-steps == 2 processes x 2 micro-steps (gradients all-reduced once, after the last one):
-    # the same weights, the same validation loss on the same eval_tokens, the same logged training loss, tokens
-    # and tokens/s (the whole step's, all ranks), and MFU per process (tokens/s / world over the peak)
-    monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 1e9)
-    train.train(_train_cfg(_train_data, tmp_path / "one", **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=_train_quiet)
-    _spawn_ranks(_train_ddp_worker, str(_train_data), str(tmp_path / "two"))
-    a, b = _train_weights(tmp_path / "one" / "ckpt.pt"), _train_weights(tmp_path / "two" / "ckpt.pt")
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
-    ev1, ev2 = _train_records(tmp_path / "one", "eval"), _train_records(tmp_path / "two", "eval")
-    assert [r["step"] for r in ev2] == [r["step"] for r in ev1] == [0, 2, 3]
-    for r1, r2 in zip(ev1, ev2):
-        assert r2["val_loss"] == pytest.approx(r1["val_loss"], rel=1e-5)
-    mcfg = torch.load(tmp_path / "one" / "ckpt.pt", weights_only=True)["model_config"]
-    per_token = flops.train_flops_per_token(mcfg, 16)
-    tr1, tr2 = _train_records(tmp_path / "one", "train"), _train_records(tmp_path / "two", "train")
-    assert [r["step"] for r in tr2] == [r["step"] for r in tr1] == [1, 2, 3]
-    for world, recs in ((1, tr1), (2, tr2)):
-        for r in recs:
-            assert r["tokens"] == r["step"] * 256 and r["tokens_per_sec"] == pytest.approx(256.0)
-            assert r["mfu"] == pytest.approx(per_token * 256 / world / 1e9, rel=1e-9)
-    for r1, r2 in zip(tr1, tr2):
-        assert r2["loss"] == pytest.approx(r1["loss"], rel=1e-5)
-    # only rank 0 prints and writes checkpoints (at the evaluation step 2 and the end); gradients are all-reduced
-    # once per optimizer step, on the last of the 2 micro-steps (no_sync before); the process group is torn down
-    obs = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert obs[0]["said"] > 0 and obs[1]["said"] == 0
-    assert [o["saves"] for o in obs] == [[2, 3], []]
-    assert [o["synced"] for o in obs] == [3, 3]
-    assert [o["initialized"] for o in obs] == [False, False]
-    # random sampler under DDP: each rank's own loader state is saved and restored, so the resume is exact
-    ck = torch.load(tmp_path / "two" / "rand_b" / "ckpt.pt", weights_only=True)
-    assert len(ck["loader"]) == 2 and ck["loader"][0]["rng"] != ck["loader"][1]["rng"]
-    a, b = _train_weights(tmp_path / "two" / "rand_a" / "ckpt.pt"), _train_weights(tmp_path / "two" / "rand_b" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    # a stop request on one rank stops every rank at the same step, with a checkpoint to resume from exactly
-    assert [json.loads((tmp_path / "two" / f"term{r}.json").read_text()) for r in (0, 1)] == [
-        dict(step=2, stopped_by="a stop request on another rank", interrupted=True, ckpt_step=2),
-        dict(step=2, stopped_by="SIGTERM", interrupted=True, ckpt_step=2)]
-    c = _train_weights(tmp_path / "two" / "term" / "ckpt.pt")
-    assert all(torch.equal(a[k], c[k]) for k in a)
-
-
-def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    t = [0.0]
-
-    def clock():   # rank 1's clock runs 3x as fast: a step takes 1 s on rank 0, 3 s on rank 1
-        t[0] += 1.0 if rank == 0 else 3.0
-        return t[0]
-    s = train.train(_train_cfg(data_dir, out_dir, time_budget="6s", max_iters=100, warmup_iters=0, num_threads=1),
-                    clock=clock, log=_train_quiet)
-    Path(out_dir, f"budget{rank}.json").write_text(json.dumps({k: s[k] for k in ("step", "elapsed", "last_lr")}))
-
-
-def test_train_ddp_time_budget_follows_rank_0s_clock_on_every_rank(tmp_path, _train_data):
-    # ranks whose clocks disagree must still stop after the same step and follow the same clock-driven schedule
-    # (else their learning rates, so their weights, drift apart, and a rank that stops alone hangs its peers):
-    # every rank takes rank 0's elapsed time (a broken sync hangs: _spawn_ranks turns that into a failure)
-    _spawn_ranks(_train_ddp_budget_worker, str(_train_data), str(tmp_path))
-    got = [json.loads((tmp_path / f"budget{r}.json").read_text()) for r in (0, 1)]
-    assert got[0] == got[1] and got[0]["step"] == 6 and got[0]["elapsed"] == 6.0
-
-
-def test_train_random_sampler_draws_every_window_of_every_shard_in_proportion():
-    # several shards: a row picks a shard in proportion to its number of windows (len - T), then any window in it,
-    # the last one included (a shard of exactly T+1 tokens has one)
-    T = 4
-    small = np.arange(0, T + 1, dtype=np.uint16)             # 1 window
-    big = np.arange(100, 100 + T + 9, dtype=np.uint16)        # 9 windows
-    s = train.RandomSampler([("s", small, {}), ("b", big, {})], batch_size=8, context_length=T, seed=0)
-    starts, n_small, n = set(), 0, 0
-    for _ in range(250):
-        x, y = s.next_batch("cpu")
-        assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(x, x[:, :1] + torch.arange(T))
-        first = x[:, 0].tolist()
-        starts.update(first)
-        n_small += sum(v < 100 for v in first)
-        n += len(first)
-    assert starts == {0} | set(range(100, 109))
-    assert 0.07 < n_small / n < 0.13, n_small / n            # 1 of 10 windows
-
-
-def _train_crash_at(n):
-    def crash(step):
-        if step == n:
-            raise RuntimeError("simulated crash")
-    return crash
-
-
-def test_train_time_budget_resume_continues_the_clock(tmp_path, _train_data):
-    # a --time_budget run resumed from a checkpoint spends only what was left of the budget (the elapsed time is
-    # restored), and ends where the straight run ends, bit for bit
-    kw = dict(time_budget="8s", max_iters=100, warmup_iters=0, ckpt_interval=4)
-    straight = train.train(_train_cfg(_train_data, tmp_path / "a", **kw), clock=_train_fake_clock(), log=_train_quiet)
-    assert straight["step"] == 8 and straight["elapsed"] == pytest.approx(8.0)
-    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, clock=_train_fake_clock(), on_step=_train_crash_at(6), log=_train_quiet)
-    resumed = train.train(dict(cfg, resume=True), clock=_train_fake_clock(), log=_train_quiet)
-    assert resumed["step"] == 8 and resumed["elapsed"] == pytest.approx(8.0)
-    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, compiled):
-    # torch.compile compiles inside the first step (a minute for GPT-2 on a GPU): that is not training, so it
-    # neither spends the budget nor moves the clock-driven schedule past its warmup. The fake clock's step 1
-    # takes 61 s, every other step 1 s (clock calls: the run's start, then a step's start and end)
-    t, calls = [0.0], [0]
-
-    def clock():
-        calls[0] += 1
-        t[0] += 61.0 if calls[0] == 3 else 1.0
-        return t[0]
-    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=10,
-                     learning_rate=1e-3, log_interval=1, compile=compiled, compile_backend="eager")
-    s = train.train(cfg, clock=clock, log=_train_quiet)
-    rows = [json.loads(l) for l in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
-    lr = {r["step"]: r["lr"] for r in rows if r["type"] == "train"}
-    if compiled:   # 20 one-second steps after the first; step 2 still warming up (the schedule at step 1)
-        assert s["step"] == 21 and s["elapsed"] == pytest.approx(20.0)
-        assert lr[2] == pytest.approx(train.get_lr_cosine_schedule(1, 1e-3, 1e-4, 10, 1000))
-    else:          # eager: the slow first step is training time like any other, and spends the whole budget
-        assert s["step"] == 1 and s["elapsed"] == pytest.approx(61.0)
-
-
-def test_model_rank_gpu_maps_local_rank_to_a_visible_gpu(monkeypatch):
-    # torchrun's LOCAL_RANK is the GPU's index, unless the launcher shows each process only its own GPU
-    for visible, local_rank, index in ((8, 3, 3), (1, 3, 0), (2, 0, 0), (2, 1, 1)):
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
-        assert M.rank_gpu(local_rank) == torch.device("cuda", index)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    with pytest.raises(ValueError, match=r"^LOCAL_RANK 5: only 4 GPUs are visible \(torchrun --nproc_per_node"):
-        M.rank_gpu(5)
-
-
-def test_train_cuda_rng_state_is_this_processs_gpu_only(monkeypatch):
-    # checkpoints keep the current GPU's generator only: a resume that sees fewer GPUs (or is another rank) still
-    # loads
-    restored = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.tensor([7], dtype=torch.uint8))
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state.tolist()))
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every GPU's state saved"))
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: pytest.fail("every GPU's state set"))
-    state = runs.rng_state()
-    assert state["cuda"].tolist() == [7]
-    runs.set_rng_state(state)
-    assert restored == [[7]]
-
-
-def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
-    # --tf32/--dtype/--pad_vocab/--fused/--compile=auto: all on for a CUDA device, all off elsewhere; --dtype=auto is
-    # bfloat16 only on a GPU that has it natively (a V100 only emulates it: float32 there); a given value wins
-    native = {True: True, False: True}   # is_bf16_supported(including_emulation=...)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native[including_emulation])
-    on = dict(tf32=True, dtype="bfloat16", pad_vocab=64, fused=True, compile=True)
-    off = dict(tf32=False, dtype="float32", pad_vocab=1, fused=False, compile=False)
-    auto = dict(train.DEFAULTS)
-    assert train.device_settings(auto, torch.device("cuda", 1)) == on
-    assert train.device_settings(auto, torch.device("cpu")) == off
-    native[False] = False   # bf16 emulated only
-    assert train.device_settings(auto, torch.device("cuda")) == dict(on, dtype="float32")
-    given = dict(auto, tf32="false", dtype="bfloat16", pad_vocab="false", fused="false", compile="false")
-    assert train.device_settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
-    given = dict(auto, tf32="true", dtype="float32", pad_vocab="true", fused="true", compile="true")
-    assert train.device_settings(given, torch.device("cpu")) == dict(on, dtype="float32")
-
-
-def test_train_torchrun_rank_takes_its_local_ranks_gpu_and_nccl(monkeypatch):
-    # the second node of two with 8 GPUs each: RANK 9 is LOCAL_RANK 1, so cuda:1 (not cuda:9), and NCCL; gloo off CUDA
-    monkeypatch.setenv("RANK", "9")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "16")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    assert train.torchrun_rank(torch.device("cuda")) == (9, 1, 16, torch.device("cuda", 1), "nccl")
-    assert train.torchrun_rank(torch.device("cpu")) == (9, 1, 16, torch.device("cpu"), "gloo")
-
-
-def test_train_tf32_and_num_threads_reach_torch(tmp_path, _train_data, monkeypatch):
-    # --tf32: matmul precision "high" (TF32 tensor cores; "medium" would allow bfloat16 ones); --num_threads=0 leaves
-    # torch's thread count alone. Both recorded, not applied
-    precision, threads = [], []
-    monkeypatch.setattr(torch, "set_float32_matmul_precision", precision.append)
-    monkeypatch.setattr(torch, "set_num_threads", threads.append)
-    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1, tf32=False, num_threads=0), log=_train_quiet)
-    assert precision == [] and threads == []
-    train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=1, tf32=True, num_threads=1), log=_train_quiet)
-    assert precision == ["high"] and threads == [1]
-
-
-def test_train_time_budget_schedule_follows_steps_when_they_are_ahead_of_the_clock(tmp_path, _train_data):
-    # max_iters reached long before the budget: the schedule follows the step count (the further along of the
-    # two), so the last step runs at the cosine's step-9 value, not at the clock's 0.9
-    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="100s", max_iters=10, warmup_iters=2,
-                     min_lr_ratio=0.1, learning_rate=1e-3)
-    s = train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
-    assert s["step"] == 10 and s["stopped_by"] == "max_iters" and s["elapsed"] == pytest.approx(10.0)
-    assert s["last_lr"] == pytest.approx(train.get_lr_cosine_schedule(9, 1e-3, 1e-4, 2, 10))
-    assert s["lr"] == pytest.approx(1e-4)
-
-
-def test_train_eval_iters_never_reads_past_the_validation_file(tmp_path, _train_data):
-    # a val file of exactly 3 batches of tokens holds only 2 batches of (input, target) windows: asking for 10
-    # evaluates those 2, never a third that wraps around to the first batch again
-    _train_write_tokens(_train_data / "val.bin", np.fromfile(_train_data / "val.bin", dtype=np.uint16)[:3 * 4 * 16], 64)
-    kw = dict(max_iters=1, learning_rate=0.0, warmup_iters=0)
-    many = train.train(_train_cfg(_train_data, tmp_path / "a", eval_iters=10, **kw), log=_train_quiet)
-    two = train.train(_train_cfg(_train_data, tmp_path / "b", eval_iters=2, **kw), log=_train_quiet)
-    assert many["val_loss"] == two["val_loss"]
-
-
-def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
-    # d_ff = 0: 8/3 * d_model to the NEAREST multiple of 64 for SwiGLU (128 -> 341.3 -> 320; 512 -> 1365.3 -> 1344,
-    # the TinyStories baseline's; 1024 -> 2730.7 -> 2752), 4 * d_model for SiLU
-    for d_model, want in ((128, 320), (512, 1344), (320, 832), (1024, 2752)):
-        cfg = dict(train.DEFAULTS, d_model=d_model, d_ff=0)
-        assert train.model_config(cfg, 100)["d_ff"] == want, d_model
-    assert train.model_config(dict(train.DEFAULTS, d_ff=0, ffn_type="silu"), 100)["d_ff"] == 512
-    # below d_model 12 the nearest multiple of 64 is 0, a model without an FFN: at least 64 (flops.py agrees)
-    for d_model in (8, 12):
-        assert train.model_config(dict(train.DEFAULTS, d_model=d_model, d_ff=0), 100)["d_ff"] == 64
-        assert flops.make_config(d_model=d_model, num_heads=2)["d_ff"] == 64
-
-
-@pytest.mark.parametrize("kw,message", [
-    (dict(model="gpt2", remove_rope=True), "--remove_rope=True: only for --model=llama"),
-    (dict(model="gpt2", ffn_type="silu", d_ff=999), "--d_ff=999, --ffn_type=silu: only for --model=llama"),
-    (dict(model="gpt2", remove_rmsnorm=True, use_post_norm=True, rope_theta=500.0),
-     "--rope_theta=500.0, --remove_rmsnorm=True, --use_post_norm=True: only for --model=llama"),
-    (dict(model="llama", pad_vocab="true"), "--pad_vocab=true: only for --model=gpt2")])
-def test_train_flags_of_the_other_architecture_are_refused(tmp_path, kw, message):
-    # GPT-2 would ignore them in silence while the log's config said otherwise
-    with pytest.raises(ValueError) as e:
-        train.check_config(_train_cfg(tmp_path, tmp_path / "o", **kw))
-    assert str(e.value).startswith(message)
-    train.check_config(_train_cfg(tmp_path, tmp_path / "o", model="gpt2", pad_vocab="true"))
-
-
-# ---- train.py: sampler, checks, clipping, lr_decay_iters, weight-decay groups: gaps found by mutation testing (round 2) ----
-
-def test_train_sequential_sampler_shuffles_the_shard_order_per_epoch():
-    # four shards told apart by their values (i*100 + position): every epoch reads each shard once, whole, in an
-    # order drawn per epoch, so that not every epoch walks the shards in the same sequence
-    shards = [(f"s{i}", np.arange(i * 100, i * 100 + 40, dtype=np.uint16), {}) for i in range(4)]
-    s = train.SequentialSampler(shards, 1, 4, seed=0, eot_id=None)
-    per_shard = (40 - 1) // 4
-    orders = set()
-    for _ in range(6):
-        seen = [int(s.next_batch("cpu")[0][0, 0]) // 100 for _ in range(4 * per_shard)]
-        order = tuple(seen[::per_shard])
-        assert sorted(order) == [0, 1, 2, 3]
-        assert all(seen[i * per_shard:(i + 1) * per_shard] == [order[i]] * per_shard for i in range(4))
-        orders.add(order)
-    assert len(orders) > 1
-
-
-def test_train_sequential_sampler_shuffles_each_shard_with_its_own_order():
-    # two shards holding the same documents: within one epoch each gets its own document order
-    docs = sum([[0] + [10 * d + i for i in range(1, 4)] for d in range(1, 9)], [])
-    arr = np.asarray(docs, dtype=np.uint16)
-    s = train.SequentialSampler([("a", arr, {}), ("b", arr.copy(), {})], 1, 4, seed=0, eot_id=0)
-    n = (len(arr) - 1) // 4
-    differ = 0
-    for _ in range(3):
-        first = torch.cat([s.next_batch("cpu")[0].flatten() for _ in range(n)])
-        second = torch.cat([s.next_batch("cpu")[0].flatten() for _ in range(n)])
-        differ += not torch.equal(first, second)
-    assert differ >= 2
-
-
-def test_train_sequential_sampler_resumes_inside_a_later_shard():
-    # a position in the second shard of an epoch: the resumed reader continues in that shard, not in the first
-    docs = _train_docs(4000, 3)
-    shards = [("a", np.asarray(docs[:1500], np.uint16), {}), ("b", np.asarray(docs[1500:], np.uint16), {})]
-    s = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
-    for _ in range(3):
-        while s.shard == 0:
-            s.next_batch("cpu")
-        for _ in range(5):
-            s.next_batch("cpu")
-        state = s.state_dict()
-        assert state["shard"] == 1 and state["pos"] > 0
-        later = [s.next_batch("cpu")[0] for _ in range(4)]
-        s2 = train.SequentialSampler(shards, 2, 8, seed=0, eot_id=0)
-        s2.load_state_dict(state)
-        assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)
-        while s.shard == 1:
-            s.next_batch("cpu")
-
-
-def test_train_token_id_equal_to_vocab_size_is_refused_in_train_and_val(tmp_path, _train_data):
-    # the largest valid id is vocab_size - 1: an id == vocab_size already indexes past the embedding
-    _train_write_tokens(_train_data / "train.bin", [1, 2, 64, 3] * 100, 64)
-    with pytest.raises(ValueError, match="train.bin: token id 64 >= the model's vocab_size 64"):
-        train.train(_train_cfg(_train_data, tmp_path / "o"), log=_train_quiet)
-    _train_write_tokens(_train_data / "train.bin", _train_docs(30000, 0), 64)
-    _train_write_tokens(_train_data / "val.bin", [1, 2, 64, 3] * 100, 64)
-    with pytest.raises(ValueError, match="val.bin: token id 64 >= the model's vocab_size 64"):
-        train.train(_train_cfg(_train_data, tmp_path / "o"), log=_train_quiet)
-    _train_write_tokens(_train_data / "val.bin", [1, 2, 63, 3] * 100, 64)   # 63 is fine
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1), log=_train_quiet)
-
-
-def test_train_empty_token_file_is_a_clear_error(tmp_path):
-    _train_write_tokens(tmp_path / "train.bin", [], 64)
-    with pytest.raises(ValueError, match="train.bin: empty token file"):
-        runs.load_tokens(tmp_path / "train.bin")
-
-
-def test_train_grad_clip_zero_means_no_clipping(tmp_path, _train_data):
-    # --grad_clip=0 is "off": the same run as a threshold no gradient reaches, not gradients scaled to zero
-    # (the norm is not computed then, so the log line leaves it out rather than print "norm 0.000")
-    kw = dict(max_iters=3, log_interval=1, learning_rate=1e-2)
-    off, big = [], []
-    train.train(_train_cfg(_train_data, tmp_path / "off", grad_clip=0.0, **kw), log=off.append)
-    train.train(_train_cfg(_train_data, tmp_path / "big", grad_clip=1e9, **kw), log=big.append)
-    a, b = _train_weights(tmp_path / "off" / "ckpt.pt"), _train_weights(tmp_path / "big" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["grad_norm"] for r in _train_records(tmp_path / "off", "train")] == [None] * 3
-    steps = [[line for line in lines if line.startswith("step      3/")] for lines in (off, big)]
-    assert "| norm " not in steps[0][0] and "| norm " in steps[1][0]
-
-
-def test_train_lr_decay_iters_sets_the_cosine_length(tmp_path, _train_data):
-    # the cosine reaches min_lr at lr_decay_iters (here before max_iters) and stays there
-    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=6, warmup_iters=1, lr_decay_iters=3, log_interval=1,
-                     learning_rate=1e-3, min_lr_ratio=0.1)
-    s = train.train(cfg, log=_train_quiet)
-    lrs = [r["lr"] for r in _train_records(tmp_path / "o", "train")]
-    assert lrs == pytest.approx([train.get_lr_cosine_schedule(i, 1e-3, 1e-4, 1, 3) for i in range(6)])
-    assert lrs[3:] == pytest.approx([1e-4] * 3) and s["lr"] == pytest.approx(1e-4)
-
-
-
-def test_train_resume_with_a_longer_cosine_says_so(tmp_path, _train_data):
-    # a larger --max_iters on resume stretches the cosine (its length defaults to max_iters): one line says so and
-    # names the flag that keeps the old schedule; with that flag given, the schedule and the log stay quiet
-    lines = []
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=3), log=_train_quiet)
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=5, resume=True), log=lines.append)
-    said = [line for line in lines if "cosine" in line]
-    assert said == ["train.py: the cosine now ends at step 5, not 3 as in the checkpoint's run, so the learning rate "
-                    "jumps at step 3 (pass --lr_decay_iters=3 to keep its schedule)"]
-    lines.clear()
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=7, lr_decay_iters=5, resume=True),
-                log=lines.append)
-    assert not [line for line in lines if "cosine" in line] and any("resumed" in line for line in lines)
-
-def test_train_resume_under_a_budget_says_when_the_clock_moves_the_schedule(tmp_path, _train_data):
-    # under --time_budget the clock is mapped onto max_iters, so another --max_iters on resume moves the learning
-    # rate even with --lr_decay_iters fixed (and so does another budget): one line says from what to what. With both
-    # kept, the resumed run follows the uninterrupted run's schedule and says nothing.
-    kw = dict(time_budget="20s", max_iters=20, lr_decay_iters=20, warmup_iters=2, log_interval=1, ckpt_interval=5)
-    train.train(_train_cfg(_train_data, tmp_path / "full", **kw), clock=_train_fake_clock(), log=_train_quiet)
-    full = {r["step"]: r["lr"] for r in _train_records(tmp_path / "full", "train")}
-
-    def crash(step):
-        if step == 6:
-            raise RuntimeError("killed")
-    with pytest.raises(RuntimeError):
-        train.train(_train_cfg(_train_data, tmp_path / "cut", **kw), clock=_train_fake_clock(), log=_train_quiet,
-                    on_step=crash)
-    # (no "pass --lr_decay_iters" hint under a budget: that flag alone does not keep the schedule there)
-    for change, expected in [({}, None), (dict(max_iters=40), "--max_iters 20 -> 40"),
-                             (dict(max_iters=40, lr_decay_iters=0), "--max_iters 20 -> 40, --lr_decay_iters 20 -> 0"),
-                             (dict(time_budget="10s"), "--time_budget 20s -> 10s"),
-                             (dict(time_budget="40s"), None)]:   # (the steps stay ahead of the clock: no change)
-        out = tmp_path / ("resumed" + "_".join(map(str, change.values())))
-        shutil.copytree(tmp_path / "cut", out)
-        lines = []
-        train.train(_train_cfg(_train_data, out, **{**kw, **change}, resume=True), clock=_train_fake_clock(),
-                    log=lines.append)
-        said = [line for line in lines if "under --time_budget" in line or "cosine" in line]
-        lr = {r["step"]: r["lr"] for r in _train_records(out, "train")}[6]   # the lr of step 6, set at step 5
-        if expected is None:
-            assert said == [] and lr == pytest.approx(full[6])
-        else:
-            assert said == [f"train.py: under --time_budget the schedule maps the clock onto --max_iters; with "
-                            f"{expected} the learning rate at step 5 is {lr:.3g}, not {full[6]:.3g} as in the "
-                            f"checkpoint's run"] and lr != pytest.approx(full[6])
-
-
-def test_train_parse_duration_units():
-    assert runs.parse_duration("90s") == 90.0
-    assert runs.parse_duration("45m") == 2700.0
-    assert runs.parse_duration("1.5h") == 5400.0
-    assert runs.parse_duration("600") == 600.0
-    assert runs.parse_duration(" 2M ") == 120.0
-    with pytest.raises(ValueError, match="--time_budget: expected a duration"):
-        runs.parse_duration("soon")
-
-
-def test_train_seed_must_fit_in_32_bits(tmp_path, _train_data):
-    with pytest.raises(ValueError, match=r"--seed must be in \[0, 2\*\*32\), got 4294967296"):
-        train.train(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32), log=_train_quiet)
-    train.check_config(_train_cfg(_train_data, tmp_path / "o", seed=2 ** 32 - 1))
-
-
-def test_train_check_config_accepts_each_range_at_its_closed_ends(tmp_path):
-    # the other side of the out-of-range tests (a mutation audit found these edges unpinned): min_lr_ratio=1 (a
-    # constant lr after the warmup), top_p=1 (no nucleus cut), beta 0, greedy sampling, and 257 ids, the smallest
-    # vocabulary the main job's tokenizer can be trained to (256 bytes + <|endoftext|>), are settings, not errors
-    base = _train_cfg(tmp_path / "d", tmp_path / "o")
-    for name, value in [("min_lr_ratio", 0.0), ("min_lr_ratio", 1.0), ("top_p", 1.0), ("beta1", 0.0), ("beta2", 0.0),
-                        ("temperature", 0.0), ("batch_size", 1), ("eval_interval", 1), ("log_interval", 1),
-                        ("d_ff", 0), ("max_iters", 0), ("grad_clip", 0.0), ("learning_rate", 0.0), ("seed", 0)]:
-        train.check_config(dict(base, **{name: value}))
-    train.check_config(dict(base, prepare_data=True, vocab_size=257))
-    with pytest.raises(ValueError, match="--vocab_size must be >= 257"):
-        train.check_config(dict(base, prepare_data=True, vocab_size=256))
-    assert not (tmp_path / "o").exists()
-
-
-def test_train_resume_naming_another_preset_is_refused_for_that_presets_settings(tmp_path, _train_data):
-    # --preset=X asks for all of X's settings: over a checkpoint of other ones main() must refuse, not resume the
-    # old run's settings under X's name (the rule that a preset named again leaves the run's overrides alone is
-    # only for the same preset)
-    out = tmp_path / "o"
-    train.main(_train_main_args(_train_data, out))
-    before = torch.load(out / "ckpt.pt", weights_only=True)["iteration"]
-    with pytest.raises(SystemExit, match=r"other settings \(.*context_length 16 -> 256.*d_model 32 -> 512"):
-        train.main(["--preset=tinystories-cpu", f"--out_dir={out}", f"--data_dir={_train_data}", "--resume",
-                    "--max_iters=3", "--device=cpu", "--compile=false"])
-    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == before
-
-
-def test_train_check_token_range_scans_every_chunk_to_the_last_token(tmp_path):
-    # an id >= vocab_size at any position, the file's last token included, is found whichever chunk holds it (small
-    # chunks stand in for the 16 Mi-token ones of a large file: 9 tokens are chunks [0, 4), [4, 8), [8, 9))
-    for pos in range(9):
-        arr = np.zeros(9, np.uint16)
-        arr[pos] = 64
-        with pytest.raises(ValueError, match="token id 64 >= the model's vocab_size 64"):
-            runs.check_token_range(arr, 64, "f.bin", chunk=4)
-        runs.check_token_range(arr, 65, "f.bin", chunk=4)
-
-
-def test_train_without_a_val_file_holds_out_the_last_training_file(tmp_path, _train_data):
-    # no val*.bin: the last train*.bin is the validation data and is not trained on (scoring text the model was
-    # trained on would flatter every loss it reports); the same run as with that file named val.bin
-    d = _train_data
-    ref = train.train(_train_cfg(d, tmp_path / "ref", max_iters=2), log=_train_quiet)
-    for suffix in ("", ".json"):
-        (d / f"val.bin{suffix}").rename(d / f"train_z.bin{suffix}")
-    s = train.train(_train_cfg(d, tmp_path / "o", max_iters=2), log=_train_quiet)
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["train_files"] == [["train.bin", 30000]]
-    assert s["val_loss"] == ref["val_loss"]
-    # a single training file cannot be split so: refused, not scored on its own training text
-    for suffix in ("", ".json"):
-        (d / f"train_z.bin{suffix}").unlink()
-    with pytest.raises(ValueError, match=r"no val\*\.bin token file next to the train data"):
-        train.train(_train_cfg(d, tmp_path / "o2"), log=_train_quiet)
-
-
-def test_train_weight_decay_only_on_matrices(tmp_path, _train_data, monkeypatch):
-    # the optimizer train() builds decays every >= 2-D weight (linear layers and embeddings) by --weight_decay and
-    # no 1-D parameter (norm gains, biases)
-    built = []
-
-    class Spy(train.AdamW):
-        def __init__(self, params, **kw):
-            super().__init__(params, **kw)
-            built.append(self)
-    monkeypatch.setattr(train, "AdamW", Spy)
-    for model in ("llama", "gpt2"):
-        built.clear()
-        train.train(_train_cfg(_train_data, tmp_path / model, model=model, max_iters=1, weight_decay=0.25),
-                    log=_train_quiet)
-        (opt,) = built
-        wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
-        seen_1d = seen_2d = 0
-        for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]:
-            if p.dim() >= 2:
-                assert wd[id(p)] == 0.25
-                seen_2d += 1
-            else:
-                assert wd[id(p)] == 0.0
-                seen_1d += 1
-        assert seen_1d and seen_2d
-        assert len(wd) == len({id(p) for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]})
-
-
-def test_train_sequential_sampler_reads_a_shard_to_its_last_token():
-    # a shard of exactly n*B*T + 1 tokens holds n batches: the last one ends on its last token (the evaluator, which
-    # reads without shuffling, would otherwise score the first batch twice and never the last one)
-    arr = np.arange(4 * 8 + 1, dtype=np.uint16)
-    s = train.SequentialSampler([("a", arr, {})], 1, 8, shuffle=False)
-    xs, ys = zip(*[s.next_batch("cpu") for _ in range(5)])
-    assert [int(x[0, 0]) for x in xs] == [0, 8, 16, 24, 0]
-    assert ys[3].tolist() == [list(range(25, 33))] and s.epoch == 1
-    # the same with the shuffling reader on two shards: each one is read whole before the next
-    two = [("a", np.arange(0, 17, dtype=np.uint16), {}), ("b", np.arange(100, 117, dtype=np.uint16), {})]
-    s = train.SequentialSampler(two, 1, 8, seed=0, eot_id=None)
-    shard_of = [{t // 100 for t in s.next_batch("cpu")[0].flatten().tolist()} for _ in range(4)]
-    assert s.epoch == 0 and shard_of[0] == shard_of[1] != shard_of[2] == shard_of[3]
-    assert all(len(x) == 1 for x in shard_of)
-
-# ---- fineweb.py, hellaswag.py, lambada.py, sample.py, bench.py: gaps found by mutation testing (round 2) -----------
-
-def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_dir):
-    # a bpe.py tokenizer's <|endoftext|> is id 0, not the last id as in GPT-2: every shard's sidecar must say so
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    _, docs = _fw_corpus(tmp_path, n=40, seed=3)
-    out = tmp_path / "out"
-    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=2000, num_workers=1, progress=False,
-                         log=lambda *a: None)
-    _, arrays, meta = _fw_read_shards(out)
-    assert len(arrays) > 1 and tok.eot_id == 0 != tok.vocab_size - 1
-    for s, a in zip(meta["shards"], arrays):
-        side = json.loads((out / f"{s['file']}.json").read_text())
-        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
-                        "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
-                        "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
-
-
-def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
-    # after an interruption meta.json counts every document with tokens on disk, the last one split by the
-    # shard boundary included: the sum of the listed shards' document counts
-    _, docs = _fw_corpus(tmp_path, n=80, seed=4)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
-                             log=lambda *a: None, batch_chars=2000)
-    meta = json.loads((out / "meta.json").read_text())
-    last = meta["shards"][-1]
-    assert not meta["complete"] and len(meta["shards"]) >= 2 and last["end_offset"] > 0  # a document cut in two
-    assert meta["num_docs"] == sum(s["num_docs"] for s in meta["shards"]) == last["end_doc"] + 1
-    assert meta["num_tokens"] == sum(s["num_tokens"] for s in meta["shards"])
-
-
-def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
-    # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
-    _, docs = _fw_corpus(tmp_path, n=60, seed=6)
-    kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
-    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
-    meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
-    clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
-    assert meta["complete"] and meta["shards"] == clean["shards"]
-    shuffled = fineweb.write_shards(iter(docs), tmp_path / "shuf", _fw_bpe_dir, shuffle_docs=True, seed=7, **kw)
-    assert shuffled["config"]["seed"] == 7
-
-
-def test_hs_score_endings_takes_the_loss_in_float32_from_bf16_logits():
-    # a bfloat16 model's logits are upcast before the cross-entropy: the losses are those of the bf16 logits
-    # computed in float32, not rounded to bf16's 8 bits
-    tok = _hs_word_tokenizer()
-    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
-    model = _HsTableLM(table.float()).to(torch.bfloat16)
-    assert model.table.dtype == torch.bfloat16
-    ctx, _, endings = _HS_ROWS[0]
-    tokens, mask, _ = hellaswag.render_example(_hs_row(0, ctx, 0, endings), tok)
-    sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
-    assert sum_loss.dtype == torch.float32
-    for j, ending in enumerate(endings):
-        ref_sum, ref_avg = _hs_reference_losses(table.float(), tok.encode(ctx), tok.encode(ending))
-        assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
-        assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
-
-
-def test_lambada_score_targets_takes_the_nll_in_float32_from_bf16_logits():
-    tok = _lb_tokenizer()
-    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()
-    model = _HsTableLM(table.float()).to(torch.bfloat16)
-    for ex in _lb_examples():
-        toks, n, _ = lambada.render_example(ex, tok)
-        nll, greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
-        ref_nll, ref_greedy = _lb_reference(table.float(), toks[:-n], toks[-n:])
-        assert nll.item() == pytest.approx(ref_nll, rel=1e-5) and greedy.item() == ref_greedy
-
-
-def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
-    # examples of different lengths in one padded forward: every example's 4 losses (printed by verbose) are
-    # the ones it gets alone, whichever example of the batch is the longest
-    tok = _hs_word_tokenizer()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    lengths = [len(tok.encode(r["ctx"])) + max(len(tok.encode(" " + e)) for e in r["endings"]) for r in examples]
-    assert lengths[0] < max(lengths)  # the first example of the batch is not the widest
-    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(3)) * 2
-    outputs = []
-    for batch_examples in (1, 8):
-        hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", verbose=True, batch_examples=batch_examples)
-        outputs.append(capsys.readouterr().out)
-    assert outputs[0].count("avg ") == 4 * len(examples) and outputs[0] == outputs[1]
-
-
-def test_sample_top_p_on_a_batch_of_a_peaked_row_and_a_flat_row():
-    # row 0's nucleus is one token, row 1's most of the vocabulary (a 0.2 token over a flat tail): each row gets
-    # its own exact nucleus
-    V = 3000
-    probs = torch.ones(2, V)
-    probs[0, 5] = 20 * V
-    probs[1, 9] = 0.25 * (V - 1)
-    probs /= probs.sum(-1, keepdim=True)
-    for p in (0.5, 0.9):
-        out = sample.filter_probs(probs, top_p=p)
-        for b in range(2):
-            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
-            assert torch.nonzero(out[b]).flatten().tolist() == expected
-            assert float(out[b].sum()) == pytest.approx(1.0)
-        assert len(torch.nonzero(out[1])) > 256
-
-
-@pytest.mark.parametrize("argv,section", [
-    (["sample", "--repeats", "1", "--threads", "1", "--max_new_tokens", "1", "--prompt_len", "1"], "bench_sample"),
-    (["train", "--steps", "1", "--batch_size", "1", "--repeats", "1", "--threads", "1"], "bench_train"),
-    (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu")])
-def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
-    ran = []
-    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    monkeypatch.setattr(bench, section, lambda args: ran.append(args))
-    bench.main()
-    assert len(ran) == 1
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_top_p_on_distinct_near_equal_probabilities():
-    # a flat distribution of distinct values: thousands of tokens within a hair of each other
-    g = torch.Generator().manual_seed(4)
-    probs = torch.softmax(torch.randn(3, 3000, generator=g) * 0.05, dim=-1)
-    for p in (0.3, 0.77, 0.95):
-        out = sample.filter_probs(probs, top_p=p)
-        for b in range(3):
-            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
-            assert torch.nonzero(out[b]).flatten().tolist() == expected
-
-
-def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_dir):
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    _, docs = _fw_corpus(tmp_path, n=20, seed=8)
-    side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
-    ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
-    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
-                    "num_docs": 20, "tokenizer": _fw_bpe_dir,
-                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
-    assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
-    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
-
-
-def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
-    # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
-    import shutil
-    tok_dir = tmp_path / "tok"
-    shutil.copytree(_fw_bpe_dir, tok_dir)
-    _, docs = _fw_corpus(tmp_path, n=20, seed=2)
-    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
-    fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
-    old = bpe.tokenizer_fingerprint(str(tok_dir))
-    merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
-    new = bpe.tokenizer_fingerprint(str(tok_dir))
-    assert new != old
-    with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
-
-
-# ---- bpe.py, hellaswag.py, flops.py: gaps found by mutation testing (round 3; each test fails on its mutant) ---------
-
-def test_bpe_train_repeated_overlapping_pairs_match_brute_force(tmp_path):
-    # words with several sites of the merged pair ("ababab", "aaaaaa") take the rebuild path of the incremental
-    # update: the (new, new) pairs between adjacent sites must be counted once, with no phantom (new, a) pair
-    # left behind (too many) or taken away (too few); "aba" / " aaa" make (ab, a) / (aa, a) real pairs elsewhere
-    for text in ["ababab\n" * 10 + "aba " * 8 + "abab " * 3, "aaaaaa\n" * 10 + " aaa" * 7 + " aaaaa" * 4]:
-        path = tmp_path / "o.txt"
-        path.write_text(text, encoding="utf-8")
-        _, merges = bpe.train_bpe(path, 256 + 5, [], num_workers=1)
-        assert merges == _bpe_naive_train(text, 256 + 5, []), text
-        assert len(merges) == 5
-
-
-def test_bpe_train_long_repetitive_words_match_brute_force(tmp_path):
-    # one word of 3,000 newlines (or "ab" 600 times) holds its pair thousands of times: the index now lists each
-    # word once per pair, not once per occurrence (40,000 newlines took 19 s to train, now 0.07 s); the merges must
-    # stay the reference's
-    for text in ["\n" * 3000 + "x yy", "ab" * 600 + " abab ba\n" + "=" * 999]:
-        path = tmp_path / "o.txt"
-        path.write_text(text, encoding="utf-8")
-        _, merges = bpe.train_bpe(path, 256 + 8, [], num_workers=1)
-        assert merges == _bpe_naive_train(text, 256 + 8, []) and len(merges) == 8, text[:20]
-
-
-def test_bpe_encode_iterable_looks_for_a_cut_point_a_logarithmic_number_of_times(tmp_path, monkeypatch):
-    # text that arrives a character (or a line) at a time with no cut point for a long stretch: each look joins and
-    # scans the whole buffer, so looking at every chunk was quadratic (70,000 newlines in 31 s); looking again
-    # only once the buffer has doubled keeps it linear, with the same ids
-    tok = _bpe_small_tokenizer(tmp_path)
-    looks = []
-    cut = bpe._safe_cut
-    monkeypatch.setattr(bpe, "_safe_cut", lambda buf, *a: looks.append(len(buf)) or cut(buf, *a))
-    text = "x" + "\n" * 5_000 + "the end"
-    assert list(tok.encode_iterable(iter(text), block_chars=64)) == tok.encode(text)
-    assert len(looks) < 16, len(looks)   # (looking at every chunk: 5,000)
-
-
-def test_bpe_appended_special_token_gets_an_unused_id_when_the_vocab_has_a_hole():
-    # ids 0-255 and 257 (no 256): "appended with new ids" means past the largest id, never onto a taken one
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab[257] = b"ab"
-    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], ["<|x|>"])
-    assert tok.special_to_id["<|x|>"] == 258 and tok.vocab_size == 259 and tok.vocab[257] == b"ab"
-    assert tok.encode("ab<|x|>") == [257, 258] and tok.decode([257, 258]) == "ab<|x|>"
-
-
-def test_bpe_cli_reports_the_true_compression_ratio_and_longest_token(tmp_path):
-    # the printed figures, recomputed from the saved tokenizer: with --sample_docs above the number of documents
-    # every document is sampled, so bytes/token is all the documents' UTF-8 bytes over their tokens
-    text = _bpe_synthetic_text(30, seed=14)
-    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
-    r = _bpe_cli("--vocab", 350, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1,
-                 "--sample_docs", 1000)
-    assert r.returncode == 0, r.stderr
-    tok = bpe.load_tokenizer(tmp_path / "tok")
-    docs = [d for d in text.split(_BPE_EOT) if d.strip()]
-    ratio = sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
-    assert f"compression on {len(docs)} sampled documents: {ratio:.2f} bytes/token" in r.stdout
-    longest = max(len(v) for i, v in tok.vocab.items() if i != tok.eot_id)
-    assert longest > 3 and f"longest token ({longest} bytes): " in r.stdout
-
-
-def test_hs_ties_go_to_the_lowest_ending_index():
-    # a model with no preference (every logit equal) gives all 4 endings of equal length the same summed and mean
-    # loss: both acc and acc_norm must pick ending 0 (the documented tie rule), so only the rows labelled 0 count
-    endings = ["ran home", "sat down", "ate fish", "was sad"]
-    rows = [_hs_row(i, ctx, label, endings) for i, (ctx, label) in enumerate([("The cat", 0), ("The dog", 2),
-                                                                             ("A cow", 0)])]
-    tok = _HsWordTokenizer([r["ctx"] for r in rows] + endings)
-    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
-    for batch_examples in (1, 3):
-        r = hellaswag.evaluate(model, tok, rows, "cpu", batch_examples=batch_examples)
-        assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (2, 2, 3)
-
-
-def test_flops_report_6n_figures_and_a_given_token_budget():
-    # 6*N per token with N = all parameters and with N = the matmul ones (no input embeddings: Llama's untied
-    # table; GPT-2's position table, its tied token table being the LM head), and --train_tokens replacing 20 x N
-    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
-    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
-    out = flops.report(_FLOPS_XL, [1024], train_tokens=10**9, gpus=("H100",))
-    assert f"6*N = {6 * N / 1e9:.3f} GFLOPs with N = all 1.64B params, {6 * (N - V * d) / 1e9:.3f} with N = the 1.56B" in out
-    assert (f"time to train 1.00B tokens at context 1,024: {3 * fwd * 10**9:.3e} FLOPs (6*N*D = {6 * N * 10**9:.3e})"
-            in out) and "Chinchilla" not in out
-    hours = 3 * fwd * 10**9 / (0.5 * 989.4e12) / 3600
-    assert f"1 x H100   bf16 peak   989.4 TFLOP/s at 50% MFU: {hours:.1f} h" in out
-    gpt2 = dict(arch="gpt2", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
-    n, n_matmul = 124_439_808, 124_439_808 - 1024 * 768
-    assert f"6*N = {6 * n / 1e9:.3f} GFLOPs with N = all 124.44M params, {6 * n_matmul / 1e9:.3f} with" in flops.report(gpt2, [1024])
-
-
-def test_flops_cli_presets_defaults_and_flags_reach_the_tables(capsys, monkeypatch):
-    def run(*argv):
-        monkeypatch.setattr(sys, "argv", ["flops.py", *argv])
-        flops.main()
-        return capsys.readouterr().out
-    out = run()   # --model=gpt2-xl, timed on an H100, an A100 and a B200
-    assert "layers=48 d_model=1600 heads=25 " in out and all(f"1 x {g:<6} bf16 peak" in out for g in ("H100", "A100", "B200"))
-    for model, L, d, h, n in (("gpt2", 12, 768, 12, 124_439_808), ("gpt2-medium", 24, 1024, 16, 354_823_168),
-                              ("gpt2-large", 36, 1280, 20, 774_030_080), ("gpt2-xl", 48, 1600, 25, 1_557_611_200)):
-        out = run(f"--model={model}", "--arch=gpt2")   # OpenAI's GPT-2 sizes
-        assert f"layers={L} d_model={d} heads={h} " in out and f"{n:,}" in out, model
-    out = run("--model=tinystories")   # the model's own context is the default --context
-    assert "layers=4 d_model=512 heads=16 d_ff=1344 (swiglu) vocab=10000 context=256" in out
-    assert "forward FLOPs, context 256, " in out and "context 1,024" not in out
-    out = run("--model=tinystories", "--context_length=512", "--train_tokens=1e9")
-    assert "context=512" in out and "forward FLOPs, context 512, " in out and "time to train 1.00B tokens at" in out
-    # each context its own memory and largest batch; the time to train at the first context given
-    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
-    out = run("--model=tinystories", "--context", "256", "2048", "--gpu_mem=40")
-    for T in (256, 2048):
-        fixed, per_seq = flops.memory_bytes(cfg, T)
-        assert (f"context {T:,}: {per_seq / 1e9:.4f} * batch + {fixed / 1e9:.4f} GB" in out and
-                f"largest batch on 40 GB: {flops.max_batch_size(cfg, T, 40)}\n" in out)
-    assert flops.max_batch_size(cfg, 256, 40) != flops.max_batch_size(cfg, 2048, 40)
-    assert " at context 256: " in out
-    assert "vocab=50304 " in run("--model=gpt2", "--arch=gpt2", "--pad_vocab_to_multiple_of=64")
-    assert "at 100% MFU: " in run("--mfu=1")
-    out = json.loads(run("--model=tinystories", "--context", "2048", "--gpu_mem=40", "--json"))
-    assert out["contexts"]["2048"]["max_batch_size"] == flops.max_batch_size(cfg, 2048, 40)
-
-
-def test_flops_duration_units():
-    assert [flops._duration(s) for s in (3599, 3600, 2 * 86400 - 1, 2 * 86400)] == ["60.0 min", "1.0 h", "48.0 h",
-                                                                                    "2.0 days"]
-
-
-def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_load_back(tmp_path):
-    # vocab.json stores special tokens as their own text, not in the bytes-to-unicode alphabet: reading them back
-    # must not push them through that alphabet (" " is not a GPT-2 byte character; "ü" stands for byte 0xFC there)
-    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
-    tok.save_dir(tmp_path / "d")
-    for again in (bpe.Tokenizer.from_dir(tmp_path / "d"),
-                  bpe.Tokenizer.from_files(tmp_path / "d" / "vocab.json", tmp_path / "d" / "merges.txt", specials)):
-        assert again.vocab == tok.vocab and again.special_to_id == {specials[0]: 256, specials[1]: 257, specials[2]: 258}
-        text = "a<|end of text|>ü<|ü|>b" + _BPE_EOT
-        assert again.encode(text) == tok.encode(text) == [97, 257, 0xC3, 0xBC, 258, 98, 256]
-
-
-# ---- model.py, train.py: gaps found by mutation testing (round 3) ---------------------------------------------------
-
-def test_model_rmsnorm_normalises_in_float32_for_16_bit_inputs():
-    # fp16 activations of a few hundred: their squares (1e5) overflow fp16, so a norm computed in the input dtype
-    # gives zeros (rsqrt(inf)); in float32 it is the float32 result rounded to fp16
-    norm = M.RMSNorm(32)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(32) + 0.5)
-    x = torch.randn(4, 6, 32) * 300
-    for dtype in (torch.float16, torch.bfloat16):
-        xl = x.to(dtype)
-        out = norm(xl)
-        assert out.dtype == dtype
-        want = F.rms_norm(xl.float(), (32,), norm.weight, eps=1e-5).to(dtype)
-        torch.testing.assert_close(out, want, atol=0, rtol=2 ** -10 if dtype == torch.float16 else 2 ** -7)
-
-
-def test_model_gpt_init_scales_every_residual_projection():
-    # GPT-2 scales both residual projections, the attention's c_proj and the MLP's, by 1/sqrt(2 n_layer)
-    m = _model_gpt(n_layer=8, n_embd=128)
-    want = 0.02 / math.sqrt(16)
-    for block in m.transformer.h:
-        for w in (block.attn.c_proj.weight, block.mlp.c_proj.weight):
-            assert abs(w.std().item() / want - 1) < 0.05
-        assert abs(block.attn.c_attn.weight.std().item() / 0.02 - 1) < 0.05
-
-
-def test_model_nope_takes_no_positions_at_all():
-    # remove_rope: no rotary tables, so even positions that are not a shift of 0..T-1 change nothing (RoPE's
-    # scores depend only on offsets, so a shift alone cannot tell NoPE from RoPE)
-    ids = _model_ids(97, (2, 12))
-    nope, rope = _model_llama(remove_rope=True), _model_llama()
-    assert all(layer.attn.rope is None for layer in nope.layers)
-    scrambled = torch.randperm(12, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(nope(ids, token_positions=scrambled), nope(ids))
-    assert not torch.allclose(rope(ids, token_positions=scrambled), rope(ids), atol=1e-4)
-
-
-def test_model_post_norm_switch_reaches_every_block():
-    # TransformerLM(use_post_norm=True) is the post-norm block stacked, not the pre-norm model with the same keys
-    pre, post = _model_llama(), _model_llama(use_post_norm=True)
-    post.load_state_dict(pre.state_dict())
-    with torch.no_grad():
-        for layer in pre.layers:   # non-trivial gains so that pre and post norm cannot agree by accident
-            layer.ln1.weight.uniform_(0.5, 1.5)
-            layer.ln2.weight.uniform_(0.5, 1.5)
-        post.load_state_dict(pre.state_dict())
-    assert all(layer.use_post_norm for layer in post.layers) and not any(layer.use_post_norm for layer in pre.layers)
-    ids = _model_ids(97)
-    x = post.token_embeddings(ids)
-    for layer in post.layers:
-        h = layer.ln1(x + layer.attn(x))
-        x = layer.ln2(h + layer.ffn(h))
-    torch.testing.assert_close(post(ids), post.lm_head(post.ln_final(x)))
-    assert not torch.allclose(post(ids), pre(ids), atol=1e-3)
-
-
-def test_model_per_row_token_positions_rotate_each_row_by_its_own_positions():
-    # token_positions (batch, seq): each row of a batch at its own offsets, the same as that row alone. batch ==
-    # num_heads here, so positions broadcast against the head axis instead of the batch would still run
-    torch.manual_seed(0)
-    attn = M.MultiHeadSelfAttention(64, 4, 32, 10000.0, attn_impl="scratch")
-    x = torch.randn(4, 10, 64)
-    pos = torch.stack([torch.arange(10) * (b % 2 + 1) + b for b in range(4)])   # not all shifts of one another
-    out = attn(x, pos)
-    for b in range(4):
-        torch.testing.assert_close(out[b], attn(x[b:b + 1], pos[b])[0], atol=1e-5, rtol=1e-5)
-    m = _model_llama()
-    ids = _model_ids(97, (4, 10))
-    batched = m(ids, token_positions=pos)
-    for b in range(4):
-        torch.testing.assert_close(batched[b], m(ids[b:b + 1], token_positions=pos[b])[0], atol=1e-5, rtol=1e-5)
-
-
-def test_train_gradient_clipping_eps_matches_torch_at_tiny_norms():
-    # the 1e-6 in max_norm / (norm + 1e-6) matters only for norms near 1e-6: there it must still match torch
-    for norm in (5e-7, 2e-6):
-        g = torch.tensor([0.6, 0.8, 0.0]) * norm
-        a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
-        a.grad, b.grad = g.clone(), g.clone()
-        n_ref = torch.nn.utils.clip_grad_norm_([a], 1e-7)
-        n_ours = train.gradient_clipping([b], 1e-7)
-        torch.testing.assert_close(torch.as_tensor(n_ours), n_ref)
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=0)
-        assert b.grad.norm() < 1e-7 * norm / (norm + 1e-6) * 1.001
-
-
-def test_train_optimizer_steps_with_the_scheduled_lr_and_the_clipped_gradients(tmp_path, _train_data, monkeypatch):
-    # what the optimizer is handed at each step: group["lr"] set to the schedule's value (the logged lr is not
-    # enough: it is the schedule's output, whether or not it reached the optimizer), and gradients whose global
-    # norm is min(pre-clip norm, --grad_clip)
-    seen = []
-
-    class Spy(train.AdamW):
-        def step(self, closure=None):
-            grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
-            seen.append(([g["lr"] for g in self.param_groups], norm))
-            return super().step(closure)
-    monkeypatch.setattr(train, "AdamW", Spy)
-    clip = 0.05
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=5, warmup_iters=2, log_interval=1,
-                           learning_rate=1e-2, min_lr_ratio=0.1, grad_clip=clip), log=_train_quiet)
-    logged = _train_records(tmp_path / "o", "train")
-    assert len(seen) == len(logged) == 5
-    for i, ((lrs, norm), r) in enumerate(zip(seen, logged)):
-        want = train.get_lr_cosine_schedule(i, 1e-2, 1e-3, 2, 5)
-        assert lrs == pytest.approx([want, want]) and r["lr"] == pytest.approx(want)
-        assert norm == pytest.approx(min(r["grad_norm"], clip), rel=1e-4)
-    assert any(r["grad_norm"] > clip for r in logged)   # the clip was reached (else this proves nothing)
-
-
-def test_train_random_sampler_ranks_draw_different_windows():
-    # DDP with the random sampler: every rank has its own stream (seeded by seed and rank), else all ranks train
-    # on the same windows and the world size buys nothing
-    arr = np.arange(10000, dtype=np.uint16)
-    draw = lambda seed, rank: train.RandomSampler([("f", arr, {})], 8, 16, seed=seed, rank=rank).next_batch("cpu")[0]
-    assert torch.equal(draw(0, 1), draw(0, 1))
-    assert not torch.equal(draw(0, 0), draw(0, 1))
-    assert not torch.equal(draw(0, 0), draw(1, 0))
-
-
-def test_train_rng_state_round_trip_restores_python_numpy_and_torch():
-    # a checkpoint's rng entry puts every generator back where it was (nothing in today's loop draws from torch's
-    # global generator after the init, so the resume tests alone cannot see a generator left unrestored)
-    state = runs.rng_state()
-    want = (random.random(), np.random.rand(), torch.rand(3))
-    runs.set_rng_state(state)
-    got = (random.random(), np.random.rand(), torch.rand(3))
-    assert got[0] == want[0] and got[1] == want[1] and torch.equal(got[2], want[2])
-
-
-def test_train_estimate_val_loss_scores_the_first_tokens_of_the_validation_file_in_order(tmp_path, _train_data):
-    # the bits/byte figure counts the bytes of the first eval_iters*B*T targets of the scored file: the loss must
-    # be taken on exactly those windows, read in order (never a shuffled or rotated copy), averaged over batches
-    import contextlib
-    m = _model_llama(vocab_size=64, context_length=16)
-    shards = runs.find_shards(_train_data, "val")
-    cfg = dict(batch_size=4, context_length=16)
-    got = train.estimate_val_loss(m, shards, cfg, "llama", torch.device("cpu"), contextlib.nullcontext(), 0, 1, 3)
-    val = torch.from_numpy(np.fromfile(_train_data / "val.bin", dtype=np.uint16)[:3 * 64 + 1].astype(np.int64))
-    with torch.no_grad():
-        want = np.mean([M.lm_loss(m, val[i * 64:(i + 1) * 64].view(4, 16), val[i * 64 + 1:(i + 1) * 64 + 1].view(4, 16))
-                        .item() for i in range(3)])
-    assert got == pytest.approx(want, rel=1e-6)
-
-
-def test_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _train_data, monkeypatch):
-    # the README's Hacking example, made by the test itself: a field added to TransformerLMConfig and used in
-    # norm_layer is a train.py flag (its default, help and choices), is stored in the checkpoint, is rebuilt by
-    # model_from_checkpoint and is counted by flops.py, with no edit anywhere else
-    import dataclasses
-
-    @dataclasses.dataclass
-    class WithNorm(M.TransformerLMConfig):
-        norm: str = M.setting("rmsnorm", "rmsnorm | layernorm", choices=("rmsnorm", "layernorm"))
-    plain_norm = M.norm_layer
-
-    def norm_layer(config, d_model, device=None, dtype=None):
-        if config.norm == "layernorm":
-            return torch.nn.LayerNorm(d_model, device=device, dtype=dtype)
-        return plain_norm(config, d_model, device, dtype)
-    monkeypatch.setattr(M, "TransformerLMConfig", WithNorm)
-    monkeypatch.setattr(M, "norm_layer", norm_layer)
-    flag = next(a for a in train.build_parser()._actions if a.dest == "norm")
-    assert flag.default == "rmsnorm" and "layernorm" in flag.help
-    args = _train_main_args(_train_data, tmp_path / "o") + ["--norm=layernorm"]
-    train.main(args)
-    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm"
-    model = M.model_from_checkpoint(ckpt)
-    assert isinstance(model.layers[0].ln1, torch.nn.LayerNorm) and isinstance(model.ln_final, torch.nn.LayerNorm)
-    counted = flops.count_params(ckpt["model_config"])
-    assert counted["total"] == sum(p.numel() for p in model.parameters())
-    assert counted["norm"] == 2 * (2 * 1 + 1) * 32   # weight and bias of ln1 and ln2 (1 layer) and of ln_final
-    for bad, named in (("--norm=batchnorm", "--norm: "), ("--model=gpt2", "--norm=layernorm: only for --model=llama")):
-        with pytest.raises(SystemExit) as e:
-            train.main(_train_main_args(_train_data, tmp_path / "p") + ["--norm=layernorm", bad])
-        _one_line_naming(str(e.value).replace("--norm=batchnorm --norm", "--norm"), "train.py: ", named)
-
-
-def test_train_model_config_passes_every_architecture_flag():
-    # the ablation flags and rope_theta reach the model config (and so the model) that train() builds
-    base = dict(train.DEFAULTS)
-    for kw in (dict(remove_rope=True), dict(use_post_norm=True), dict(remove_rmsnorm=True),
-               dict(ffn_type="silu"), dict(rope_theta=500.0), dict(attn_impl="scratch")):
-        cfg = train.model_config(dict(base, **kw), 100)
-        assert all(cfg[k] == v for k, v in kw.items()), (kw, cfg)
-        m = M.build_model(cfg)
-        assert all(m.model_config()[k] == v for k, v in kw.items())
-    assert M.build_model(train.model_config(dict(base, remove_rope=True), 100)).layers[0].attn.rope is None
-    gpt = train.model_config(dict(base, model="gpt2", attn_impl="scratch"), 100, 64)
-    assert (gpt["n_layer"], gpt["n_head"], gpt["n_embd"], gpt["block_size"], gpt["attn_impl"],
-            gpt["pad_vocab_to_multiple_of"]) == (4, 4, 128, 128, "scratch", 64)
-
-
-def test_train_bytes_per_token_counts_utf8_bytes_not_characters():
-    # bits/byte divides by UTF-8 bytes: a multi-byte character counts for each of its bytes
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [bpe.EOT])
-    text = "héllo wörld €"
-    ids = list(text.encode("utf-8")) + [tok.eot_id]
-    assert train.bytes_per_token(tok, ids, tok.eot_id) == pytest.approx(len(text.encode("utf-8")) / len(ids))
-    assert len(text) < len(text.encode("utf-8"))
-    # a character cut at either end of the scored window counts only its bytes inside the window, not the 3 bytes
-    # of the U+FFFD that decoding would put in its place (each token below is one byte)
-    assert train.bytes_per_token(tok, [0xA9, 97, 0xE2], tok.eot_id) == pytest.approx(1.0)
-    assert train.bytes_per_token(tok, [0xC3, 0xA9, 0xE2, 0x82], tok.eot_id) == pytest.approx(1.0)
-
-
-# ---- fineweb.py, stories.py, experiments.py, train.py: gaps found by mutation testing (round 3) ------------------
-
-def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
-    # a shuffle buffer that always evicted the same slot would keep the stream in order (doc i, i+1, ...) and start
-    # every seed with doc 0: the "unshuffled documents" weakness the spec names
-    docs = list(range(1000))
-    out = list(fineweb.buffer_shuffle(iter(docs), 64, seed=0))
-    assert sorted(out) == docs
-    in_order = sum(b == a + 1 for a, b in zip(out, out[1:]))
-    assert in_order < 60, in_order                       # ~1000/64 expected; an in-order stream gives ~1000
-    firsts = {next(iter(fineweb.buffer_shuffle(iter(docs), 64, seed=s))) for s in range(10)}
-    assert len(firsts) > 5
-
-
-def test_fw_shards_sidecars_and_meta_are_renamed_into_place(tmp_path, monkeypatch, _fw_bpe_dir):
-    # "written to a .tmp file and renamed": a kill mid-write never leaves a file that looks complete
-    real, renamed = os.replace, []
-    monkeypatch.setattr(fineweb.os, "replace", lambda src, dst: (renamed.append((str(src), str(dst))), real(src, dst)))
-    _, docs = _fw_corpus(tmp_path, n=30, seed=1)
-    out = tmp_path / "out"
-    meta = fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=1500, num_workers=1, progress=False,
-                                log=lambda *a: None)
-    files = [s["file"] for s in meta["shards"]]
-    assert len(files) >= 2
-    for name in files + [f"{f}.json" for f in files] + ["meta.json"]:
-        assert (f"{out / name}.tmp", str(out / name)) in renamed, name
-    renamed.clear()
-    fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
-    for name in ("one.bin", "one.bin.json"):
-        assert (f"{tmp_path / name}.tmp", str(tmp_path / name)) in renamed, name
-    assert not list(tmp_path.rglob("*.tmp"))
-
-
-def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
-    kw = dict(num_workers=1)
-    with pytest.raises(ValueError, match="no documents to tokenise"):
-        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
-                             log=lambda *a: None, **kw)
-    assert not list((tmp_path / "shards").glob("*.bin"))
-    blank = tmp_path / "blank.txt"
-    blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
-    with pytest.raises(ValueError, match="one.bin: no documents to tokenise"):
-        fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
-    assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
-
-
-def test_fw_file_docs_streams_across_chunk_boundaries_and_drops_blank_documents(tmp_path):
-    # the file is read in chunks: a document (or a separator) cut by a chunk boundary is joined again, the last
-    # document needs no separator after it, and whitespace-only documents are dropped
-    text = (f"  first doc \n{_FW_EOT}\n \n\t{_FW_EOT}second{_FW_EOT}a third one, longer than any chunk below"
-            f"{_FW_EOT}{_FW_EOT}  last, without a separator after it \n")
-    path = tmp_path / "c.txt"
-    path.write_text(text, encoding="utf-8")
-    want = ["first doc", "second", "a third one, longer than any chunk below", "last, without a separator after it"]
-    for chunk_chars in (1, 3, 7, 16, 1 << 20):
-        assert list(fineweb.file_docs(path, chunk_chars=chunk_chars)) == want, chunk_chars
-
-
-def test_fw_folder_docs_skips_hidden_files_and_folders(tmp_path):
-    (tmp_path / "sub").mkdir()
-    (tmp_path / ".git").mkdir()
-    (tmp_path / "a.txt").write_text("Doc A\n")
-    (tmp_path / "sub" / "b.txt").write_text("  Doc B ")
-    (tmp_path / "empty.txt").write_text(" \n")
-    (tmp_path / ".hidden.txt").write_text("secret")
-    (tmp_path / ".git" / "config").write_text("[core]")
-    assert list(fineweb.folder_docs(tmp_path)) == ["Doc A", "Doc B"]
-
-
-def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path):
-    logs = []
-    kw = dict(vocab_size=280, allow_download=False, log=logs.append, num_workers=1)
-    d = tmp_path / "ts"
-    fineweb.prepare_tinystories(d, corpus_bytes=12_000, **kw)
-    small = (d / "train.txt").read_bytes()
-    # another corpus size: a new corpus, not the old one reused
-    logs.clear()
-    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert not any(line.startswith("corpus: reusing") for line in logs)
-    assert (d / "train.txt").stat().st_size > 1.5 * len(small)
-    big = (d / "train.txt").read_bytes()
-    # a corpus file edited (or cut short) after it was recorded: made again, not trusted
-    (d / "train.txt").write_bytes(big[:5000])
-    logs.clear()
-    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert not any(line.startswith("corpus: reusing") for line in logs)
-    assert (d / "train.txt").read_bytes() == big
-    # a tokenizer changed on disk after it was recorded: trained again, and the tokens encoded again
-    merges = (d / "tokenizer" / "merges.txt").read_text(encoding="utf-8").splitlines()
-    (d / "tokenizer" / "merges.txt").write_text("\n".join(merges[:-5]) + "\n", encoding="utf-8")
-    logs.clear()
-    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert logs[0].startswith("corpus: reusing") and logs[1].startswith("tokenizer: trained BPE")
-    assert logs[2].startswith("tokens: ") and "reusing" not in logs[2]
-
-
-def test_fw_prepare_tinystories_download_stops_at_a_split_size_met_exactly(tmp_path, monkeypatch):
-    # every row is 15 characters, 30 bytes with its separator: 5700 and 300 bytes are 190 and 10 rows exactly, and
-    # a download that has reached its size stops there (one more row would overshoot by a whole story)
-    calls = []
-    rows = {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
-    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
-    for split, path, n in (("train", "train.txt", 190), ("validation", "val.txt", 10)):
-        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
-        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n]) and len(text) == 30 * n
-
-
-def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, _fw_bpe_dir):
-    # a short stream (eot before each of 4 documents) sharded at every size from 1 token to past its length: the
-    # shards are full but the last (a last shard of 1 token included) and hold the stream exactly; meta.json records
-    # after each shard the documents complete and the tokens of the next one written (a document ending exactly at
-    # the boundary is complete: offset 0), and each shard counts the documents that start in it
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    docs = ["Tom had a red ball.", "Sue ran.", "The cat sat on the mat and looked at the dog.", "Mom smiled."]
-    pieces = [[tok.eot_id] + tok.encode(d) for d in docs]
-    ref = [i for piece in pieces for i in piece]
-    ends = [sum(len(q) for q in pieces[:j + 1]) for j in range(len(pieces))]
-    starts = [e - len(piece) for e, piece in zip(ends, pieces)]
-    n = len(ref)
-    for batch_chars in (1, 30):  # one document per batch; batches of 2, 1, 1 documents
-        for size in range(1, n + 2):
-            out = tmp_path / f"{batch_chars}_{size}"
-            fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=size, num_workers=1, progress=False,
-                                 log=lambda *a: None, batch_chars=batch_chars)
-            ids, arrays, meta = _fw_read_shards(out)
-            assert ids.tolist() == ref, size
-            assert [len(a) for a in arrays] == [size] * (n // size) + ([n % size] if n % size else []), size
-            for k, s in enumerate(meta["shards"]):
-                lo, hi = k * size, min((k + 1) * size, n)
-                done = sum(e <= hi for e in ends)
-                assert (s["end_doc"], s["end_offset"]) == (done, hi - (ends[done - 1] if done else 0)), (size, k)
-                assert s["num_docs"] == sum(lo <= st < hi for st in starts), (size, k)
-            assert meta["num_docs"] == len(docs) and meta["num_tokens"] == n and meta["complete"]
-
-
-def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path):
-    # an edit that keeps the size (a word for another as long) must still change the stamp, or a rerun would resume
-    # (or reuse) shards of the old text
-    path = tmp_path / "c.txt"
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for p in (path, folder / "a.txt"):
-        p.write_text("Tom had a red ball.", encoding="utf-8")
-        os.utime(p, ns=(10**18, 10**18))
-    before = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
-    assert [fineweb.input_stamp(path), fineweb.input_stamp(folder)] == before   # the same file: the same stamp
-    for p in (path, folder / "a.txt"):
-        p.write_text("Tom had a big ball.", encoding="utf-8")
-        os.utime(p, ns=(10**18, 10**18 + 10**9))
-    after = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
-    assert after[0] != before[0] and after[1] != before[1]
-
-
-def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
-    # a buffer of 1 keeps the order; with a buffer of 2, the document in the second slot leaves long before the end
-    # (never evicting one slot would hold its document back to the final flush)
-    docs = list(range(200))
-    assert list(fineweb.buffer_shuffle(iter(docs), 1, seed=3)) == docs
-    out = list(fineweb.buffer_shuffle(iter(docs), 2, seed=3))
-    assert sorted(out) == docs and out.index(1) < 50
-
-
-def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_path, monkeypatch):
-    calls = []
-    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)],
-            "validation": [f"Val story {i}." for i in range(200)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
-    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
-    for split, path, limit in (("train", "train.txt", 5700), ("validation", "val.txt", 300)):
-        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
-        n = len(list(fineweb.file_docs(tmp_path / "dl" / path)))
-        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
-        last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
-        assert limit <= len(text.encode()) < limit + last, (split, len(text))      # 95 % / 5 % of corpus_bytes
-
-
-def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
-    # the README's way on: a shard size too large for the corpus leaves only the validation shard; the same folder
-    # with a smaller --shard_size is refused (other settings), and with --fresh it is rebuilt, the tokenizer trained
-    # there included, while a file fineweb.py did not write stays
-    path, _ = _fw_corpus(tmp_path, n=60, seed=1)
-    out = tmp_path / "out"
-
-    def run(*argv):
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", f"--out_dir={out}", "--vocab_size=300",
-                                          "--num_workers=1", *argv])
-        fineweb.main()
-    run("--shard_size=1000000")
-    assert sorted(p.name for p in out.glob("*.bin")) == ["val_000000.bin"]
-    assert "lower --shard_size (with --fresh)" in capsys.readouterr().out
-    (out / "notes.txt").write_text("mine")
-    with pytest.raises(SystemExit, match=r"different settings \(shard_size=1000000\): rerun with the same flags to "
-                                         r"resume, --fresh to start over"):
-        run("--shard_size=2000")
-    old_vocab = (out / "tokenizer" / "vocab.json").stat().st_mtime_ns
-    run("--shard_size=2000", "--fresh")
-    assert "removed 1 shard(s) and the tokenizer trained there" in capsys.readouterr().out
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["config"]["shard_size"] == 2000 and len(meta["shards"]) > 2 and meta["complete"]
-    assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["file"] for s in meta["shards"])
-    assert (out / "tokenizer" / "vocab.json").stat().st_mtime_ns != old_vocab and (out / "notes.txt").exists()
-    other = tmp_path / "other"   # a folder fineweb.py did not write (no meta.json of its own): --fresh removes nothing
-    other.mkdir()
-    (other / "meta.json").write_text('{"format": "mine"}')
-    (other / "train_000001.bin").write_bytes(b"\0\0")
-    fineweb.clear_shards(other)
-    assert sorted(p.name for p in other.iterdir()) == ["meta.json", "train_000001.bin"]
-    # a folder fineweb.py wrote whose tokenizer/ it did not train (no request.json: the user's own, given with
-    # --tokenizer OUT/tokenizer): --fresh removes the shards and meta.json but never that tokenizer
-    mine = tmp_path / "mine"
-    shutil.copytree(out / "tokenizer", mine / "tokenizer")
-    (mine / "tokenizer" / "request.json").unlink()
-    shutil.copy(out / "meta.json", mine / "meta.json")
-    (mine / "val_000000.bin").write_bytes(b"\0\0")
-    fineweb.clear_shards(mine, log=lambda *a: None)
-    assert sorted(p.name for p in mine.iterdir()) == ["tokenizer"] and (mine / "tokenizer" / "vocab.json").is_file()
-
-
-def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
-    # what the command line hands on: --shuffle_docs shuffles the stream, --fresh reaches prepare_tinystories, and
-    # the default folders are the ones --help names
-    got = []
-    monkeypatch.setattr(fineweb, "prepare_tinystories", lambda *a, **k: got.append((a, k)))
-    monkeypatch.setattr(fineweb, "write_shards", lambda docs, out_dir, *a, **k: got.append((list(docs), out_dir, k)))
-    monkeypatch.chdir(tmp_path)
-    path, docs = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
-
-    def run(*argv):
-        got.clear()
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
-        fineweb.main()
-        return got[0]
-    a, k = run("--prepare_tinystories", "--fresh")
-    assert a == ("data/tinystories", 2048) and k["fresh"] is True and k["corpus_bytes"] == 4_000_000
-    a, k = run("--prepare_tinystories", "--corpus_bytes=0")
-    assert k["fresh"] is False and k["corpus_bytes"] is None
-    shuffled, out_dir, k = run(f"--input={path}", f"--tokenizer={_fw_bpe_dir}", "--shuffle_docs", "--shuffle_buffer=8",
-                               "--seed=3", "--num_workers=1")
-    assert shuffled == list(fineweb.buffer_shuffle(iter(docs), 8, 3)) and shuffled != docs
-    assert (out_dir, k["shuffle_docs"], k["seed"]) == ("data/c-bpe", True, 3)
-    plain, out_dir, k = run(f"--input={path}", "--num_workers=1")
-    assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
-
-
-def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatch, _fw_bpe_dir):
-    # a rerun on the same --input finds its shards complete; after the file changed it is refused (it said
-    # "already complete" and kept the old text's shards, and a half-done run would have resumed into the new text)
-    path, _ = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
-    argv = ["fineweb.py", f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}",
-            "--shard_size=500", "--num_workers=1"]
-    monkeypatch.setattr(sys, "argv", argv)
-    fineweb.main()
-    fineweb.main()   # unchanged: reused
-    path.write_text(path.read_text()[: len(path.read_text()) // 2], encoding="utf-8")
-    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-    with pytest.raises(SystemExit, match=rf"out: its shards were made from {re.escape(str(path.resolve()))} as it "
-                                         r"was before: the input has changed since"):
-        fineweb.main()
-
-
-def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["stories.py", "--print", "3", "--seed", "1"])
-    stories.main()
-    assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
 
 
 def test_experiments_run_selection_only_in_the_order_given_and_extras_with_all(tmp_path, _bad_results, monkeypatch,
@@ -7603,132 +7876,334 @@ def test_experiments_time_budget_run_counts_the_steps_after_its_last_train_recor
     assert (r["step"], r["tokens"], r["train_time"]) == (12, 12 * 32, 12.4)
 
 
-def test_train_context_longer_than_the_checkpoints_model_is_refused(tmp_path, _train_data):
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1), log=_train_quiet)
-    with pytest.raises(ValueError, match=r"^--context_length=32 is longer than the model's 16$"):
-        train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=2, context_length=32, resume=True),
-                    log=_train_quiet)
+# ====================================================================================================================
+# bench.py: the side-by-side benchmarks' command line and their GPU checks' own faults
+# ====================================================================================================================
 
 
-def test_train_log_records_and_progress_line_figures(tmp_path, _train_data, monkeypatch):
-    # with the fake clock every step takes 1 s: tokens/s, tokens, elapsed and the MFU are exact figures
-    monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 3e7)   # a peak that puts MFU near 30 %
-    said = []
-    s = train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=6, log_interval=4), clock=_train_fake_clock(),
-                    log=said.append)
-    cfg = _train_records(tmp_path / "o", "config")[0]
-    n_params = sum(v.numel() for v in _train_weights(tmp_path / "o" / "ckpt.pt").values())
-    assert (cfg["params"], cfg["world_size"], cfg["resumed_at_step"]) == (n_params, 1, None) == (s["params"], 1, None)
-    rows = _train_records(tmp_path / "o", "train")
-    assert [r["step"] for r in rows] == [4, 6]               # every log_interval steps, and the last step
-    for r in rows:
-        assert (r["tokens"], r["tokens_per_sec"], r["dt"], r["elapsed"]) == (r["step"] * 64, 64.0, 1.0, r["step"])
-        assert set(r) >= {"loss", "lr", "grad_norm", "mfu"}
-        line = next(l for l in said if l.startswith(f"step {r['step']:>6}/6 | loss {r['loss']:.4f} | "))
-        assert " | 64 tok/s" in line and line.endswith(f" | 0m{r['step']:02d}s")
-        assert r["mfu"] == pytest.approx(flops.train_flops_per_token(cfg["model_config"], 16) * 64 / 3e7, rel=1e-12)
-        assert 0.05 < r["mfu"] < 5 and f" | mfu {100 * r['mfu']:.1f}% | " in line
-    ev = _train_records(tmp_path / "o", "eval")
-    assert [(e["step"], e["elapsed"]) for e in ev] == [(0, 0.0), (6, 6.0)] and ev[-1]["val_loss"] == s["val_loss"]
+def _bench_gpu_args(**kw):
+    return argparse.Namespace(**{**dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager"), **kw})
 
 
-def test_train_plot_draws_the_train_and_validation_curves(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
-    import matplotlib.axes
-    drawn = []
-    real = matplotlib.axes.Axes.plot
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
-                        lambda self, *a, **k: (drawn.append((list(a[0]), list(a[1]), k.get("label"))), real(self, *a, **k))[1])
-    rows = [dict(type="config"), dict(type="train", step=2, loss=3.0, elapsed=0.5),
-            dict(type="train", step=4, loss=2.5, elapsed=1.0), dict(type="eval", step=4, val_loss=2.7, elapsed=1.0)]
-    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    runs.plot_log(tmp_path / "log.jsonl")
-    assert drawn == [([2, 4], [3.0, 2.5], "train"), ([4], [2.7], "validation"),
-                     ([0.5, 1.0], [3.0, 2.5], "train"), ([1.0], [2.7], "validation")]
+@pytest.mark.parametrize("argv,message", [
+    (["sample", "--repeats", "0"], "bench.py: --repeats 0: expected at least 1"),
+    (["model", "--threads", "0"], "bench.py: --threads 0: expected at least 1"),
+    (["train", "--steps", "0"], "bench.py: --steps 0: expected at least 1"),
+    (["gpu", "--steps", "1", "--tiny"], "bench.py: --steps 1: expected at least 2"),
+    (["train", "--batch_size", "-2"], "bench.py: --batch_size -2: expected at least 1"),
+    (["sample", "--max_new_tokens", "0"], "bench.py: --max_new_tokens 0: expected at least 1"),
+    (["sample", "--prompt_len", "0"], "bench.py: --prompt_len 0: expected at least 1"),
+    (["sample", "--prompt_len", "-3"], "bench.py: --prompt_len -3: expected at least 1"),
+    (["sample", "--modes", "foo"], "bench.py: --modes 'foo': expected a comma list of greedy, top_p"),
+    (["tokenizer", "--parts", "trian"], "bench.py: --parts 'trian': expected a comma list of train, encode, encode_file"),
+    (["model", "--parts", ""], "bench.py: --parts '': expected a comma list of train, generate, compile"),
+    (["train", "--dtypes", "float32,float16"], "bench.py: --dtypes 'float32,float16': expected a comma list of "
+                                               "float32, bfloat16"),
+    (["sample", "--prompt_len", "1020", "--max_new_tokens", "10"],
+     "bench.py: --prompt_len 1020 + --max_new_tokens 10: the benchmark's GPT-2 has 1,024 positions"),
+    (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'"),
+    (["tokenizer", "--mix20", "."], "bench.py: --mix20 .: expected the corpus file's path (made if absent), got a folder"),
+    (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "bench.py: --mix20 /nonexistent-dir/mix20.txt: no such "
+                                                             "file, and no folder /nonexistent-dir to make it in"),
+    (["gpu", "--compile_backend", "nope", "--tiny"], "bench.py: --compile_backend: expected a torch.compile backend "
+                                                      "(inductor, aot_eager, ...: see torch.compiler.list_backends()), got 'nope'")])
+def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    for section in ("tokenizer", "model", "train", "gpu", "sample"):
+        monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    assert str(e.value) == message
 
 
-def test_train_tinystories_presets_use_the_reference_peak_lr():
-    # SPEC: the TinyStories baseline reaches 1.564 at lr_max 1e-3 (batch 32, 5,000 steps), 1.48 at batch 128
-    for name, batch in (("tinystories-cpu", 32), ("tinystories", 128)):
-        cfg, _ = train.get_config([f"--preset={name}"])
-        assert (cfg["learning_rate"], cfg["batch_size"], cfg["time_budget"]) == (1e-3, batch, ""), name
+def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
+    # --mix20 names a file: ~ is expanded as in every script's path flags (README), not made into a folder "~"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mix.txt").write_text("x")
+    ran = []
+    monkeypatch.setattr(sys, "argv", ["bench.py", "tokenizer", "--parts", "encode_file", "--mix20", "~/mix.txt"])
+    monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
+    bench.main()
+    assert ran == [str(tmp_path / "mix.txt")]
 
 
-# ---- hellaswag.py, lambada.py, sample.py, model.py loading, bpe.py CLI: gaps found by mutation testing (round 4) ----
+def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
+    removed_at_exit, register = [], atexit.register
+    monkeypatch.setattr(atexit, "register", lambda f, *a, **k: removed_at_exit.append(a[0]) if f is shutil.rmtree
+                        else register(f, *a, **k))
+    bench.bench_gpu(_bench_gpu_args())
+    out = capsys.readouterr().out
+    assert out.count("\nOK ") == 13 and "FAIL" not in out and out.rstrip().endswith("all checks passed")
+    assert all(f"\n{a} {m} " in out for a in ("gpt2", "llama") for m in ("compiled", "eager"))  # each timed run printed
+    (tmp,) = removed_at_exit  # the data and both checkpoints (GPT-2-sized on a GPU) go when bench.py exits
+    assert tmp.name.startswith("bench_gpu_") and (tmp / "llama_compiled" / "ckpt.pt").is_file()
+    shutil.rmtree(tmp)
 
-def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_checks_its_size(tmp_path, monkeypatch):
-    # --tokenizer overrides the tokenizer a checkpoint names and, with --init_from, the default gpt2; one of another
-    # size than the model's vocabulary (ids past its embedding table, or ids it cannot decode) is refused at load time
+
+def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch):
+    monkeypatch.setattr(M, "scaled_dot_product_attention", lambda q, k, v, mask=None: torch.zeros_like(q))
+    with pytest.raises(SystemExit) as e:
+        bench.bench_gpu(_bench_gpu_args(steps=2))
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "FAIL  SDPA (no flash kernel here) vs from scratch" in out
+    assert out.rstrip().endswith("FAILED: SDPA (no flash kernel here) vs from scratch")
+
+
+def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
+    # on the CPU the "device" is the CPU, so each check is shown able to fail by a fault it exists to find: a device
+    # whose weights differ from the CPU's (.to doubles them), a bf16 autocast loss that is off, a fused AdamW that is
+    # not train.AdamW, a torch.compile that changes the loss, a KV cache that forgets
+    real_to, real_loss, real_adamw = torch.nn.Module.to, M.lm_loss, torch.optim.AdamW
+
+    def doubled_to(self, *a, **k):
+        out = real_to(self, *a, **k)
+        with torch.no_grad():
+            for p in out.parameters():
+                p.mul_(2.0)
+        return out
+
+    def off_under_autocast(model, x, y, **k):
+        return real_loss(model, x, y, **k) + (1.0 if torch.is_autocast_enabled("cpu") else 0.0)
+
+    class BrokenFused(real_adamw):
+        def __init__(self, params, lr=1e-3, fused=None, **k):
+            super().__init__(params, lr=2 * lr if fused else lr, fused=fused, **k)
+
+    def broken_compile(m, **k):
+        return lambda *a, **kw: tuple(o + 1 if i == 1 else o for i, o in enumerate(m(*a, **kw)))
+
+    class Forgetful(M.KVCache):
+        def update(self, layer, k, v):
+            return k, v   # the new positions only
+
+    monkeypatch.setattr(torch.nn.Module, "to", doubled_to)
+    monkeypatch.setattr(M, "lm_loss", off_under_autocast)
+    monkeypatch.setattr(torch.optim, "AdamW", BrokenFused)
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(M, "KVCache", Forgetful)
+    with pytest.raises(SystemExit):
+        bench.bench_gpu(_bench_gpu_args(steps=2))
+    out = capsys.readouterr().out
+    for what in ("llama: float32 forward on the device vs CPU", "gpt2: float32 forward on the device vs CPU",
+                 "llama: bf16 autocast loss vs float32", "gpt2: bf16 autocast loss vs float32",
+                 "fused AdamW vs train.AdamW, 5 steps", "torch.compile forward vs eager (bf16)",
+                 "KV-cached greedy decoding vs uncached", "HellaSwag and LAMBADA on the device vs CPU"):
+        assert f"\nFAIL  {what}" in out, what
+
+
+@pytest.mark.parametrize("argv,section", [
+    (["sample", "--repeats", "1", "--threads", "1", "--max_new_tokens", "1", "--prompt_len", "1"], "bench_sample"),
+    (["train", "--steps", "1", "--batch_size", "1", "--repeats", "1", "--threads", "1"], "bench_train"),
+    (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu")])
+def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
+    ran = []
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    monkeypatch.setattr(bench, section, lambda args: ran.append(args))
+    bench.main()
+    assert len(ran) == 1
+
+
+def test_bench_ctrl_c_is_one_line(monkeypatch):
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "bench_sample", ctrl_c)
+    monkeypatch.setattr(sys, "argv", ["bench.py", "sample"])
+    with pytest.raises(SystemExit, match=r"^\nbench\.py: interrupted$"):
+        bench.main()
+
+
+# ====================================================================================================================
+# command lines and bad input: every script's flags, one clear line per mistake, nothing half-written
+# ====================================================================================================================
+
+
+def _bad_cfg(data_dir, out_dir, **kw):
+    return _train_cfg(data_dir, out_dir, **{"max_iters": 2, "warmup_iters": 1, **kw})
+
+
+def _bad_train_two_steps(data, out):
+    train.train(_bad_cfg(data, out), log=_train_quiet)
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
+def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch,
+                                                                                          capsys):
+    # bpe.py --out into an existing tokenizer folder keeps its path and size but changes what the ids mean: the token
+    # files and the checkpoint record its content fingerprint, so train.py, sample.py, hellaswag.py and lambada.py
+    # refuse it in one line instead of scoring, sampling and evaluating with the wrong tokens
     import argparse
-    transformers = pytest.importorskip("transformers")
-    GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
-    ckpt = _tiny_llama_ckpt(tmp_path)  # names tmp_path/tok: 257 byte tokens with <|endoftext|>
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=[]).save_dir(str(tmp_path / "bytes"))
-    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
-        tmp_path / "hf")
+    d, tok_dir = tmp_path / "data", tmp_path / "data" / "tok"
+    d.mkdir()
+    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(tok_dir)
+    shutil.copytree(tok_dir, tmp_path / "original")
 
-    def load(**kw):
-        args = argparse.Namespace(**{"ckpt": None, "init_from": None, "tokenizer": None, **kw})
-        return hellaswag.load_model(args, "cpu")
-    assert load(ckpt=str(ckpt))[1].vocab_size == 257
-    with pytest.raises(SystemExit, match="has 256 tokens but this model 257"):
-        load(ckpt=str(ckpt), tokenizer=str(tmp_path / "bytes"))
-    with pytest.raises(SystemExit, match="has 256 tokens but this model 300"):
-        load(init_from=str(tmp_path / "hf"), tokenizer=str(tmp_path / "bytes"))
-    (tmp_path / "small").mkdir()
-    small = _tiny_llama_ckpt(tmp_path / "small", vocab_size=200)
+    def encode(*names):
+        for name in names:
+            (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
+            bpe.encode_file(tmp_path / f"{name}.txt", str(tok_dir), d / f"{name}.bin", num_workers=1)
+    encode("train", "val")
+    old = bpe.tokenizer_fingerprint(tok_dir)
+    train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
+    ckpt = tmp_path / "o" / "ckpt.pt"
+    assert torch.load(ckpt, weights_only=True)["tokenizer_fingerprint"] == old
+
+    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
+    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
+    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(tok_dir)   # retrained in place: same path, same 300 ids
+    new = bpe.tokenizer_fingerprint(tok_dir)
+    assert new != old
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
+    _one_line_naming(str(e.value), f"{d / 'train.bin'}.json: ", str(tok_dir), old, new)
+    with pytest.raises(ValueError) as e:
+        sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
+    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new, "--tokenizer")
     for script in (hellaswag, lambada):
-        name = f"{script.__name__}.py"
-        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu"), f"{name}: --ckpt {small}: ",
-                         repr(str(tmp_path / 'small' / 'tok')), "257", "200")
+        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu"),
+                         f"{script.__name__}.py: --ckpt {ckpt}: ", old, new)
+    # the original kept elsewhere is accepted by all; another tokenizer given with --tokenizer is refused too
+    assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
+    args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
+    assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
+    with pytest.raises(ValueError) as e:
+        sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))
+    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new)
+    encode("val")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: token files were written by different versions of "
+                                         f"tokenizer {re.escape(repr(str(tok_dir)))} \\(fingerprints "):
+        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
+    encode("train")
+    assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
+    # the model trained on the old ids is not resumed on the new ones
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
+    _one_line_naming(str(e.value), f"{ckpt}: ", old, new, "--fresh")
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--init_from=gpt2", "--limit=0"], "hellaswag.py: --limit must be a positive integer, got 0"),
-    (["--init_from=gpt2", "--limit=-3"], "hellaswag.py: --limit must be a positive integer, got -3"),
-    (["--init_from=gpt2", "--batch_examples=0"], "hellaswag.py: --batch_examples must be a positive integer, got 0"),
-])
-def test_hs_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
-    # (a --limit of -3 would otherwise drop the last 3 examples, and 0 end with "no example fits the context")
-    assert _bad_exit(monkeypatch, hellaswag, *argv) == expect
+def _bad_exit(monkeypatch, script, *argv):
+    """The message main() exits with for this command line; it must be one line."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    with pytest.raises(SystemExit) as exc:
+        script.main()
+    message = str(exc.value)
+    assert "\n" not in message, message
+    return message
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tmp_path, monkeypatch, capsys):
-    # README: `python sample.py --top_p 0.9` samples the latest checkpoint of the default run, out/ckpt.pt
-    monkeypatch.chdir(tmp_path)
-    assert _bad_exit(monkeypatch, sample, "--device=cpu") == (
-        "sample.py: --ckpt out/ckpt.pt: no such checkpoint (train one with `python train.py`, or use --init_from=gpt2)")
-    (tmp_path / "out").mkdir()
-    _tiny_llama_ckpt(tmp_path / "out")
-    flags = ["--prompt=ab", "--num_samples=1", "--max_new_tokens=4", "--temperature=0", "--no_stop", "--device=cpu"]
-    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
-    sample.main()
-    default = capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt=out/ckpt.pt", *flags])
-    sample.main()
-    assert default == capsys.readouterr().out and default.startswith("---------- sample 1/1\nab")
+def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
+    """A tiny train.py-format Llama checkpoint with a byte-level bpe.py tokenizer (257 tokens with <|endoftext|>)."""
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
+    tok.save_dir(str(tmp_path / "tok"))
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=16,
+                           num_layers=1, num_heads=2, d_ff=32))
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": str(tmp_path / "tok"),
+                "iteration": 0}, path)
+    return path
 
 
-@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model_bin"])
-def test_model_from_pretrained_reads_openais_layout_unprefixed_keys_and_mask_buffers(tmp_path, safe):
-    # openai-community/gpt2's files hold GPT2Model keys (h.0..., wte.weight: no "transformer." prefix, no lm_head)
-    # and the causal-mask buffers attn.bias / attn.masked_bias, which carry no weights and are skipped
-    hf = _model_hf_gpt2()
-    hf.config.save_pretrained(tmp_path)
-    sd = {k[len("transformer."):]: v.clone().contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
-    for i in range(hf.config.n_layer):
-        sd[f"h.{i}.attn.bias"] = torch.tril(torch.ones(32, 32, dtype=torch.bool)).view(1, 1, 32, 32)
-        sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
-    if safe:
-        from safetensors.torch import save_file
-        save_file(sd, tmp_path / "model.safetensors")
+@pytest.mark.parametrize("script", [sample, flops, hellaswag, lambada])
+@pytest.mark.parametrize("kind, expect", [("truncated", "not a readable checkpoint"),
+                                          ("empty", "not a readable checkpoint"),
+                                          ("garbage", "not a readable checkpoint"),
+                                          ("directory", "is a directory")])
+def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, expect):
+    good = _tiny_llama_ckpt(tmp_path).read_bytes()
+    bad = tmp_path / "bad.pt"
+    if kind == "directory":
+        bad.mkdir()
     else:
-        torch.save(sd, tmp_path / "pytorch_model.bin")
-    ours = M.GPT.from_pretrained(str(tmp_path)).eval()
-    ids = _model_ids(97)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids)[0], hf(ids).logits, rtol=1e-5, atol=1e-4)
+        bad.write_bytes({"truncated": good[:len(good) // 2], "empty": b"", "garbage": b"\x0e\xff not a pickle"}[kind])
+    message = _bad_exit(monkeypatch, script, f"--ckpt={bad}")
+    assert message.startswith(f"{script.__name__}.py: --ckpt {bad}: {expect}")
+
+
+@pytest.mark.parametrize("script, argv", [
+    (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
+    (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
+    (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
+    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
+def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
+    # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    argv = [a.replace("CKPT", str(_tiny_llama_ckpt(tmp_path))) for a in argv]
+    message = _bad_exit(monkeypatch, script, *argv)
+    assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
+
+
+@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
+def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    name = f"{script.__name__}.py"
+    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=tpu") == (
+        f"{name}: --device: expected auto, cpu, cuda, cuda:N or mps, got 'tpu'")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda") == (
+        f"{name}: --device cuda: CUDA is not available on this machine")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3") == (
+        f"{name}: --device cuda:3: no such GPU (1 visible)")
+
+
+def _bad_hs_data(path, rows):
+    """rows: (ctx, endings) with label 0."""
+    path.write_text("".join(json.dumps({"ind": i, "ctx": ctx, "endings": endings, "label": 0}) + "\n"
+                            for i, (ctx, endings) in enumerate(rows)), encoding="utf-8")
+    return path
+
+
+BAD_EOT = "<|endoftext|>"
+
+
+def _bad_corpus(path, n=60, seed=0):
+    path.write_text("".join(d + stories.SEPARATOR for d in stories.generate_stories(n, seed)), encoding="utf-8")
+    return path
+
+
+def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
+    """A small bpe.py tokenizer directory (vocab 300) trained on generated stories."""
+    vocab, merges = bpe.train_bpe(_bad_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
+    bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
+    return tmp_path / "tok"
+
+
+@pytest.fixture
+def _bad_results(tmp_path, monkeypatch):
+    """results/ and results/logs/ redirected into tmp_path."""
+    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
+    return tmp_path / "results"
+
+
+def _bad_fake_log(path, name, steps=(5, 10), evals=((0, 7.6), (10, 4.0))):
+    rows = [dict(type="experiment", name=name, groups=["ablation"], change=name, flags={}, args=[], wall=3.0),
+            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=3e-3, warmup_iters=1,
+                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
+                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
+    rows += [dict(type="train", step=s, loss=5.0 - s / 10, lr=3e-3, tokens_per_sec=100.0, elapsed=s * 1.0, tokens=s * 32)
+             for s in steps]
+    rows += [dict(type="eval", step=s, val_loss=v, val_bpb=v / math.log(2) / 3.6, elapsed=s * 1.0) for s, v in evals]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _bad_tag(path):
+    return str(path).replace("/", "-")   # an absolute path outside the repository: /tmp/x/mine -> -tmp-x-mine
+
+
+@pytest.fixture
+def _bad_tiny_preset(tmp_path, monkeypatch):
+    """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
+    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
+             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
+             extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
+             base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
+                       learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
+                       grad_clip=1.0, sampler="random", eval_interval=100, num_threads=1))
+    monkeypatch.setitem(experiments.PRESETS, "tiny", p)
+    return "tiny"
 
 
 @pytest.mark.parametrize("script", [sample, hellaswag, lambada])
@@ -7746,290 +8221,7 @@ def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script)
             _one_line_naming(message, f"{script.__name__}.py: --ckpt {path}: ", "not a train.py checkpoint")
 
 
-def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, capsys):
-    # --help: training writes tokenizers/<input stem>-<vocab> by default; the lines printed by training and by
-    # --encode give the vocabulary, merge, token and document counts and the dtype of the .bin
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "300", "--workers", "1"])
-    bpe.main()
-    out = Path("tokenizers") / "corpus-300"
-    tok = bpe.load_tokenizer(out)
-    assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 - 1
-    assert f"trained 300 tokens (43 merges) on {corpus} -> {out}\n" in capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(corpus), "--tokenizer", str(out), "--out", "c.bin",
-                                      "--workers", "1"])
-    bpe.main()
-    meta = json.loads(Path("c.bin.json").read_text())
-    assert meta["dtype"] == "uint16" and meta["num_docs"] == 60 and meta["tokenizer"] == str(out)
-    assert capsys.readouterr().out.startswith(f"wrote c.bin: {meta['num_tokens']:,} tokens (uint16), 60 docs, ")
-
-
-def test_model_rank_gpu_refuses_a_local_rank_equal_to_the_gpu_count(monkeypatch):
-    # GPUs are numbered 0..count-1: LOCAL_RANK 4 of 4 visible GPUs has none
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    assert M.rank_gpu(3) == torch.device("cuda", 3)
-    with pytest.raises(ValueError, match=r"^LOCAL_RANK 4: only 4 GPUs are visible"):
-        M.rank_gpu(4)
-
-
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_model_attn_impl_chooses_the_kernel_in_both_architectures(arch, monkeypatch):
-    # sdpa runs torch's fused kernel, scratch this file's reference: the two agree numerically, so only which one
-    # ran tells them apart (an --attn_impl=scratch ablation that silently ran sdpa would compare sdpa with itself)
-    make = _model_llama if arch == "llama" else _model_gpt
-    calls, real = [], torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for impl, fused in (("sdpa", True), ("scratch", False)):
-        calls.clear()
-        make(attn_impl=impl)(torch.zeros(1, 4, dtype=torch.long))
-        assert bool(calls) == fused, impl
-    with pytest.raises(ValueError, match="attn_impl"):
-        make(attn_impl="flash")
-
-
-def test_model_from_pretrained_refuses_another_model_type_and_exact_gelu(tmp_path):
-    # GPTBigCode's config.json has GPT-2's key names (n_embd, n_layer, n_head, n_positions) but another model: refused
-    # by its model_type; exact GELU ("gelu") is not GPT-2's tanh approximation ("gelu_new"): other logits, refused
-    from transformers import GPT2Config, GPT2LMHeadModel
-    GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1, n_head=2)).save_pretrained(tmp_path)
-    hf = json.loads((tmp_path / "config.json").read_text())
-    for key, value in (("model_type", "gpt_bigcode"), ("activation_function", "gelu")):
-        (tmp_path / "config.json").write_text(json.dumps({**hf, key: value}))
-        with pytest.raises(ValueError, match=f"config.json: {key} '{value}' is not supported"):
-            M.GPT.from_pretrained(str(tmp_path))
-    (tmp_path / "config.json").write_text(json.dumps(hf))
-    M.GPT.from_pretrained(str(tmp_path))
-
-
-def test_model_resolve_device_auto_takes_a_gpu_where_there_is_one_and_cuda_n_a_visible_one(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert M.resolve_device("auto") == torch.device("cuda")
-    assert M.resolve_device("cuda:1") == torch.device("cuda", 1)
-    with pytest.raises(ValueError, match=r"--device cuda:2: no such GPU \(2 visible\)"):
-        M.resolve_device("cuda:2")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert M.resolve_device("auto") == torch.device("cpu")
-
-
-def test_model_from_pretrained_refuses_missing_weights_and_unknown_overrides(tmp_path):
-    # a file lacking a weight would leave it at its random init: refused, naming it; so is an unknown override
-    hf = _model_hf_gpt2()
-    hf.config.save_pretrained(tmp_path)
-    torch.save({k: v for k, v in hf.state_dict().items() if k != "transformer.h.1.mlp.c_fc.bias"},
-               tmp_path / "pytorch_model.bin")
-    with pytest.raises(ValueError, match=r"lacks \['transformer\.h\.1\.mlp\.c_fc\.bias'\]$"):
-        M.GPT.from_pretrained(str(tmp_path))
-    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
-    assert M.GPT.from_pretrained(str(tmp_path), pad_vocab_to_multiple_of=64).config.pad_vocab_to_multiple_of == 64
-    with pytest.raises(ValueError, match=r"^GPT\.from_pretrained: unknown GPTConfig field 'pad_vocab'$"):
-        M.GPT.from_pretrained(str(tmp_path), pad_vocab=64)
-
-
-def test_bpe_cli_encode_without_out_is_one_line(tmp_path, monkeypatch):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    assert _bad_exit(monkeypatch, bpe, "--encode", corpus) == "bpe.py: --encode needs --out FILE.bin"
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path, monkeypatch, capsys):
-    # FILE:path prompts keep the file's text as it is (here its final newline) and --dtype sets the weights' dtype
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    tok = bpe.load_tokenizer(tmp_path / "tok")
-    m = M.model_from_checkpoint(torch.load(ckpt, weights_only=True))
-    (tmp_path / "p.txt").write_text("ab \n", encoding="utf-8")
-    dtypes, generate = [], sample.generate
-    monkeypatch.setattr(sample, "generate", lambda model, *a, **k: dtypes.append(
-        next(model.parameters()).dtype) or generate(model, *a, **k))
-    flags = [f"--ckpt={ckpt}", f"--prompt=FILE:{tmp_path / 'p.txt'}", "--num_samples=1", "--max_new_tokens=4",
-             "--temperature=0", "--no_stop", "--device=cpu"]
-    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
-    sample.main()
-    want = tok.decode(generate(m, [tok.encode("ab \n")], 4, temperature=0.0)[0])
-    assert capsys.readouterr().out == "---------- sample 1/1\nab \n" + want + "\n"
-    monkeypatch.setattr(sys, "argv", ["sample.py", *flags, "--dtype=bfloat16"])
-    sample.main()
-    assert dtypes == [torch.float32, torch.bfloat16]
-
-
-# ---- train.py resume, DDP, precision: gaps found by mutation testing (round 4) -----------------------------------
-
-def test_train_resume_restores_the_global_rngs_after_building_the_model(tmp_path, _train_data, monkeypatch):
-    # the checkpoint's python / numpy / torch generators are put back, and after the model is rebuilt (its init
-    # draws from torch's): whatever draws from them after a resume (here on_step) sees the uninterrupted run's numbers.
-    # Each run here stands for a new process, so the CPU peak behind MFU is measured again in each (its cache
-    # emptied): measuring must use its own generator, else the resumed run's draws are shifted
-    peaks = {}
-    monkeypatch.setattr(flops, "_cpu_peak_cache", peaks)
-
-    def drawing(out, crash_at=None):
-        def on_step(step):
-            out.append((step, random.random(), float(np.random.rand()), torch.rand(()).item()))
-            if step == crash_at:
-                raise RuntimeError("simulated crash")
-        return on_step
-    straight, crashed, resumed = [], [], []
-    kw = dict(max_iters=4, ckpt_interval=2, log_interval=1)   # MFU from the first step on
-    train.train(_train_cfg(_train_data, tmp_path / "a", **kw), on_step=drawing(straight), log=_train_quiet)
-    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
-    peaks.clear()
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, on_step=drawing(crashed, crash_at=3), log=_train_quiet)
-    peaks.clear()
-    train.train(dict(cfg, resume=True), on_step=drawing(resumed), log=_train_quiet)
-    assert peaks and crashed == straight[:3] and [s for s, *_ in resumed] == [3, 4]
-    assert resumed == straight[2:]
-
-
-def test_train_checkpoints_at_every_evaluation_when_ckpt_interval_is_0(tmp_path, _train_data):
-    # --ckpt_interval=0 (the default) writes ckpt.pt at every evaluation: a crash at step 7 with eval_interval 3
-    # leaves the step-6 checkpoint
-    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=8, eval_interval=3, ckpt_interval=0)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, on_step=_train_crash_at(7), log=_train_quiet)
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
-
-
-def test_train_resume_with_another_number_of_processes_is_refused(tmp_path, _train_data):
-    # every rank continues its own data stream: a checkpoint written by 2 processes does not resume in 1
-    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=2)
-    train.train(cfg, log=_train_quiet)
-    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    ck["loader"] = [ck["loader"], ck["loader"]]   # as rank 0 of a 2-process run writes it
-    torch.save(ck, tmp_path / "o" / "ckpt.pt")
-    with pytest.raises(ValueError, match=r"ckpt\.pt was written by 2 process\(es\): resume it with the same number "
-                                         r"\(this run has 1\)"):
-        train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
-
-
-def test_train_resume_with_another_batch_size_or_accumulation_is_refused(tmp_path, _train_data):
-    # the batch is not among the settings a resume may change: another --batch_size or --total_batch_tokens would
-    # continue the data stream and the schedule as another run
-    args = _train_main_args(_train_data, tmp_path / "o")
-    train.main(args)
-    for flag, what in (("--batch_size=8", "batch_size 4 -> 8"), ("--total_batch_tokens=128", "total_batch_tokens 0 -> 128")):
-        with pytest.raises(SystemExit, match=rf"holds a run with other settings \({what}\): use --fresh"):
-            train.main(args + ["--max_iters=3", flag])
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 2
-
-
-def test_train_resume_true_needs_a_checkpoint_and_fresh_overrides_it(tmp_path, _train_data):
-    # --resume=true without a checkpoint is one line before any work; --fresh wins over --resume=true
-    args = _train_main_args(_train_data, tmp_path / "o")
-    with pytest.raises(SystemExit, match=r"^train\.py: --resume: no checkpoint at .*o/ckpt\.pt$"):
-        train.main(args + ["--resume=true"])
-    assert not (tmp_path / "o").exists()
-    train.main(args)
-    train.main(args + ["--resume=true", "--fresh", "--max_iters=1"])
-    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ck["iteration"] == 1 and [r["resumed_at_step"] for r in _train_records(tmp_path / "o", "config")] == [None]
-
-
-def test_train_restores_the_sigint_handler_and_a_second_ctrl_c_aborts_without_a_checkpoint(tmp_path, _train_data):
-    # train() installs its Ctrl-C handler for the loop only (a caller's handler is back afterwards, even when the
-    # run is aborted); a second Ctrl-C interrupts at once, without writing a checkpoint
-    import signal
-    before = signal.getsignal(signal.SIGINT)
-    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1), log=_train_quiet)
-    assert signal.getsignal(signal.SIGINT) is before
-
-    def twice(step):
-        if step == 2:
-            runs.Stop.handler(None, None)
-            runs.Stop.handler(None, None)
-    with pytest.raises(KeyboardInterrupt):
-        train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=100), on_step=twice,
-                    log=_train_quiet)
-    assert not (tmp_path / "b" / "ckpt.pt").exists() and signal.getsignal(signal.SIGINT) is before
-
-
-def test_train_bf16_autocast_on_cpu_covers_training_and_evaluation(tmp_path, _train_data, monkeypatch):
-    # --dtype=bfloat16 on CPU: the training steps' and the evaluations' forwards all run under bf16 autocast. The
-    # CPU defaults (--dtype=auto, --tf32=auto) run in float32 and leave torch's float32 matmul precision alone
-    seen = []
-    real = M.lm_loss
-
-    def spy(model, x, y, arch=None):
-        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")))
-        return real(model, x, y, arch=arch)
-    monkeypatch.setattr(M, "lm_loss", spy)
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=2, dtype="auto", tf32="auto"), log=_train_quiet)
-        assert torch.get_float32_matmul_precision() == "highest"
-    finally:
-        torch.set_float32_matmul_precision(precision)
-    assert sorted(set(seen)) == [(False, False), (True, False)]          # eval (no grad) and training, float32
-    seen.clear()
-    s = train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=2, dtype="bfloat16"), log=_train_quiet)
-    assert set(seen) == {(True, torch.bfloat16), (False, torch.bfloat16)} and math.isfinite(s["val_loss"])
-
-
-def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
-    # --compile=true: torch.compile (with --compile_backend) wraps train.LossOf, the model with its loss (so the loss is
-    # compiled too); evaluation and the samples use the plain module, so the compiled one only ever runs with gradients
-    d, _ = _train_byte_data(tmp_path)
-    compiled, calls = [], []
-
-    class FakeCompiled(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self._orig_mod = m
-
-        def forward(self, *a, **k):
-            calls.append(torch.is_grad_enabled())
-            return self._orig_mod(*a, **k)
-
-    def fake_compile(m, backend="inductor", **kw):
-        compiled.append((type(m).__name__, type(getattr(m, "module", None)).__name__, backend))
-        return FakeCompiled(m)
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    cfg = _train_cfg(d, tmp_path / "o", compile=True, compile_backend="aot_eager", max_iters=3, eval_interval=2,
-                     num_samples=1, sample_tokens=4)
-    s = train.train(cfg, log=_train_quiet)
-    assert compiled == [("LossOf", "TransformerLM", "aot_eager")]   # the loss in the compiled graph with the model
-    assert calls == [True] * 3                       # the 3 training steps; no evaluation, no sample
-    assert len(s["samples"]) == 1 and len(_train_records(tmp_path / "o", "eval")) == 3
-
-
-def test_train_time_budget_leaves_a_resumed_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, monkeypatch):
-    # a resumed run compiles again in its first step: that step is off the clock too (not only a fresh run's step 1)
-    monkeypatch.setattr(torch, "compile", lambda m, **k: m)   # --compile=true without the compiler: only the clock matters
-
-    def slow_first_step_clock():   # clock calls: the run's start, then a step's start and end: step 1 takes 61 s
-        t, calls = [0.0], [0]
-
-        def clock():
-            calls[0] += 1
-            t[0] += 61.0 if calls[0] == 3 else 1.0
-            return t[0]
-        return clock
-    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=0, ckpt_interval=4,
-                     compile=True)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, clock=slow_first_step_clock(), on_step=_train_crash_at(5), log=_train_quiet)
-    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ck["iteration"] == 4 and ck["elapsed"] == pytest.approx(3.0)   # steps 2-4 counted, step 1 not
-    s = train.train(dict(cfg, resume=True), clock=slow_first_step_clock(), log=_train_quiet)
-    assert s["step"] == 4 + 1 + 17 and s["elapsed"] == pytest.approx(20.0)   # step 5 off the clock, 6-22 on it
-
-
-def test_train_resumed_checkpoint_of_another_vocabulary_names_the_checkpoint(tmp_path, _train_data):
-    # the data's vocabulary changed under a checkpoint: the one line names the checkpoint (not --init_from)
-    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=1)
-    train.train(cfg, log=_train_quiet)
-    for name in ("train.bin.json", "val.bin.json"):
-        meta = json.loads((_train_data / name).read_text())
-        (_train_data / name).write_text(json.dumps(dict(meta, vocab_size=80)))
-    with pytest.raises(ValueError, match=r"^\S*o/ckpt\.pt: the model has a vocabulary of 64 ids, the data in \S+ 80 "):
-        train.train(dict(cfg, resume=True, max_iters=2), log=_train_quiet)
-
-
-# -----------------------------------------------------------------------------
 # every script: a flag argparse rejects is one line (no usage block), exit status 2, before any work
-
 @pytest.mark.parametrize("script", [bench, bpe, experiments, fineweb, flops, hellaswag, lambada, sample, stories, train])
 def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys):
     name = Path(script.__file__).name
@@ -8040,74 +8232,6 @@ def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert re.fullmatch(rf"{re.escape(name)}( sample)?: .*(--bogus|'x').* \(see --help\)\n", err), err
-
-
-# -----------------------------------------------------------------------------
-# Ctrl-C in sample.py and bpe.py: one line, no traceback, nothing half-written; workers leave it to the parent
-
-def test_sample_cli_ctrl_c_while_streaming_is_one_line(tmp_path, capsys, monkeypatch):
-    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1, num_heads=2,
-                           d_ff=32))
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
-    calls = []
-
-    def _ctrl_c(*a, **k):
-        calls.append(1)
-        raise KeyboardInterrupt
-    monkeypatch.setattr(sample, "generate", _ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--prompt=Hi", "--device=cpu"])
-    with pytest.raises(SystemExit) as e:
-        sample.main()
-    assert str(e.value) == "\nsample.py: interrupted" and calls == [1]
-    assert "sample 1/" in capsys.readouterr().out
-
-
-def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
-    text = tmp_path / "in.txt"
-    text.write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
-
-    def ctrl_c(*a, **k):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(bpe, "train_bpe", ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(text), "--vocab", "300", "--out", str(tmp_path / "tok")])
-    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; nothing written to .*tok$"):
-        bpe.main()
-    assert not (tmp_path / "tok").exists()
-    monkeypatch.setattr(bpe, "encode_file", ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(text), "--tokenizer", "gpt2", "--out", str(tmp_path / "x.bin")])
-    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; .*x\.bin not written$"):
-        bpe.main()
-
-
-def test_bench_ctrl_c_is_one_line(monkeypatch):
-    def ctrl_c(args):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(bench, "bench_sample", ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["bench.py", "sample"])
-    with pytest.raises(SystemExit, match=r"^\nbench\.py: interrupted$"):
-        bench.main()
-
-
-def test_bpe_worker_processes_leave_ctrl_c_to_the_parent(tmp_path):
-    # a terminal's Ctrl-C reaches every process of the group: the workers ignore it (else each prints a traceback)
-    # and the parent, which does not ignore it, stops them; the single-process path keeps Ctrl-C working
-    import multiprocessing as mp
-    import signal
-    text = tmp_path / "in.txt"
-    text.write_text("hello world <|endoftext|> hi\n", encoding="utf-8")
-    before = signal.getsignal(signal.SIGINT)
-    try:
-        recv, send = mp.Pipe(duplex=False)
-        bpe._count_worker(send, str(text), [(0, text.stat().st_size)], ["<|endoftext|>"])
-        assert recv.recv()[3] is None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        signal.signal(signal.SIGINT, before)
-        tok = _sample_byte_tokenizer(tmp_path)
-        bpe._encode_worker_init(tok)
-        assert signal.getsignal(signal.SIGINT) is before
-        bpe._encode_worker_init(tok, True)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.parametrize("which", ["stories", "sample"])
@@ -8125,233 +8249,3 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err   # (sample.py: "loaded ...")
-
-
-def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
-    # every flag given on resume applies on top of the checkpoint's settings, --prepare_data too (it was ANDed
-    # with the first run's value, so --prepare_data=true was ignored in silence after a run on one's own data)
-    d = tmp_path / "data"   # token ids < 64 declared as a 300-id vocabulary: --prepare_data needs >= 257
-    d.mkdir()
-    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 300)
-    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 300)
-    args = [a for a in _train_main_args(d, tmp_path / "o") if a != "--vocab_size=64"] + ["--vocab_size=300"]
-    train.main(args)
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["config"]["prepare_data"] is False
-    train.main(args + ["--max_iters=3", "--prepare_data=true"])
-    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ck["iteration"] == 3 and ck["config"]["prepare_data"] is True
-
-
-# ---------------------------------------------------------------------------------------------
-# bpe.py I/O and sample.py's command line: what a mutation audit found unpinned
-
-def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_beside_new_ids(tmp_path, monkeypatch):
-    # the new ids replace out.bin before the sidecar is written: the old sidecar must be gone by then, so a run that
-    # dies writing it leaves ids without a sidecar (refused by train.py), never new ids under the old counts, and no
-    # out.bin.json.tmp either
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
-    (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
-    (tmp_path / "b.txt").write_text(_bpe_synthetic_text(100, seed=11), encoding="utf-8")
-    bpe.encode_file(tmp_path / "a.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
-
-    def full_disk(*a, **k):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(bpe.json, "dump", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        bpe.encode_file(tmp_path / "b.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
-    ids = np.fromfile(tmp_path / "out.bin", dtype=np.uint16).tolist()
-    assert ids == tok.encode((tmp_path / "b.txt").read_text(encoding="utf-8"))
-    assert sorted(p.name for p in tmp_path.glob("out.bin*")) == ["out.bin"]
-
-
-def test_bpe_encode_file_a_small_file_is_one_chunk_and_a_big_one_one_chunk_per_min_chunk_bytes(tmp_path):
-    # a file up to min_chunk_bytes is not worth another process: one chunk whatever the worker count; above it,
-    # at most one chunk per min_chunk_bytes (and never more than the workers, unless chunk_bytes asks for more)
-    path = tmp_path / "in.txt"
-    path.write_text("word " * 2000, encoding="utf-8")   # 10,000 bytes, cut points after every word
-    size = path.stat().st_size
-    assert bpe._chunk_ranges(path, size, 8, 1 << 21, 10_000, [_BPE_EOT]) == [(0, size)]
-    assert len(bpe._chunk_ranges(path, size, 8, 1 << 21, 2_500, [_BPE_EOT])) == 4
-    assert len(bpe._chunk_ranges(path, size, 2, 1 << 21, 1_000, [_BPE_EOT])) == 2
-    assert len(bpe._chunk_ranges(path, size, 2, 2_000, 1_000, [_BPE_EOT])) == 5
-
-
-def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_as_nothing(tmp_path, monkeypatch):
-    # a chunk that fails to encode must stop the run with its error, never leave its ids out of the file in silence
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
-    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
-
-    def broken(self, text):
-        raise RuntimeError("boom")
-    monkeypatch.setattr(bpe.Tokenizer, "_encode", broken)
-    with pytest.raises(ValueError, match=r"in\.txt: encoding failed: RuntimeError: boom"):
-        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
-    assert not list(tmp_path.glob("o.bin*"))
-
-
-def test_bpe_encode_file_invalid_utf8_is_replaced_and_its_bytes_counted_in_a_warning(tmp_path, capsys):
-    # --encode decodes each chunk with U+FFFD replacement as training does, and says how many bytes it replaced
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
-    data = b"good text \xff\xfe here\n" + _BPE_EOT.encode() + b"\nmore \xe2\x82 text\n"
-    (tmp_path / "bad.txt").write_bytes(data)
-    capsys.readouterr()
-    for workers in (1, 2):
-        bpe.encode_file(tmp_path / "bad.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=workers,
-                        min_chunk_bytes=8)
-        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == tok.encode(data.decode("utf-8", "replace"))
-        err = capsys.readouterr().err
-        assert "bad.txt: 4 bytes of invalid UTF-8 replaced by U+FFFD" in err, err
-
-
-def test_bpe_vocab_json_holds_special_tokens_as_their_text_as_hf_tokenizers_reads_them(tmp_path):
-    # GPT-2's vocab.json has "<|endoftext|>" as it is; a special with a space or a non-ASCII letter must be stored the
-    # same way (not in the bytes-to-unicode alphabet, where " " is "Ġ" and "ü" is "Ã¼"), or HF finds no such token
-    import tokenizers  # the independent reference (requirements-dev.txt)
-    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials).save_dir(tmp_path / "d")
-    vocab = json.loads((tmp_path / "d" / "vocab.json").read_text(encoding="utf-8"))
-    assert {t: vocab.get(t) for t in specials} == {_BPE_EOT: 256, "<|end of text|>": 257, "<|ü|>": 258}
-    hf = tokenizers.models.BPE.from_file(str(tmp_path / "d" / "vocab.json"), str(tmp_path / "d" / "merges.txt"))
-    assert [hf.token_to_id(t) for t in specials] == [256, 257, 258]
-
-
-def test_bpe_tokenizer_fingerprint_changes_with_the_special_tokens_alone(tmp_path):
-    # the same vocab.json and merges.txt read with another special_tokens.json encode "<|endoftext|>" otherwise
-    # (one id, or its bytes as text): data encoded with one is not data encoded with the other
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
-    tok.save_dir(tmp_path / "d")
-    before = bpe.tokenizer_fingerprint(tmp_path / "d")
-    assert bpe.tokenizer_fingerprint(str(tmp_path / "d")) == before and len(before) == 16
-    (tmp_path / "d" / "special_tokens.json").write_text("[]", encoding="utf-8")
-    assert bpe.Tokenizer.from_dir(tmp_path / "d").encode(_BPE_EOT) != tok.encode(_BPE_EOT)
-    assert bpe.tokenizer_fingerprint(tmp_path / "d") != before
-
-
-def test_bpe_cli_workers_below_one_is_refused_and_an_empty_special_means_none(tmp_path, monkeypatch, capsys):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    for n in (0, -2):
-        assert _bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "x.bin", "--workers", n) == \
-            f"bpe.py: --workers {n}: expected a positive number"
-    assert not list(tmp_path.glob("x.bin*"))
-    # --special "" is how the help says to train without special tokens: no empty special token is made
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--vocab", "300", "--input", str(corpus), "--out", str(tmp_path / "d"),
-                                      "--special", "", "--workers", "1", "--sample_docs", "2"])
-    bpe.main()
-    assert json.loads((tmp_path / "d" / "special_tokens.json").read_text()) == []
-    tok = bpe.load_tokenizer(tmp_path / "d")
-    assert tok.vocab_size == 300 and tok.eot_id is None and tok.decode(tok.encode(_BPE_EOT)) == _BPE_EOT
-    assert "trained 300 tokens (44 merges)" in capsys.readouterr().out
-
-
-def test_bpe_cli_an_out_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    (tmp_path / "a_file").write_text("x")
-    # training: refused before any training, as a file cannot hold the tokenizer folder
-    msg = _bad_exit(monkeypatch, bpe, "--vocab", 300, "--input", corpus, "--out", tmp_path / "a_file" / "tok")
-    assert msg == f"bpe.py: --out {tmp_path / 'a_file' / 'tok'}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
-    # --encode into a folder: the OSError is one line too, and no temp file is left behind (a local tokenizer: GPT-2's
-    # files are not on every machine)
-    (tmp_path / "folder").mkdir()
-    (tmp_path / "t").mkdir()
-    tok = _bad_tok_dir(tmp_path / "t")
-    msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", tok, "--out", tmp_path / "folder", "--workers", 1)
-    assert msg.startswith("bpe.py: ") and "folder" in msg
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus.txt", "folder", "t"]
-    assert not list((tmp_path / "folder").iterdir())
-
-
-def test_bpe_an_empty_input_file_is_refused_by_training_and_encoding(tmp_path):
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
-    tok.save_dir(tmp_path / "tok")
-    (tmp_path / "empty.txt").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
-        bpe.encode_file(tmp_path / "empty.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
-    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
-        bpe.train_bpe(tmp_path / "empty.txt", 300, [_BPE_EOT], num_workers=1)
-    assert not list(tmp_path.glob("o.bin*"))
-
-
-def test_bpe_eot_id_of_a_vocabulary_holding_endoftext_without_declaring_it_special(tmp_path):
-    # GPT-2's vocab.json read by from_files with no special tokens named still has "<|endoftext|>" (id 50256 there):
-    # eot_id points at it, so sampling can start from it and stop at it; in text it stays plain characters
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab[256] = _BPE_EOT.encode()
-    tok = bpe.Tokenizer(vocab, [])
-    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    for t in (tok, bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")):
-        assert t.special_tokens == [] and t.eot_id == 256 and t.encode("<|") == [ord("<"), ord("|")]
-    assert bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).eot_id is None
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cli_takes_every_seed_torch_takes_and_zero_new_tokens(tmp_path, capsys, monkeypatch):
-    # torch seeds are 64-bit unsigned: 2**64 - 1 is a seed, 2**64 is not; --max_new_tokens=0 prints the prompt only
-    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
-    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
-    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=0"])
-    sample.main()
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
-    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=3", "--no_stop"])
-    sample.main()
-    g = torch.Generator().manual_seed(2 ** 64 - 1)
-    want = _sample_byte_tokenizer(tmp_path)
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi" + \
-        bpe.load_tokenizer(want).decode(sample.generate(m, [[104, 105]], 3, generator=g)[0]) + "\n"
-    assert _bad_exit(monkeypatch, sample, *base[1:], f"--seed={2 ** 64}") == \
-        f"sample.py: --seed must be in [0, 2**64), got {2 ** 64}"
-    assert _bad_exit(monkeypatch, sample, *base[1:], "--max_new_tokens=-1") == \
-        "sample.py: --max_new_tokens must be >= 0, got -1"
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cli_an_empty_prompt_needs_an_endoftext_token_to_start_from(tmp_path, monkeypatch, capsys):
-    m = M.build_model(dict(arch="llama", vocab_size=256, context_length=8, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save_dir(tmp_path / "tok")   # no special tokens
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=str(tmp_path / "tok"))
-    args = (f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--max_new_tokens=2")
-    assert _bad_exit(monkeypatch, sample, *args) == \
-        "sample.py: --prompt is empty and the tokenizer has no <|endoftext|> to start from"
-    monkeypatch.setattr(sys, "argv", ["sample.py", *args, "--prompt=a", "--num_samples=1", "--temperature=0"])
-    sample.main()   # with a prompt it samples (and, with no end-of-text id, never stops early)
-    assert capsys.readouterr().out.startswith("---------- sample 1/1\na")
-
-
-def test_bpe_special_tokens_json_with_an_empty_token_is_refused(tmp_path):
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT]).save_dir(tmp_path / "d")
-    (tmp_path / "d" / "special_tokens.json").write_text(json.dumps([_BPE_EOT, ""]), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"special_tokens\.json: expected a JSON list of non-empty strings"):
-        bpe.load_tokenizer(tmp_path / "d")
-
-
-@needs_gpt2_files
-def test_bpe_gpt2_tokenizer_refuses_ids_outside_its_vocabulary():
-    tok = bpe.load_tokenizer("gpt2")
-    assert tok.decode([50256, 31373]) == "<|endoftext|>hello"
-    for bad in (50257, -1, 1 << 40):
-        with pytest.raises(ValueError, match=rf"decode: token id {bad} is outside the vocabulary \[0, 50257\)"):
-            tok.decode([31373, bad])
-
-
-def test_bpe_a_merge_of_hash_signs_survives_the_merges_file_round_trip(tmp_path):
-    # only the FIRST line of merges.txt may be the "#version" header: a merge of "#" and "#" is the line "# #"
-    import tokenizers  # the independent reference (requirements-dev.txt)
-    tok = bpe.Tokenizer({**{i: bytes([i]) for i in range(256)}, 256: b"##", 257: b"###"}, [(b"#", b"#"), (b"##", b"#")])
-    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    assert (tmp_path / "merges.txt").read_text(encoding="utf-8") == "#version: 0.2\n# #\n## #\n"
-    again = bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    assert again.merges == tok.merges and again.encode("#####") == tok.encode("#####") == [256, 257]
-    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
-    assert hf.encode("#####").ids == [256, 257]
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_init_from_that_cannot_load_is_one_line(tmp_path, monkeypatch):
-    (tmp_path / "hf").mkdir()   # a local folder without config.json / weights: no download is tried
-    msg = _bad_exit(monkeypatch, sample, f"--init_from={tmp_path / 'hf'}", "--device=cpu")
-    _one_line_naming(msg, f"sample.py: --init_from {tmp_path / 'hf'}: ", "config.json")

@@ -712,7 +712,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     hw = device_settings(c, device)
     if hw["tf32"]:
         torch.set_float32_matmul_precision("high")
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if hw["dtype"] == "bfloat16" else contextlib.nullcontext()
+    bf16 = hw["dtype"] == "bfloat16"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     random.seed(c.seed)
     np.random.seed(c.seed)
     torch.manual_seed(c.seed)   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
