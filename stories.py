@@ -3,7 +3,8 @@
 When TinyStories cannot be downloaded, `python train.py` trains on text made here instead. Every word of
 the templates below was written for this project. A story is a hero (a child or a small animal with a name
 and a trait) at a place, a plot (a lost toy, a new friend, a fear, sharing, helping, building, a race, a
-broken thing, exploring, a rainy day, a seed, getting lost, a surprise, a messy room), dialogue, feelings and a closing line or moral. Each sentence has
+broken thing, exploring, a rainy day, a seed, getting lost, a surprise, a messy room), dialogue, feelings and a
+closing line or moral. Each sentence has
 several phrasings, so a few million bytes hold tens of thousands of distinct stories, yet the grammar is
 regular enough that a tiny model learns visible structure (names recur, quotes close, stories end).
 
@@ -42,7 +43,8 @@ TRAITS = {  # trait -> sentences that show it (he/his filled in later)
     "curious": ["{He} wanted to know how everything worked.", "{He} asked a hundred questions every day."],
     "silly": ["{He} loved to make funny faces.", "{He} could make everyone laugh with {his} jokes."],
     "clever": ["{He} was good at solving puzzles.", "{He} always had a new idea."],
-    "gentle": ["{He} moved slowly and softly so {he} would not scare the birds.", "{He} held baby flowers very carefully."],
+    "gentle": ["{He} moved slowly and softly so {he} would not scare the birds.",
+               "{He} held baby flowers very carefully."],
     "cheerful": ["{He} sang a happy song every morning.", "{He} smiled at everyone {he} met."],
     "grumpy": ["{He} did not like to wake up early.", "{He} frowned when things did not go {his} way."],
     "careful": ["{He} always looked both ways before {he} crossed the path.", "{He} kept {his} toys in neat rows."],
@@ -54,20 +56,34 @@ TRAITS = {  # trait -> sentences that show it (he/his filled in later)
     "happy": ["{He} laughed at the smallest things.", "{He} was happy most of the time."],
 }
 PLACES = {  # place -> (features, a sound you hear there)
-    "the park": (["the swings", "the big slide", "an old oak tree", "the sandbox", "a green bench"], "children laughing"),
-    "the forest": (["a mossy log", "the tall pine trees", "a pile of leaves", "a little stream", "a big rock"], "birds singing"),
-    "the beach": (["the soft sand", "a pile of seaweed", "a rock pool", "the blue waves", "a wooden boat"], "waves splashing"),
-    "the farm": (["the red barn", "a pile of hay", "the wooden fence", "the chicken coop", "the muddy pond"], "cows mooing"),
-    "the garden": (["the tall sunflowers", "the vegetable patch", "a flower pot", "the watering can", "a rose bush"], "bees buzzing"),
-    "the meadow": (["the long grass", "a patch of daisies", "a little hill", "a lonely tree", "a butterfly bush"], "crickets chirping"),
-    "the river": (["the smooth stones", "the little bridge", "a bend in the water", "the reeds", "a fallen branch"], "water rushing"),
-    "the backyard": (["the tree house", "the old shed", "the clothesline", "the dog house", "a bush by the gate"], "a dog barking"),
-    "the school yard": (["the climbing frame", "the painted hopscotch", "the bike rack", "a big tree", "the fence"], "a bell ringing"),
-    "the town square": (["the fountain", "the flower stand", "the bakery door", "a lamp post", "the old clock"], "people chatting"),
-    "the pond": (["the lily pads", "the muddy bank", "a floating log", "the cattails", "a flat rock"], "frogs croaking"),
-    "the snowy hill": (["a snow bank", "the sled track", "a frozen bush", "a big pine tree", "a pile of snow"], "the wind whistling"),
-    "the kitchen": (["the big table", "the cookie jar", "a shelf of cups", "the warm oven", "a basket of bread"], "a pot bubbling"),
-    "the library": (["a tall bookshelf", "a soft chair", "the picture books", "a reading rug", "the window seat"], "pages turning"),
+    "the park": (["the swings", "the big slide", "an old oak tree", "the sandbox", "a green bench"],
+                 "children laughing"),
+    "the forest": (["a mossy log", "the tall pine trees", "a pile of leaves", "a little stream", "a big rock"],
+                   "birds singing"),
+    "the beach": (["the soft sand", "a pile of seaweed", "a rock pool", "the blue waves", "a wooden boat"],
+                  "waves splashing"),
+    "the farm": (["the red barn", "a pile of hay", "the wooden fence", "the chicken coop", "the muddy pond"],
+                 "cows mooing"),
+    "the garden": (["the tall sunflowers", "the vegetable patch", "a flower pot", "the watering can", "a rose bush"],
+                   "bees buzzing"),
+    "the meadow": (["the long grass", "a patch of daisies", "a little hill", "a lonely tree", "a butterfly bush"],
+                   "crickets chirping"),
+    "the river": (["the smooth stones", "the little bridge", "a bend in the water", "the reeds", "a fallen branch"],
+                  "water rushing"),
+    "the backyard": (["the tree house", "the old shed", "the clothesline", "the dog house", "a bush by the gate"],
+                     "a dog barking"),
+    "the school yard": (["the climbing frame", "the painted hopscotch", "the bike rack", "a big tree", "the fence"],
+                        "a bell ringing"),
+    "the town square": (["the fountain", "the flower stand", "the bakery door", "a lamp post", "the old clock"],
+                        "people chatting"),
+    "the pond": (["the lily pads", "the muddy bank", "a floating log", "the cattails", "a flat rock"],
+                 "frogs croaking"),
+    "the snowy hill": (["a snow bank", "the sled track", "a frozen bush", "a big pine tree", "a pile of snow"],
+                       "the wind whistling"),
+    "the kitchen": (["the big table", "the cookie jar", "a shelf of cups", "the warm oven", "a basket of bread"],
+                    "a pot bubbling"),
+    "the library": (["a tall bookshelf", "a soft chair", "the picture books", "a reading rug", "the window seat"],
+                    "pages turning"),
 }
 THINGS = ["ball", "kite", "teddy bear", "toy boat", "stone", "hat", "music box", "picture book", "drum",
           "bucket", "crown", "toy train", "scarf", "bell", "shell", "crayon", "robot", "doll", "spoon", "whistle",
@@ -80,7 +96,8 @@ OPENINGS = ["Once upon a time", "One sunny morning", "One rainy afternoon", "One
 SAID = ["said", "said", "said", "said", "said", "shouted", "whispered", "called"]
 HAPPY = ["happy", "glad", "proud", "so happy", "very happy", "full of joy"]
 SAD = ["sad", "very sad", "upset", "worried", "a little sad", "so sad"]
-FOODS = ["apples", "cookies", "berries", "sandwiches", "carrots", "honey cakes", "pears", "nuts", "lemonade", "muffins"]
+FOODS = ["apples", "cookies", "berries", "sandwiches", "carrots", "honey cakes", "pears", "nuts", "lemonade",
+         "muffins"]
 GAMES = ["tag", "hide and seek", "catch", "jump rope", "a guessing game", "pretend pirates", "hopscotch", "follow the leader"]
 
 
@@ -141,7 +158,8 @@ def _intro(r, h, place, time_):
         f"{time_}, there was {_an(h.trait)} {h.trait} {kind} named {h.name}. {trait_line}",
         f"{time_}, {a} {kind} named {h.name} went to {place}. {h.name} was very {h.trait}. {trait_line}",
         f"{h.name} was {_an(h.trait)} {h.trait} {kind} who lived near {place}. {trait_line}",
-        f"{time_}, {h.name + ' the ' + kind if not h.human else 'little ' + h.name} looked out of the window. {trait_line} Today {h.he} wanted to go to {place}.",
+        f"{time_}, {h.name + ' the ' + kind if not h.human else 'little ' + h.name} looked out of the window. "
+        f"{trait_line} Today {h.he} wanted to go to {place}.",
     ])
 
 
