@@ -96,9 +96,9 @@ OPENINGS = ["Once upon a time", "One sunny morning", "One rainy afternoon", "One
 SAID = ["said", "said", "said", "said", "said", "shouted", "whispered", "called"]
 HAPPY = ["happy", "glad", "proud", "so happy", "very happy", "full of joy"]
 SAD = ["sad", "very sad", "upset", "worried", "a little sad", "so sad"]
-FOODS = ["apples", "cookies", "berries", "sandwiches", "carrots", "honey cakes", "pears", "nuts", "lemonade",
-         "muffins"]
-GAMES = ["tag", "hide and seek", "catch", "jump rope", "a guessing game", "pretend pirates", "hopscotch", "follow the leader"]
+FOODS = ["apples", "cookies", "berries", "sandwiches", "carrots", "honey cakes", "pears", "nuts", "lemonade", "muffins"]
+GAMES = ["tag", "hide and seek", "catch", "jump rope", "a guessing game", "pretend pirates", "hopscotch",
+         "follow the leader"]
 
 
 def _person(r, taken, adult=False):
@@ -173,13 +173,19 @@ def _lost(r, h, f, g, place, feats):
                        f"a puppy was sleeping on it next to {spots[2]}", f"it had rolled behind {spots[2]}"])
     return [
         f"{h.name} had {_an(obj)} {obj}. {h.He} loved it more than anything. {h.He} took it everywhere.",
-        f"At {place}, {h.name} put the {obj} down to play. When {h.he} came back, it was gone! {h.name} felt {r.choice(SAD)}. "
+        f"At {place}, {h.name} put the {obj} down to play. When {h.he} came back, it was gone! "
+        f"{h.name} felt {r.choice(SAD)}. "
         + _say(r, h, r.choice([f"Where is my {obj}?", "Oh no, I lost it!", "Has anyone seen my toy?"])),
         f"{h.He} looked near {spots[0]}. It was not there. {h.He} looked by {spots[1]}. It was not there either.",
-        f"Then {h.his} friend {f.name} came by. " + _say(r, f, r.choice(["I will help you look!", "Don't cry. Let's look together.", "Two pairs of eyes are better than one."])),
-        f"They looked high and low. At last {f.name} saw that {finder}. " + _say(r, h, r.choice(["You found it! Thank you!", "My " + obj.split()[-1] + "! Thank you so much!", "Hooray! You are the best friend ever."])),
+        f"Then {h.his} friend {f.name} came by. "
+        + _say(r, f, r.choice(["I will help you look!", "Don't cry. Let's look together.",
+                               "Two pairs of eyes are better than one."])),
+        f"They looked high and low. At last {f.name} saw that {finder}. "
+        + _say(r, h, r.choice(["You found it! Thank you!", "My " + obj.split()[-1] + "! Thank you so much!",
+                               "Hooray! You are the best friend ever."])),
         f"{h.name} hugged the {obj} and {f.name}. {h.He} was {r.choice(HAPPY)}. "
-        + r.choice(["From then on, {name} kept {his} toys close.", "{He} learned that friends make every problem smaller.",
+        + r.choice(["From then on, {name} kept {his} toys close.",
+                    "{He} learned that friends make every problem smaller.",
                     "{He} learned that it is good to ask for help."]).format(name=h.name, his=h.his, He=h.He),
     ]
 
@@ -187,15 +193,20 @@ def _lost(r, h, f, g, place, feats):
 def _friend(r, h, f, g, place, feats):
     game = r.choice(GAMES)
     return [
-        f"At {place}, {h.name} saw {f.a} {f.kind} sitting alone near {r.choice(feats)}. The {f.kind} looked {r.choice(['sad', 'lonely', 'shy', 'a little scared'])}.",
-        f"{h.name} walked over. " + _say(r, h, r.choice(["Hello! What is your name?", "Hi! Do you want to play with me?", "Are you new here?"])),
-        _say(r, f, r.choice([f"My name is {f.name}. I just moved here.", f"I am {f.name}. I don't know anyone yet.", f"I'm {f.name}. Nobody asked me to play."])),
-        f"{h.name} smiled. " + _say(r, h, r.choice([f"Let's play {game}!", f"You can play {game} with me.", f"Do you know how to play {game}? I can show you."])),
+        f"At {place}, {h.name} saw {f.a} {f.kind} sitting alone near {r.choice(feats)}. "
+        f"The {f.kind} looked {r.choice(['sad', 'lonely', 'shy', 'a little scared'])}.",
+        f"{h.name} walked over. "
+        + _say(r, h, r.choice(["Hello! What is your name?", "Hi! Do you want to play with me?", "Are you new here?"])),
+        _say(r, f, r.choice([f"My name is {f.name}. I just moved here.", f"I am {f.name}. I don't know anyone yet.",
+                             f"I'm {f.name}. Nobody asked me to play."])),
+        f"{h.name} smiled. " + _say(r, h, r.choice([f"Let's play {game}!", f"You can play {game} with me.",
+                                                    f"Do you know how to play {game}? I can show you."])),
         r.choice([f"They played {game} all afternoon. {f.name} laughed and laughed.",
                   f"They played {game} until the sun went down. {f.name} was not lonely anymore.",
                   f"At first {f.name} was quiet, but soon {f.he} was running and laughing too."]),
         r.choice([f"From that day on, {h.name} and {f.name} were best friends.",
-                  f"When it was time to go home, {f.name} said, \"Thank you for being my friend.\" {h.name} felt warm inside.",
+                  f"When it was time to go home, {f.name} said, \"Thank you for being my friend.\" "
+                  f"{h.name} felt warm inside.",
                   f"{h.name} learned that one kind word can make a new friend."]),
     ]
 
@@ -204,32 +215,47 @@ def _share(r, h, f, g, place, feats):
     obj = _thing(r)
     return [
         f"{h.name} and {f.name} were playing at {place}. They found {_an(obj)} {obj} by {r.choice(feats)}.",
-        _say(r, h, r.choice(["It's mine! I saw it first!", "I want it!", "Give it to me!"])) + " " + _say(r, f, r.choice(["No, it's mine!", "But I want it too!", "I had it first!"])),
-        f"They pulled and pulled. {r.choice(['Then they both fell down.', 'Nobody was having fun.', f'{f.name} started to cry.'])} {h.name} felt {r.choice(SAD)}.",
-        f"{g.name} came over. " + _say(r, g, r.choice(["Why don't you take turns?", "What if you play with it together?", "Sharing makes a game twice as fun."])),
-        f"So {h.name} and {f.name} took turns with the {obj}. " + r.choice(["Then they made up a new game that needed two players.",
-                                                                             "Soon they were laughing together.",
-                                                                             "It was much more fun than fighting."]),
-        r.choice(["They learned that sharing is better than pulling.", f"{h.name} said sorry, and {f.name} said sorry too.",
+        _say(r, h, r.choice(["It's mine! I saw it first!", "I want it!", "Give it to me!"]))
+        + " " + _say(r, f, r.choice(["No, it's mine!", "But I want it too!", "I had it first!"])),
+        "They pulled and pulled. "
+        + r.choice(["Then they both fell down.", "Nobody was having fun.", f"{f.name} started to cry."])
+        + f" {h.name} felt {r.choice(SAD)}.",
+        f"{g.name} came over. "
+        + _say(r, g, r.choice(["Why don't you take turns?", "What if you play with it together?",
+                               "Sharing makes a game twice as fun."])),
+        f"So {h.name} and {f.name} took turns with the {obj}. "
+        + r.choice(["Then they made up a new game that needed two players.", "Soon they were laughing together.",
+                    "It was much more fun than fighting."]),
+        r.choice(["They learned that sharing is better than pulling.",
+                  f"{h.name} said sorry, and {f.name} said sorry too.",
                   "In the end, the best part of the day was playing together."]),
     ]
 
 
 def _fear(r, h, f, g, place, feats):
     helper = r.choice([f, g])
-    fear, fix = r.choice([("the dark", "{h} turned on a little lamp and told a story."), ("the big slide", "{h} went down first and waved from the bottom."),
-                          ("thunder", "They counted slowly between the flash and the boom."), ("the deep water", "{h} held {his} {hand} and they walked in slowly."),
-                          ("the big dog next door", "{h} showed {him} how to hold out a {hand} gently."), ("the tall ladder", "{h} stood close behind {him} on every step."),
+    fear, fix = r.choice([("the dark", "{h} turned on a little lamp and told a story."),
+                          ("the big slide", "{h} went down first and waved from the bottom."),
+                          ("thunder", "They counted slowly between the flash and the boom."),
+                          ("the deep water", "{h} held {his} {hand} and they walked in slowly."),
+                          ("the big dog next door", "{h} showed {him} how to hold out a {hand} gently."),
+                          ("the tall ladder", "{h} stood close behind {him} on every step."),
                           ("the loud music", "{h} gave {him} a hat to cover {his} ears.")])
     fix = fix.format(h=helper.name, his=h.his, him=h.him, hand="hand" if h.human else "paw")
     return [
         f"{h.name} was scared of {fear}. Every time {h.he} thought about it, {h.his} tummy felt funny.",
-        f"One day at {place}, {h.name} had to face {fear}. " + _say(r, h, r.choice(["I can't do it!", "I'm too scared.", "What if something bad happens?"])),
-        f"{helper.name} knelt down next to {h.him}. " + _say(r, helper, r.choice(["It's okay to be scared. I am right here.", "Let's try together, one little step at a time.", "Being brave means trying even when you are scared."])),
+        f"One day at {place}, {h.name} had to face {fear}. "
+        + _say(r, h, r.choice(["I can't do it!", "I'm too scared.", "What if something bad happens?"])),
+        f"{helper.name} knelt down next to {h.him}. "
+        + _say(r, helper, r.choice(["It's okay to be scared. I am right here.",
+                                    "Let's try together, one little step at a time.",
+                                    "Being brave means trying even when you are scared."])),
         f"{fix} {h.name} took a deep breath.",
         r.choice([f"It was not so scary after all! {h.name} laughed.", f"{h.name} did it! {h.He} felt {r.choice(HAPPY)}.",
-                  f"{h.His} heart was beating fast, but {h.he} did it."]) + " " + _say(r, h, r.choice(["Can we do it again?", "I was brave!", "That was not so bad."])),
-        r.choice([f"{h.name} learned that being brave is not about never being scared.", f"After that day, {h.name} was not scared of {fear} anymore.",
+                  f"{h.His} heart was beating fast, but {h.he} did it."])
+        + " " + _say(r, h, r.choice(["Can we do it again?", "I was brave!", "That was not so bad."])),
+        r.choice([f"{h.name} learned that being brave is not about never being scared.",
+                  f"After that day, {h.name} was not scared of {fear} anymore.",
                   f"That night {h.name} slept with a big smile on {h.his} face."]),
     ]
 
