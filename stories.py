@@ -251,7 +251,8 @@ def _fear(r, h, f, g, place, feats):
                                     "Let's try together, one little step at a time.",
                                     "Being brave means trying even when you are scared."])),
         f"{fix} {h.name} took a deep breath.",
-        r.choice([f"It was not so scary after all! {h.name} laughed.", f"{h.name} did it! {h.He} felt {r.choice(HAPPY)}.",
+        r.choice([f"It was not so scary after all! {h.name} laughed.",
+                  f"{h.name} did it! {h.He} felt {r.choice(HAPPY)}.",
                   f"{h.His} heart was beating fast, but {h.he} did it."])
         + " " + _say(r, h, r.choice(["Can we do it again?", "I was brave!", "That was not so bad."])),
         r.choice([f"{h.name} learned that being brave is not about never being scared.",
@@ -272,27 +273,36 @@ def _help(r, h, f, g, place, feats):
     ])
     return [
         f"{h.name} was playing at {place} when {h.he} heard a small sound near {r.choice(feats)}.",
-        f"It was {who}. It {trouble}. " + _say(r, h, r.choice(["Don't worry, I will help you!", "Oh, you poor thing.", "How can I help?"])),
+        f"It was {who}. It {trouble}. "
+        + _say(r, h, r.choice(["Don't worry, I will help you!", "Oh, you poor thing.", "How can I help?"])),
         f"{h.name} thought hard. Then {h.he} had an idea. {h.He} {fix}.",
-        r.choice([f"It took a long time, but {h.name} did not give up.", f"{f.name} came to help too, and it went much faster.",
+        r.choice([f"It took a long time, but {h.name} did not give up.",
+                  f"{f.name} came to help too, and it went much faster.",
                   f"It was hard work, and {h.name} was very careful."]),
-        r.choice([f"When it was done, {_the(who)} looked at {h.name} as if to say thank you.", f"The {who.split()[-1]} was safe again. {h.name} felt {r.choice(HAPPY)}.",
+        r.choice([f"When it was done, {_the(who)} looked at {h.name} as if to say thank you.",
+                  f"The {who.split()[-1]} was safe again. {h.name} felt {r.choice(HAPPY)}.",
                   f"\"Thank you,\" said the {who.split()[-1]}. {h.name} smiled from ear to ear."]),
-        r.choice(["Helping others made the whole day better.", f"{h.name} learned that even small hands can do big things.",
+        r.choice(["Helping others made the whole day better.",
+                  f"{h.name} learned that even small hands can do big things.",
                   f"That evening, {h.name} told {g.name} all about it."]),
     ]
 
 
 def _build(r, h, f, g, place, feats):
-    thing, trouble = r.choice([("a sandcastle", "a wave washed it away"), ("a tower of blocks", "it fell down with a crash"),
+    thing, trouble = r.choice([("a sandcastle", "a wave washed it away"),
+                               ("a tower of blocks", "it fell down with a crash"),
                                ("a snowman", "its head rolled off"), ("a birdhouse", "the roof would not stay on"),
-                               ("a cake", "it came out flat"), ("a paper boat", "it filled with water"), ("a fort of pillows", "it fell flat")])
+                               ("a cake", "it came out flat"), ("a paper boat", "it filled with water"),
+                               ("a fort of pillows", "it fell flat")])
     return [
         f"{h.name} wanted to make {thing}. {h.He} worked all morning at {place}.",
-        f"But then {trouble}. " + _say(r, h, r.choice(["Oh no! All my work!", "I will never get it right.", "This is too hard!"])),
+        f"But then {trouble}. "
+        + _say(r, h, r.choice(["Oh no! All my work!", "I will never get it right.", "This is too hard!"])),
         f"{h.name} felt {r.choice(SAD)}. {h.He} sat down by {r.choice(feats)}. {f.name} sat down next to {h.him}.",
-        _say(r, f, r.choice(["Let's try again, together.", "Every maker has to start over sometimes.", "I think we can make it even better this time."])),
-        r.choice(["This time they worked slowly and carefully.", f"This time {f.name} held it steady while {h.name} worked.",
+        _say(r, f, r.choice(["Let's try again, together.", "Every maker has to start over sometimes.",
+                             "I think we can make it even better this time."])),
+        r.choice(["This time they worked slowly and carefully.",
+                  f"This time {f.name} held it steady while {h.name} worked.",
                   "They tried a new way, step by step."]) + f" At last, {thing} stood finished in front of them.",
         r.choice([f"It was the best one {h.name} had ever made.", "\"We did it!\" they shouted together.",
                   f"{h.name} learned that trying again is how things get made."]),
@@ -303,11 +313,17 @@ def _race(r, h, f, g, place, feats):
     goal = _the(r.choice(feats))
     return [
         f"{h.name} and {f.name} were at {place}. " + _say(r, h, f"Let's race to {goal}!"),
-        r.choice(["Ready, set, go!", "One, two, three, go!", "They counted to three and ran."]) + f" {h.name} ran fast. {f.name} ran fast too.",
-        f"Just before the end, {f.name} tripped and fell. " + _say(r, f, r.choice(["Ouch! My knee!", "Oh no!", "Ow, that hurts."])),
-        f"{h.name} could have won. But {h.he} stopped and ran back. " + _say(r, h, r.choice(["Are you okay?", "Let me help you up.", "Here, hold my hand."])),
-        f"They walked to {goal} together, side by side. " + r.choice(["Nobody won, and nobody lost.", "They crossed the finish at the same time.", f"{f.name} smiled a big smile."]),
-        r.choice(["A good friend is worth more than a race.", f"{h.name} learned that helping a friend is the best way to win.",
+        r.choice(["Ready, set, go!", "One, two, three, go!", "They counted to three and ran."])
+        + f" {h.name} ran fast. {f.name} ran fast too.",
+        f"Just before the end, {f.name} tripped and fell. "
+        + _say(r, f, r.choice(["Ouch! My knee!", "Oh no!", "Ow, that hurts."])),
+        f"{h.name} could have won. But {h.he} stopped and ran back. "
+        + _say(r, h, r.choice(["Are you okay?", "Let me help you up.", "Here, hold my hand."])),
+        f"They walked to {goal} together, side by side. "
+        + r.choice(["Nobody won, and nobody lost.", "They crossed the finish at the same time.",
+                    f"{f.name} smiled a big smile."]),
+        r.choice(["A good friend is worth more than a race.",
+                  f"{h.name} learned that helping a friend is the best way to win.",
                   f"{f.name} never forgot what {h.name} did that day."]),
     ]
 
@@ -319,37 +335,51 @@ def _honest(r, h, f, g, place, feats):
         f"The {obj} broke into pieces. {h.name} was scared. {h.He} hid the pieces behind {r.choice(feats)}.",
         f"Later {g.name} came in. " + _say(r, g, f"Has anyone seen my {obj}?"),
         f"{h.name} did not say anything. But {h.he} felt bad inside, like a heavy stone in {h.his} tummy.",
-        f"At last {h.name} said, \"I'm sorry. I broke it. I was playing ball.\" " + _say(r, g, r.choice(["Thank you for telling me the truth.", "I am glad you told me. Things can be fixed.", "Telling the truth is brave."])),
-        r.choice([f"Together they glued the {obj} back together.", f"{g.name} gave {h.name} a big hug.", "The heavy feeling went away."])
-        + " " + r.choice(["Being honest made everything better.", f"{h.name} learned to always tell the truth.", ""]).strip(),
+        f"At last {h.name} said, \"I'm sorry. I broke it. I was playing ball.\" "
+        + _say(r, g, r.choice(["Thank you for telling me the truth.", "I am glad you told me. Things can be fixed.",
+                               "Telling the truth is brave."])),
+        r.choice([f"Together they glued the {obj} back together.", f"{g.name} gave {h.name} a big hug.",
+                  "The heavy feeling went away."])
+        + " " + r.choice(["Being honest made everything better.", f"{h.name} learned to always tell the truth.",
+                          ""]).strip(),
     ]
 
 
 def _explore(r, h, f, g, place, feats):
     found = r.choice(["a hidden pond full of little fish", "a field of purple flowers", "a cave with sparkly rocks",
-                      "a tree with a door in its trunk", "a nest with three blue eggs", "a tiny waterfall", "an old wooden swing"])
+                      "a tree with a door in its trunk", "a nest with three blue eggs", "a tiny waterfall",
+                      "an old wooden swing"])
     return [
-        f"{h.name} and {f.name} found a little path behind {r.choice(feats)} at {place}. " + _say(r, f, "Where does it go?"),
+        f"{h.name} and {f.name} found a little path behind {r.choice(feats)} at {place}. "
+        + _say(r, f, "Where does it go?"),
         _say(r, h, r.choice(["Let's find out!", "Let's be explorers!", "Let's follow it, but not too far."])),
-        f"They walked and walked. They heard {PLACES[place][1]}. They saw {r.choice(['a bright butterfly', 'a busy squirrel', 'a line of ants', 'a rabbit hopping away', 'big white clouds'])}.",
-        f"At the end of the path, they found {found}! " + _say(r, h, r.choice(["Wow!", "It's so beautiful!", "Look at that!"])),
+        f"They walked and walked. They heard {PLACES[place][1]}. They saw "
+        + r.choice(["a bright butterfly", "a busy squirrel", "a line of ants", "a rabbit hopping away",
+                    "big white clouds"]) + ".",
+        f"At the end of the path, they found {found}! "
+        + _say(r, h, r.choice(["Wow!", "It's so beautiful!", "Look at that!"])),
         "They stayed for a while and looked at everything. When the sun got low, they walked back home.",
-        f"{h.name} told {g.name} all about {_the(found.split(' with')[0])}. " + r.choice(["It was the best adventure ever.",
-                                                                                          "They promised to go back another day.",
-                                                                                          f"That night {h.name} dreamed of new paths."]),
+        f"{h.name} told {g.name} all about {_the(found.split(' with')[0])}. "
+        + r.choice(["It was the best adventure ever.", "They promised to go back another day.",
+                    f"That night {h.name} dreamed of new paths."]),
     ]
 
 
 def _rain(r, h, f, g, place, feats):
-    plan = r.choice([f"have a picnic at {place}", f"fly a kite at {place}", f"play {r.choice(GAMES)} at {place}", f"go to {place}"])
+    plan = r.choice([f"have a picnic at {place}", f"fly a kite at {place}", f"play {r.choice(GAMES)} at {place}",
+                     f"go to {place}"])
     indoor = r.choice(["built a fort out of blankets", "baked cookies with " + g.name, "painted pictures of the sun",
                        "made a puppet show", "read a big book of animals", "played a board game"])
     return [
         f"{h.name} wanted to {plan}. But when {h.he} looked outside, it was raining.",
-        _say(r, h, r.choice(["It's not fair!", "Now the whole day is ruined.", "Why does it have to rain today?"])) + f" {h.He} felt {r.choice(SAD)}.",
-        f"{g.name} smiled. " + _say(r, g, r.choice(["Rainy days can be fun too.", "Let's find something fun to do inside.", "I have an idea."])),
+        _say(r, h, r.choice(["It's not fair!", "Now the whole day is ruined.", "Why does it have to rain today?"]))
+        + f" {h.He} felt {r.choice(SAD)}.",
+        f"{g.name} smiled. "
+        + _say(r, g, r.choice(["Rainy days can be fun too.", "Let's find something fun to do inside.",
+                               "I have an idea."])),
         f"So {h.name} and {g.name} {indoor}. {h.name} forgot all about the rain.",
-        r.choice(["Later, the rain stopped and a big rainbow filled the sky.", "When the sun came out, the puddles were perfect for jumping.",
+        r.choice(["Later, the rain stopped and a big rainbow filled the sky.",
+                  "When the sun came out, the puddles were perfect for jumping.",
                   "The rain kept falling, but nobody minded anymore."]),
         r.choice([f"{h.name} learned that you can make any day a good day.", f"\"Best day ever,\" {h.name} said.",
                   f"The next day, they went to {place} after all."]),
@@ -361,41 +391,59 @@ def _seed(r, h, f, g, place, feats):
                              ("pumpkin", "a big orange pumpkin"), ("tomato", "a plant full of red tomatoes"),
                              ("apple", "a little apple tree"), ("carrot", "a row of sweet orange carrots")])
     return [
-        f"{g.name} gave {h.name} a tiny {plant} seed. " + _say(r, g, r.choice(["Plant it, and take good care of it.", "This little seed can grow into something big.", "Seeds need water, sun and time."])),
+        f"{g.name} gave {h.name} a tiny {plant} seed. "
+        + _say(r, g, r.choice(["Plant it, and take good care of it.", "This little seed can grow into something big.",
+                               "Seeds need water, sun and time."])),
         f"{h.name} dug a small hole near {r.choice(feats)} at {place}, put the seed in, and covered it with soil.",
-        r.choice([f"Every morning {h.he} gave it water. But nothing happened.", f"{h.He} watched the spot all day. Nothing grew.",
-                  f"The next day, {h.name} ran out to look. There was only dirt."]) + " " + _say(r, h, r.choice(["Why is it not growing?", "Maybe it is broken.", "I want it to grow now!"])),
-        _say(r, g, r.choice(["Be patient. Good things take time.", "The seed is busy under the ground. You just can't see it.", "Keep caring for it, and wait."])),
+        r.choice([f"Every morning {h.he} gave it water. But nothing happened.",
+                  f"{h.He} watched the spot all day. Nothing grew.",
+                  f"The next day, {h.name} ran out to look. There was only dirt."])
+        + " " + _say(r, h, r.choice(["Why is it not growing?", "Maybe it is broken.", "I want it to grow now!"])),
+        _say(r, g, r.choice(["Be patient. Good things take time.",
+                             "The seed is busy under the ground. You just can't see it.",
+                             "Keep caring for it, and wait."])),
         f"So {h.name} waited. {r.choice(['Days went by.', 'The rain came and went.', 'One week passed, then two.'])} "
-        f"Then one morning, {h.he} saw a tiny green leaf! " + _say(r, h, r.choice(["It's growing!", "Look, look!", "Hello, little plant!"])),
-        f"By the end of the summer, the tiny seed had become {fruit}. " + r.choice([f"{h.name} shared it with {f.name} and everyone on the street.",
-                                                                               f"{h.name} learned that waiting can be worth it.",
-                                                                               f"{h.name} was so proud of {h.his} {plant}."]),
+        f"Then one morning, {h.he} saw a tiny green leaf! "
+        + _say(r, h, r.choice(["It's growing!", "Look, look!", "Hello, little plant!"])),
+        f"By the end of the summer, the tiny seed had become {fruit}. "
+        + r.choice([f"{h.name} shared it with {f.name} and everyone on the street.",
+                    f"{h.name} learned that waiting can be worth it.",
+                    f"{h.name} was so proud of {h.his} {plant}."]),
     ]
 
 
 def _lost_way(r, h, f, g, place, feats):
     mark = _the(r.choice(feats))
     return [
-        f"{h.name} was chasing {r.choice(['a butterfly', 'a red balloon', 'a hopping frog', 'a leaf in the wind'])} at {place}. {h.He} ran and ran.",
-        f"When {h.he} stopped, nothing looked the same. {h.name} did not know where {h.he} was. " + _say(r, h, r.choice(["Where am I?", "I want to go home.", "Which way did I come?"])),
-        f"{h.name} felt {r.choice(['scared', 'very small', 'worried'])}. {h.He} wanted to cry. Then {h.he} remembered what {g.name} always said: "
-        + r.choice(["\"If you are lost, stop and look for something you know.\"", "\"Stay calm and think.\"", "\"Look for a helper.\""]),
+        f"{h.name} was chasing {r.choice(['a butterfly', 'a red balloon', 'a hopping frog', 'a leaf in the wind'])} "
+        f"at {place}. {h.He} ran and ran.",
+        f"When {h.he} stopped, nothing looked the same. {h.name} did not know where {h.he} was. "
+        + _say(r, h, r.choice(["Where am I?", "I want to go home.", "Which way did I come?"])),
+        f"{h.name} felt {r.choice(['scared', 'very small', 'worried'])}. {h.He} wanted to cry. "
+        f"Then {h.he} remembered what {g.name} always said: "
+        + r.choice(["\"If you are lost, stop and look for something you know.\"", "\"Stay calm and think.\"",
+                    "\"Look for a helper.\""]),
         f"{h.name} took a deep breath and looked around. Far away, {h.he} saw {mark}! {h.He} knew that place.",
-        f"{h.He} walked toward it, step by step. There was {g.name}, looking for {h.him}. " + _say(r, g, r.choice([f"{h.name}! There you are!", "I was so worried!", "I am so glad you are safe."])),
+        f"{h.He} walked toward it, step by step. There was {g.name}, looking for {h.him}. "
+        + _say(r, g, r.choice([f"{h.name}! There you are!", "I was so worried!", "I am so glad you are safe."])),
         r.choice([f"{h.name} gave {g.name} the biggest hug.", f"{h.name} promised to stay close next time.",
                   f"{h.name} learned to stop and think when things go wrong."]),
     ]
 
 
 def _surprise(r, h, f, g, place, feats):
-    gift = r.choice(["a painted rock", "a card with a big heart", "a paper crown", "a cake with candles", "a necklace of shells", "a picture of the two of them"])
+    gift = r.choice(["a painted rock", "a card with a big heart", "a paper crown", "a cake with candles",
+                     "a necklace of shells", "a picture of the two of them"])
     return [
-        f"It was {f.name}'s birthday. {h.name} wanted to make a surprise. " + _say(r, h, r.choice(["What can I give?", "It has to be special.", "I know!"])),
-        f"{h.name} worked in secret with {g.name}. They made {gift}. " + r.choice(["It took all afternoon.", "It was a little messy, but it was lovely.", "They giggled the whole time."]),
+        f"It was {f.name}'s birthday. {h.name} wanted to make a surprise. "
+        + _say(r, h, r.choice(["What can I give?", "It has to be special.", "I know!"])),
+        f"{h.name} worked in secret with {g.name}. They made {gift}. "
+        + r.choice(["It took all afternoon.", "It was a little messy, but it was lovely.",
+                    "They giggled the whole time."]),
         f"Then {h.name} hid behind {r.choice(feats)} at {place} and waited. {h.His} heart was beating fast.",
         f"When {f.name} came by, {h.name} jumped out. " + _say(r, h, "Surprise! Happy birthday!"),
-        f"{f.name} looked at {_the(gift)}. " + _say(r, f, r.choice(["You made this for me?", "This is the best present ever!", "Thank you! I love it!"])),
+        f"{f.name} looked at {_the(gift)}. "
+        + _say(r, f, r.choice(["You made this for me?", "This is the best present ever!", "Thank you! I love it!"])),
         r.choice([f"{f.name} smiled all day. {h.name} smiled too.", "The best gifts are the ones made with love.",
                   f"{h.name} learned that giving can feel even better than getting."]),
     ]
@@ -404,19 +452,28 @@ def _surprise(r, h, f, g, place, feats):
 def _mess(r, h, f, g, place, feats):
     things = r.sample(["blocks", "crayons", "socks", "books", "cars", "puzzle pieces", "dolls", "balls"], 3)
     return [
-        f"{h.name}'s room was a big mess. There were {things[0]} on the floor, {things[1]} on the bed and {things[2]} everywhere.",
-        f"{g.name} came in. " + _say(r, g, r.choice(["Time to clean up, please.", "Before we go to " + place + ", this room needs to be tidy.", "Can you put your toys away?"])),
-        _say(r, h, r.choice(["But it will take forever!", "I don't want to.", "It's too much!"])) + f" {h.name} sat on the floor with a frown.",
-        f"Then {h.he} had an idea. {h.He} made it a game. " + r.choice([f"{h.He} raced the clock to put the {things[0]} away.",
-                                                                        f"{h.He} sang a song and put one thing away for every word.",
-                                                                        f"{h.He} pretended the toy box was a hungry monster that ate {things[1]}."]),
-        "Soon the room was clean. " + _say(r, g, r.choice(["Wow, that was fast!", "Look at that! Well done.", "Now we can go and play."])),
+        f"{h.name}'s room was a big mess. There were {things[0]} on the floor, {things[1]} on the bed and "
+        f"{things[2]} everywhere.",
+        f"{g.name} came in. "
+        + _say(r, g, r.choice(["Time to clean up, please.",
+                               "Before we go to " + place + ", this room needs to be tidy.",
+                               "Can you put your toys away?"])),
+        _say(r, h, r.choice(["But it will take forever!", "I don't want to.", "It's too much!"]))
+        + f" {h.name} sat on the floor with a frown.",
+        f"Then {h.he} had an idea. {h.He} made it a game. "
+        + r.choice([f"{h.He} raced the clock to put the {things[0]} away.",
+                    f"{h.He} sang a song and put one thing away for every word.",
+                    f"{h.He} pretended the toy box was a hungry monster that ate {things[1]}."]),
+        "Soon the room was clean. "
+        + _say(r, g, r.choice(["Wow, that was fast!", "Look at that! Well done.", "Now we can go and play."])),
         r.choice([f"They went to {place} and had a lovely time.", "Cleaning up is not so bad when you make it fun.",
-                  f"{h.name} found {h.his} favorite {things[2][:-1] if things[2].endswith('s') else things[2]} under the bed!"]),
+                  f"{h.name} found {h.his} favorite {things[2][:-1] if things[2].endswith('s') else things[2]} "
+                  "under the bed!"]),
     ]
 
 
-PLOTS = [_lost, _friend, _share, _fear, _help, _build, _race, _honest, _explore, _rain, _seed, _lost_way, _surprise, _mess]
+PLOTS = [_lost, _friend, _share, _fear, _help, _build, _race, _honest, _explore, _rain, _seed, _lost_way, _surprise,
+         _mess]
 
 
 def make_story(r):
