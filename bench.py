@@ -72,7 +72,8 @@ trainer = trainers.BpeTrainer(vocab_size=int(sys.argv[3]), special_tokens=["<|en
 t0 = time.perf_counter()
 tok.train([sys.argv[2]], trainer)
 dt = time.perf_counter() - t0
-own = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024  # this process only (ru_maxrss keeps the forking parent's peak across exec)
+# this process only (ru_maxrss keeps the forking parent's peak across exec)
+own = int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
 print(json.dumps({"seconds": dt, "peak_mib": own, "vocab": tok.get_vocab_size()}))
 """
 
@@ -90,7 +91,8 @@ def _tok_median(xs):
 
 def _tok_bench_train(args, cases):
     print(f"\n## training (fresh process per run, {args.repeats} interleaved repeats, medians)")
-    print("| input | vocab | ours s | HF s | ours/HF time | ours MiB | HF MiB | ours/HF memory | ours split (pre-tok + merge) |")
+    print("| input | vocab | ours s | HF s | ours/HF time | ours MiB | HF MiB | ours/HF memory | "
+          "ours split (pre-tok + merge) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path, vocab in cases:
         ours, hf = [], []
@@ -99,7 +101,8 @@ def _tok_bench_train(args, cases):
             hf.append(_tok_run_train(_TOK_TRAIN_HF, path, vocab))
         o_s, h_s = _tok_median([r["seconds"] for r in ours]), _tok_median([r["seconds"] for r in hf])
         o_m, h_m = _tok_median([r["peak_mib"] for r in ours]), _tok_median([r["peak_mib"] for r in hf])
-        split = f"{_tok_median([r['pretokenize_s'] for r in ours]):.2f} + {_tok_median([r['merge_s'] for r in ours]):.2f}"
+        split = (f"{_tok_median([r['pretokenize_s'] for r in ours]):.2f} + "
+                 f"{_tok_median([r['merge_s'] for r in ours]):.2f}")
         size = os.path.getsize(path) / 1e6
         print(f"| {Path(path).name} ({size:.1f} MB) | {vocab} | {o_s:.2f} | {h_s:.2f} | {o_s / h_s:.2f}x | "
               f"{o_m:.0f} | {h_m:.0f} | {o_m / h_m:.2f}x | {split} |", flush=True)
@@ -112,7 +115,8 @@ def _tok_bench_encode(args, text_path):
     text = Path(text_path).read_text(encoding="utf-8")
     mb = len(text.encode()) / 1e6
     enc = tiktoken.get_encoding("gpt2")
-    print(f"\n## encode, single process, GPT-2 files, {Path(text_path).name} ({mb:.1f} MB), {args.repeats} interleaved repeats")
+    print(f"\n## encode, single process, GPT-2 files, {Path(text_path).name} ({mb:.1f} MB), "
+          f"{args.repeats} interleaved repeats")
     cold, warm, tk, hf_t = [], [], [], []
     hf = None
     try:
@@ -147,7 +151,8 @@ def _tok_bench_encode_file(args, text_path):
     import tempfile
     mb = os.path.getsize(text_path) / 1e6
     ncores = bpe._default_workers()
-    print(f"\n## --encode (encode_file) on {Path(text_path).name} ({mb:.1f} MB), GPT-2 files, {args.repeats} interleaved repeats")
+    print(f"\n## --encode (encode_file) on {Path(text_path).name} ({mb:.1f} MB), GPT-2 files, "
+          f"{args.repeats} interleaved repeats")
     with tempfile.TemporaryDirectory() as d:
         bpe.Tokenizer.from_files(_TOK_GPT2_VOCAB, _TOK_GPT2_MERGES, ["<|endoftext|>"]).save_dir(Path(d) / "gpt2")
         res = {1: [], ncores: []}
@@ -569,8 +574,8 @@ def bench_sample(args):
                 same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
                 match = f"{same}/{batch * n_new}"
             heads = f"{hf_head:.2f}/{ours_head:.2f}"
-            print(f"{mode:<8}{batch:>6}{batch * 1e3 / ours_ms:>12.1f}{batch * 1e3 / hf_ms:>10.1f}{hf_ms / ours_ms:>7.2f}x"
-                  f"{ours_ms:>14.2f}{hf_ms:>12.2f}{heads:>17}{net:>18.2f}x{match:>14}")
+            print(f"{mode:<8}{batch:>6}{batch * 1e3 / ours_ms:>12.1f}{batch * 1e3 / hf_ms:>10.1f}"
+                  f"{hf_ms / ours_ms:>7.2f}x{ours_ms:>14.2f}{hf_ms:>12.2f}{heads:>17}{net:>18.2f}x{match:>14}")
 
 
 # -----------------------------------------------------------------------------
@@ -694,7 +699,8 @@ def bench_gpu(args):
     hs_dev, hs_cpu = (hellaswag.evaluate(m, tok, rows, d) for m, d in ((model, device), (cpu_model, "cpu")))
     lb_dev, lb_cpu = (lambada.evaluate(m, tok, passages, d) for m, d in ((model, device), (cpu_model, "cpu")))
     same = hs_dev == hs_cpu and lb_dev["num_correct"] == lb_cpu["num_correct"]
-    check("HellaSwag and LAMBADA on the device vs CPU", same and abs(lb_dev["nll"] - lb_cpu["nll"]) < 1e-2 * lb_cpu["nll"],
+    check("HellaSwag and LAMBADA on the device vs CPU",
+          same and abs(lb_dev["nll"] - lb_cpu["nll"]) < 1e-2 * lb_cpu["nll"],
           f"acc_norm {hs_dev['acc_norm']:.2f}, lambada nll {lb_dev['nll']:.3f} vs {lb_cpu['nll']:.3f}")
     del ref, model, cpu_model, compiled, ours, theirs, opt_ours, opt_theirs
 
@@ -713,7 +719,8 @@ def bench_gpu(args):
         cfg = dict(train.DEFAULTS, model=arch, **shape, batch_size=args.batch_size, data_dir=str(tmp / "data"),
                    out_dir=str(out), prepare_data=False, resume=False, max_iters=args.steps, warmup_iters=2,
                    eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0, device=device,
-                   compile=str(mode == "compiled").lower(), compile_backend=args.compile_backend, time_budget="", sampler="random")
+                   compile=str(mode == "compiled").lower(), compile_backend=args.compile_backend, time_budget="",
+                   sampler="random")
         try:
             train.train(cfg, log=lambda *a, **k: None)
         except Exception as e:  # report and go on: the other mode's figures are still worth having
@@ -724,8 +731,8 @@ def bench_gpu(args):
         tps = statistics.median(r["tokens_per_sec"] for r in steps)
         mfu = [r["mfu"] for r in steps if r.get("mfu") is not None]
         mem = f"{torch.cuda.max_memory_allocated(dev) / 2 ** 30:.1f} GiB" if cuda else "-"
-        print(f"{label:<30} {args.batch_size:>4}x{T:<4} {tps:>10,.0f} {100 * statistics.median(mfu) if mfu else 0:>6.1f}% "
-              f"{mem:>10}")
+        print(f"{label:<30} {args.batch_size:>4}x{T:<4} {tps:>10,.0f} "
+              f"{100 * statistics.median(mfu) if mfu else 0:>6.1f}% {mem:>10}")
         check(f"train.train {label}: loss is finite", all(math.isfinite(r["loss"]) for r in steps),
               f"{len(steps)} steps timed")
     print(f"{'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
@@ -793,8 +800,9 @@ def main():
         value = getattr(args, name, None)  # checked before any model is built
         if value is not None and value < least:
             raise SystemExit(f"bench.py: --{name} {value}: expected at least {least}")
-    known = {(bench_tokenizer, "parts"): ("train", "encode", "encode_file"), (bench_model, "parts"): ("train", "generate",
-             "compile"), (bench_train, "dtypes"): ("float32", "bfloat16"), (bench_sample, "modes"): ("greedy", "top_p")}
+    known = {(bench_tokenizer, "parts"): ("train", "encode", "encode_file"),
+             (bench_model, "parts"): ("train", "generate", "compile"),
+             (bench_train, "dtypes"): ("float32", "bfloat16"), (bench_sample, "modes"): ("greedy", "top_p")}
     for (section, name), choices in known.items():   # a typo would time nothing, or mislabel a row
         if args.run is section:
             bad = [v for v in getattr(args, name).split(",") if v not in choices]
@@ -805,7 +813,8 @@ def main():
         raise SystemExit(f"bench.py: --prompt_len {args.prompt_len} + --max_new_tokens {args.max_new_tokens}: the "
                          f"benchmark's GPT-2 has 1,024 positions")
     if args.run is bench_tokenizer and Path(args.mix20).is_dir():
-        raise SystemExit(f"bench.py: --mix20 {args.mix20}: expected the corpus file's path (made if absent), got a folder")
+        raise SystemExit(f"bench.py: --mix20 {args.mix20}: expected the corpus file's path (made if absent), "
+                         f"got a folder")
     if (args.run is bench_tokenizer and not Path(args.mix20).is_file()
             and {"train", "encode_file"} & set(args.parts.split(","))):   # the corpus is made: it must be possible
         if not Path(args.mix20).resolve().parent.is_dir():

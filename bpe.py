@@ -96,7 +96,8 @@ def _special_regex(special_tokens):
     return re.compile("(" + "|".join(re.escape(t) for t in toks) + ")")
 
 
-_NONSPACE_WS = "\t\n\x0b\x0c\r\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+_NONSPACE_WS = ("\t\n\x0b\x0c\r\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+                + "\u2028\u2029\u202f\u205f\u3000")
 _WS_CHARS = " " + _NONSPACE_WS  # exactly the characters the regex module's \s matches
 
 
@@ -178,7 +179,8 @@ def _piece_text(key):
 
 
 def _safe_cut(buf, special_tokens, special_re):
-    """A late cut point i (0: none yet) with encode(buf[:i]) + encode(buf[i:] + more) == encode(buf + more) for any `more`."""
+    """A late cut point i (0: none yet) with encode(buf[:i]) + encode(buf[i:] + more) == encode(buf + more)
+    for any `more`."""
     maxlen = max((len(t) for t in special_tokens), default=1)
     limit = len(buf) - maxlen  # a special token starting before `limit` lies entirely in the buffer
     if limit <= 0:
@@ -351,7 +353,8 @@ def _count_chunks(path, ranges, special_tokens, progress=False):
             _count_pretokens(buf, special_tokens, counts)
         bad += _INVALID_BYTES[0]
         if progress:
-            print(f"\rpre-tokenising: chunk {n + 1}/{len(ranges)} of this process's share", end="", file=sys.stderr, flush=True)
+            print(f"\rpre-tokenising: chunk {n + 1}/{len(ranges)} of this process's share", end="", file=sys.stderr,
+                  flush=True)
     return counts, bad
 
 
@@ -432,7 +435,8 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
             ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
             for share in shares[1:]:
                 recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_count_worker, args=(send, str(path), share, list(special_tokens)), daemon=True)
+                proc = ctx.Process(target=_count_worker, args=(send, str(path), share, list(special_tokens)),
+                                   daemon=True)
                 proc.start()
                 send.close()
                 workers.append((proc, recv))
@@ -626,12 +630,13 @@ def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
         for p in touched:  # new pairs enter the heap with their final count for this step
             heappush(heap, (-pair_counts[p], keys[p[0]] + keys[p[1]], p))
         if progress and (len(merges) % 500 == 0 or len(merges) == num_merges):
-            print(f"\rmerges {len(merges)}/{num_merges}  {time.perf_counter() - t1:.1f}s", end="", file=sys.stderr, flush=True)
+            print(f"\rmerges {len(merges)}/{num_merges}  {time.perf_counter() - t1:.1f}s", end="", file=sys.stderr,
+                  flush=True)
     if progress:
         print(file=sys.stderr)
     if len(merges) < num_merges:
-        print(f"bpe.py: warning: the text has no more pairs to merge: vocabulary of {len(vocab)} < {vocab_size} requested",
-              file=sys.stderr)
+        print(f"bpe.py: warning: the text has no more pairs to merge: vocabulary of {len(vocab)} < {vocab_size} "
+              f"requested", file=sys.stderr)
     return vocab, merges
 
 
@@ -710,7 +715,8 @@ class Tokenizer:
             present = set(vocab.values())
             for t in special_tokens:
                 if t.encode("utf-8") not in present:
-                    raise ValueError(f"{specials_file or vocab_path}: special token {t!r} is not in {Path(vocab_path).name}")
+                    raise ValueError(f"{specials_file or vocab_path}: special token {t!r} is not in "
+                                     f"{Path(vocab_path).name}")
         merges = []
         try:
             with open(merges_path, encoding="utf-8") as f:
@@ -720,7 +726,8 @@ class Tokenizer:
                         continue
                     parts = line.split(" ")
                     if len(parts) != 2:
-                        raise ValueError(f"{merges_path}:{n + 1}: expected two tokens separated by a space, got {line!r}")
+                        raise ValueError(f"{merges_path}:{n + 1}: expected two tokens separated by a space, "
+                                         f"got {line!r}")
                     merges.append((_str_to_token(parts[0], merges_path), _str_to_token(parts[1], merges_path)))
         except OSError as e:
             raise ValueError(f"{merges_path}: cannot read: {e}") from None
@@ -942,7 +949,8 @@ def load_tokenizer(ref):
     if ref == "gpt2":
         return TiktokenGPT2()
     if not Path(ref).is_dir():
-        raise ValueError(f"tokenizer {ref!r}: expected 'gpt2' or a directory with vocab.json, merges.txt, special_tokens.json")
+        raise ValueError(f"tokenizer {ref!r}: expected 'gpt2' or a directory with vocab.json, merges.txt, "
+                         f"special_tokens.json")
     return Tokenizer.from_dir(ref)
 
 
@@ -1040,7 +1048,8 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     else:
         import multiprocessing as mp
         ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
-        pool = ctx.Pool(min(num_workers, len(tasks)), initializer=_encode_worker_init, initargs=(str(tokenizer_ref), True))
+        pool = ctx.Pool(min(num_workers, len(tasks)), initializer=_encode_worker_init,
+                        initargs=(str(tokenizer_ref), True))
         results = pool.imap(_encode_chunk, tasks)  # ordered: chunks are written in file order
     # the ids go to a temp file renamed at the end, when an older sidecar goes: however the run ends, the output
     # folder holds the old pair, the new one, or ids without a sidecar (refused by train.py), never a mismatch
@@ -1062,8 +1071,8 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
                 bad += nbad
                 if progress:
                     dt = time.perf_counter() - t0
-                    print(f"\rencode {done / 1e6:.1f}/{size / 1e6:.1f} MB  {num_tokens:,} tokens  {done / 1e6 / max(dt, 1e-9):.1f} MB/s",
-                          end="", file=sys.stderr, flush=True)
+                    print(f"\rencode {done / 1e6:.1f}/{size / 1e6:.1f} MB  {num_tokens:,} tokens  "
+                          f"{done / 1e6 / max(dt, 1e-9):.1f} MB/s", end="", file=sys.stderr, flush=True)
         side_path.unlink(missing_ok=True)
         os.replace(tmp, out_path)
     finally:
@@ -1104,7 +1113,8 @@ def main():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--input", type=os.path.expanduser, default=None,
                    help="training text file (UTF-8); None: ../shared/data/tinystories/tinystories_sample.txt")
-    p.add_argument("--vocab", type=int, default=10000, help="vocabulary size, special tokens and the 256 bytes included")
+    p.add_argument("--vocab", type=int, default=10000,
+                   help="vocabulary size, special tokens and the 256 bytes included")
     p.add_argument("--special", action="append", default=None,
                    help='special token (repeatable); default "<|endoftext|>"; pass --special "" for none')
     p.add_argument("--out", type=os.path.expanduser, default=None,
@@ -1137,11 +1147,13 @@ def main():
         docs = f"{meta['num_docs']:,} docs" if meta["num_docs"] is not None else f"no {EOT} token, so no document count"
         print(f"wrote {args.out}: {meta['num_tokens']:,} tokens ({meta['dtype']}), {docs}, "
               f"{mb:.1f} MB in {meta['seconds']:.2f}s = {mb / meta['seconds']:.1f} MB/s, "
-              f"{mb * 1e6 / max(meta['num_tokens'], 1):.2f} bytes/token, peak RSS main {own:.0f} MiB + largest worker {kids:.0f} MiB")
+              f"{mb * 1e6 / max(meta['num_tokens'], 1):.2f} bytes/token, peak RSS main {own:.0f} MiB + "
+              f"largest worker {kids:.0f} MiB")
         return
 
     if args.input is None:  # a small default so that a bare `python bpe.py` demonstrates training
-        args.input = str(Path(__file__).resolve().parent.parent / "shared" / "data" / "tinystories" / "tinystories_sample.txt")
+        args.input = str(Path(__file__).resolve().parent.parent / "shared" / "data" / "tinystories"
+                         / "tinystories_sample.txt")
         if not Path(args.input).is_file():
             raise SystemExit("bpe.py: --input FILE is required to train (or use --encode FILE)")
         print(f"no --input given: training on {args.input}")
@@ -1153,7 +1165,8 @@ def main():
     stats = {}
     t0 = time.perf_counter()
     try:
-        vocab, merges = train_bpe(args.input, args.vocab, specials, num_workers=args.workers, stats=stats, progress=True)
+        vocab, merges = train_bpe(args.input, args.vocab, specials, num_workers=args.workers, stats=stats,
+                                  progress=True)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}")
     except KeyboardInterrupt:
@@ -1173,10 +1186,12 @@ def main():
     print(f"trained {len(vocab)} tokens ({len(merges)} merges) on {args.input} -> {out}")
     print(f"wall time {wall:.2f}s = pre-tokenisation {stats['pretokenize_s']:.2f}s ({stats['num_chunks']} chunk(s), "
           f"{stats['num_pretokens']:,} distinct pre-tokens) + merging {stats['merge_s']:.2f}s")
-    print(f"peak RSS of all processes {stats['peak_rss_kb'] / 1024:.0f} MiB (pre-tokenisation in {stats['num_processes']} "
+    print(f"peak RSS of all processes {stats['peak_rss_kb'] / 1024:.0f} MiB "
+          f"(pre-tokenisation in {stats['num_processes']} "
           f"process(es), peaks summed: {stats['pretokenize_peak_kb'] / 1024:.0f} MiB; merging in the main process: "
           f"{stats['merge_peak_kb'] / 1024:.0f} MiB)")
-    print(f"longest token ({longest} bytes): " + ", ".join(repr(b.decode('utf-8', 'replace')) for b in longest_toks[:3]))
+    print(f"longest token ({longest} bytes): "
+          + ", ".join(repr(b.decode('utf-8', 'replace')) for b in longest_toks[:3]))
     print(f"compression on {len(docs)} sampled documents: {nbytes / max(ntoks, 1):.2f} bytes/token")
 
 

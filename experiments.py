@@ -47,7 +47,7 @@ RESULTS = RESULTS_ROOT
 LOGS = RESULTS / "logs"
 TINYSTORIES = ROOT.parent / "shared" / "data" / "tinystories"
 
-# -----------------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------------------
 # presets: the data, the baseline's train.py flags, and what each group varies
 
 PRESETS = {
@@ -162,7 +162,7 @@ def train_args(flags, data_dir, out_dir):
     return args + [f"--{k}={v}" for k, v in flags.items()]
 
 
-# -----------------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------------------
 # step 1: data
 
 def _path_tag(path):
@@ -240,7 +240,7 @@ def write_setup(preset_name, data_dir, tok_ref, meta, p):
     (RESULTS / "setup.json").write_text(json.dumps(setup, indent=1) + "\n")
 
 
-# -----------------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------------------
 # step 2: the runs
 
 def read_log(path):
@@ -333,7 +333,7 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
     return dest
 
 
-# -----------------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------------------
 # step 3: samples from the best model
 
 def best_run(runs, require_ckpt_in=None):
@@ -386,7 +386,7 @@ def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, l
     log(f"samples: {num_samples} from {name} -> results/samples.txt")
 
 
-# -----------------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------------------
 # report: tables and plots from results/logs/*.jsonl alone
 
 def summarize(rows):
@@ -497,10 +497,12 @@ def report(preset="cpu", steps=None, log=print):
         mc = c.get("model_config", {})
         tps = c.get("batch_size", 0) * c.get("context_length", 0)
         lines += [f"Baseline: Llama-style, {mc.get('num_layers')} layers, d_model {mc.get('d_model')}, "
-                  f"{mc.get('num_heads')} heads, d_ff {mc.get('d_ff')} (SwiGLU), RoPE, context {mc.get('context_length')}, "
+                  f"{mc.get('num_heads')} heads, d_ff {mc.get('d_ff')} (SwiGLU), RoPE, "
+                  f"context {mc.get('context_length')}, "
                   f"batch {c.get('batch_size')} = {tps:,} tokens/step, {c.get('max_iters')} steps "
-                  f"= {tps * c.get('max_iters', 0):,} tokens, lr {c.get('learning_rate'):g} (warmup {c.get('warmup_iters')}, "
-                  f"cosine to {c.get('min_lr_ratio'):g}x), AdamW wd {c.get('weight_decay'):g}, clip {c.get('grad_clip'):g}, "
+                  f"= {tps * c.get('max_iters', 0):,} tokens, lr {c.get('learning_rate'):g} "
+                  f"(warmup {c.get('warmup_iters')}, cosine to {c.get('min_lr_ratio'):g}x), "
+                  f"AdamW wd {c.get('weight_decay'):g}, clip {c.get('grad_clip'):g}, "
                   f"seed {c.get('seed')}; median {_fmt(base['tok_s'], ',.0f')} tokens/s "
                   f"({c.get('num_threads') or 'default'} torch thread(s)). Validation loss is scored on the same first "
                   f"{c.get('eval_iters', 0) * tps:,} validation tokens in every run.", ""]
@@ -516,13 +518,17 @@ def report(preset="cpu", steps=None, log=print):
             continue
         ref_name = ref["name"] if ref else "baseline"
         lines += [f"## {title}", "", what + ".", "",
-                  f"| run | change | steps | tokens | val loss | bits/byte | Δ vs {ref_name} | train time | wall time | tokens/s |",
+                  (f"| run | change | steps | tokens | val loss | bits/byte | Δ vs {ref_name} | train time | "
+                   f"wall time | tokens/s |"),
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in members:
-            d = (r["val_loss"] - ref["val_loss"]) if ref and r["val_loss"] is not None and ref["val_loss"] is not None else None
-            lines.append(f"| {r['name']} | {r['change']} | {r['step']} | {r['tokens']:,} | {_fmt(r['val_loss'], '.4f')} | "
+            d = ((r["val_loss"] - ref["val_loss"])
+                 if ref and r["val_loss"] is not None and ref["val_loss"] is not None else None)
+            lines.append(f"| {r['name']} | {r['change']} | {r['step']} | {r['tokens']:,} | "
+                         f"{_fmt(r['val_loss'], '.4f')} | "
                          f"{_fmt(r['val_bpb'], '.4f')} | {_fmt(d, '+.4f') if r['name'] != ref_name else '0'} | "
-                         f"{_fmt(r['train_time'], '.0f')} s | {_fmt(r['wall'], '.0f')} s | {_fmt(r['tok_s'], ',.0f')} |")
+                         f"{_fmt(r['train_time'], '.0f')} s | {_fmt(r['wall'], '.0f')} s | "
+                         f"{_fmt(r['tok_s'], ',.0f')} |")
         png = f"{key}.png"
         if plt is not None:
             plot_group(plt, members, title, unigram, RESULTS / png, lr_panel=(key == "time"))
@@ -544,7 +550,8 @@ def plot_group(plt, members, title, unigram, path, lr_panel=False):
     """Loss vs steps and loss vs training wall clock (train loss lines, validation loss dots); lr_panel adds the
     learning rate against training time (how a --time_budget schedule follows the clock)."""
     fig, axes = plt.subplots(1, 3 if lr_panel else 2, figsize=(18 if lr_panel else 12, 4.5))
-    finite = [e["val_loss"] for r in members for e in r["evals"] if e["val_loss"] is not None and math.isfinite(e["val_loss"])]
+    finite = [e["val_loss"] for r in members for e in r["evals"]
+              if e["val_loss"] is not None and math.isfinite(e["val_loss"])]
     lo = min(finite) if finite else 0
     for r in members:
         label = f"{r['name']} ({_fmt(r['val_loss'], '.3f')})"
@@ -575,17 +582,20 @@ def plot_group(plt, members, title, unigram, path, lr_panel=False):
     plt.close(fig)
 
 
-# -----------------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------------------
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Run the sweep/ablation set through train.py and report it.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("command", choices=["run", "report", "list"], help="run the set (then report), report only, or list")
+    ap.add_argument("command", choices=["run", "report", "list"],
+                    help="run the set (then report), report only, or list")
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS), help="data, shape and sweep values")
-    ap.add_argument("--steps", type=int, default=0, help="baseline steps (0 = the preset's); batch runs keep tokens equal")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="baseline steps (0 = the preset's); batch runs keep tokens equal")
     ap.add_argument("--only", default="", help="comma-separated run names (see `list`), run in that order; "
                     "default: every run but the extras")
-    ap.add_argument("--all", action="store_true", help="also the extra runs (largest batch, batches at the unscaled lr, "
+    ap.add_argument("--all", action="store_true",
+                    help="also the extra runs (largest batch, batches at the unscaled lr, "
                     "a second seed, the ablations at the best lr)")
     ap.add_argument("--rerun", action="store_true", help="train again even when results/logs holds the same run")
     ap.add_argument("--scratch", type=os.path.expanduser, default="data/experiments",
@@ -625,7 +635,8 @@ def main(argv=None):
         data_dir = _rel(data_dir_of(args.preset, scratch, args.data_dir))
         for r in (selected if args.only else runs):
             print(f"{r['name']:<12} {','.join(r['groups']):<22} {r['change']}{'  (extra)' if r.get('extra') else ''}")
-            print(f"    python train.py {shlex.join(train_args(r['flags'], data_dir, _rel(scratch / 'runs' / r['name'])))}")
+            print(f"    python train.py "
+                  f"{shlex.join(train_args(r['flags'], data_dir, _rel(scratch / 'runs' / r['name'])))}")
         return
     try:
         if args.command == "run":

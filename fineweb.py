@@ -62,7 +62,8 @@ def choose_dtype(vocab_size, dtype=None):
     if dtype not in ("uint16", "uint32"):
         raise ValueError(f"dtype must be uint16, uint32 or auto, got {dtype!r}")
     if dtype == "uint16" and vocab_size > 2**16:
-        raise ValueError(f"a vocabulary of {vocab_size} ids does not fit uint16 (at most 65536 ids): use uint32 or auto")
+        raise ValueError(f"a vocabulary of {vocab_size} ids does not fit uint16 (at most 65536 ids): "
+                         f"use uint32 or auto")
     return dtype
 
 
@@ -364,7 +365,8 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
         raise ValueError(f"{tokenizer}: the tokenizer has no {EOT} special token, needed to separate documents")
     out = Path(out_dir)
     config = {"source": source, "tokenizer": tokenizer, "tokenizer_fingerprint": bpe.tokenizer_fingerprint(tokenizer),
-              "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id, "eot_position": "before each document",
+              "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id,
+              "eot_position": "before each document",
               "shard_size": shard_size, "shuffle_docs": shuffle_docs, "seed": seed if shuffle_docs else None}
     meta = _resume_or_start(out, config)
     if meta["complete"]:
@@ -477,8 +479,8 @@ def _resume_or_start(out, config):
         for s in meta["shards"]:  # every listed shard must be intact, or the resume would be silently wrong
             p = out / s["file"]
             if not p.is_file() or p.stat().st_size != s["num_tokens"] * np.dtype(config["dtype"]).itemsize:
-                raise ValueError(f"{p}: missing or of the wrong size for the {s['num_tokens']:,} tokens meta.json lists: "
-                                 "empty the directory and start again")
+                raise ValueError(f"{p}: missing or of the wrong size for the {s['num_tokens']:,} tokens "
+                                 "meta.json lists: empty the directory and start again")
         return meta
     if out.exists() and any(out.glob("*.bin")):
         owner = next(out.glob("*.bin.json"), None)
@@ -541,7 +543,8 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
     3. tokens: train.bin / val.bin with an eot before every story, on all cores.
     Returns dict(data_dir=..., tokenizer=...) (plus source and token counts)."""
     if corpus_bytes is not None and corpus_bytes < 2:
-        raise ValueError(f"corpus_bytes must be at least 2 (train + validation) or None (all of TinyStories), got {corpus_bytes}")
+        raise ValueError(f"corpus_bytes must be at least 2 (train + validation) or None (all of TinyStories), "
+                         f"got {corpus_bytes}")
     d = Path(data_dir)
     train_txt, val_txt, tok_dir, state_path = d / "train.txt", d / "val.txt", d / "tokenizer", d / "prepared.json"
     if corpus_bytes is None and (fresh or not state_path.is_file()):  # fail before anything is written
@@ -550,7 +553,8 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
             raise ValueError(f"all of TinyStories (--corpus_bytes 0) needs the download ({why}); "
                              "offline, give the generated corpus a size such as --corpus_bytes 4000000")
     if fresh and d.exists():
-        for p in [train_txt, val_txt, state_path] + [d / f"{s}.bin{x}" for s in ("train", "val") for x in ("", ".json")]:
+        for p in ([train_txt, val_txt, state_path]
+                  + [d / f"{s}.bin{x}" for s in ("train", "val") for x in ("", ".json")]):
             p.unlink(missing_ok=True)
         shutil.rmtree(tok_dir, ignore_errors=True)
     d.mkdir(parents=True, exist_ok=True)
@@ -616,11 +620,13 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
         log(f"tokens: reusing {bins[0]} ({k['train_tokens']:,} tokens), {bins[1]} ({k['val_tokens']:,})")
     else:
         t1 = time.time()
-        tr, va = [write_token_file(file_docs(txt), out, str(tok_dir), num_workers) for txt, out in zip((train_txt, val_txt), bins)]
+        tr, va = [write_token_file(file_docs(txt), out, str(tok_dir), num_workers)
+                  for txt, out in zip((train_txt, val_txt), bins)]
         state["tokens"] = {"request": want, "train_tokens": tr["num_tokens"], "val_tokens": va["num_tokens"]}
         _write_json(state_path, state)
         dt = time.time() - t1
-        log(f"tokens: {bins[0]} ({tr['num_tokens']:,} tokens, {tr['num_docs']:,} stories), {bins[1]} ({va['num_tokens']:,}) "
+        log(f"tokens: {bins[0]} ({tr['num_tokens']:,} tokens, {tr['num_docs']:,} stories), "
+            f"{bins[1]} ({va['num_tokens']:,}) "
             f"in {dt:.1f}s ({(tr['num_tokens'] + va['num_tokens']) / max(dt, 1e-9) / 1e3:,.0f} k tok/s)")
     log(f"data ready in {time.time() - t0:.1f}s: {d}")
     return dict(data_dir=str(d), tokenizer=str(tok_dir), source=state["corpus"]["source"],
@@ -676,18 +682,21 @@ def main():
                    f"{EOT}) or a folder (one document per file)")
     p.add_argument("--out_dir", type=os.path.expanduser, default=None,
                    help="output folder; None means data/edu_fineweb10B for the "
-                   "default run, else data/<dataset or input name>-<gpt2|bpe> (data/tinystories with --prepare_tinystories)")
+                   "default run, else data/<dataset or input name>-<gpt2|bpe> "
+                   "(data/tinystories with --prepare_tinystories)")
     p.add_argument("--tokenizer", type=os.path.expanduser, default="gpt2",
                    help="'gpt2' (tiktoken) or a bpe.py tokenizer directory")
-    p.add_argument("--vocab_size", type=int, default=None, help="train a bpe.py tokenizer of this size on the corpus first "
-                   "(saved in OUT_DIR/tokenizer) instead of --tokenizer; with --prepare_tinystories the default is 2048")
+    p.add_argument("--vocab_size", type=int, default=None,
+                   help="train a bpe.py tokenizer of this size on the corpus first (saved in OUT_DIR/tokenizer) "
+                   "instead of --tokenizer; with --prepare_tinystories the default is 2048")
     p.add_argument("--bpe_train_bytes", type=int, default=100_000_000, help="with --vocab_size: train the tokenizer on "
                    "the first this many bytes of the corpus (0: all of it)")
     p.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per shard; shard 0 is validation")
     p.add_argument("--dtype", default="auto", choices=["auto", "uint16", "uint32"],
                    help="token dtype (auto: uint16 if the vocabulary fits)")
     p.add_argument("--num_workers", type=int, default=os.cpu_count(), help="tokenising processes")
-    p.add_argument("--shuffle_docs", action="store_true", help="shuffle documents (through a buffer of --shuffle_buffer)")
+    p.add_argument("--shuffle_docs", action="store_true",
+                   help="shuffle documents (through a buffer of --shuffle_buffer)")
     p.add_argument("--shuffle_buffer", type=int, default=20_000, help="documents held in memory for --shuffle_docs")
     p.add_argument("--seed", type=int, default=1337, help="seed for --shuffle_docs")
     p.add_argument("--max_docs", type=int, default=None, help="stop after this many documents (quick tries)")
@@ -727,7 +736,8 @@ def main():
             open_docs = lambda: islice(open_all(), args.max_docs)
         docs = open_docs()
         tok_name = "bpe" if args.vocab_size or args.tokenizer != "gpt2" else "gpt2"
-        default_dir = "data/edu_fineweb10B" if (name, tok_name) == ("fineweb-edu", "gpt2") else f"data/{name}-{tok_name}"
+        default_dir = ("data/edu_fineweb10B" if (name, tok_name) == ("fineweb-edu", "gpt2")
+                       else f"data/{name}-{tok_name}")
         out_dir = args.out_dir or default_dir
         if args.fresh:
             clear_shards(out_dir)
@@ -736,7 +746,8 @@ def main():
                                                      args.bpe_train_bytes or None, args.num_workers, source=source)
             docs = open_docs()
         if args.shuffle_docs:
-            docs, source = buffer_shuffle(docs, args.shuffle_buffer, args.seed), f"{source}|buffer {args.shuffle_buffer}"
+            docs, source = (buffer_shuffle(docs, args.shuffle_buffer, args.seed),
+                            f"{source}|buffer {args.shuffle_buffer}")
         write_shards(docs, out_dir, args.tokenizer, args.shard_size, args.num_workers,
                      args.dtype, source=source, shuffle_docs=args.shuffle_docs, seed=args.seed)
     except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...

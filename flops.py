@@ -341,7 +341,8 @@ def report(cfg, contexts, gpu_mem=80.0, train_tokens=None, mfu_assumed=0.5, gpus
     for g in gpus:
         peak = GPU_PEAK[g][0]
         secs = total_train / (mfu_assumed * peak)
-        out.append(f"  1 x {g:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu_assumed:.0f}% MFU: {_duration(secs)}")
+        out.append(f"  1 x {g:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu_assumed:.0f}% MFU: "
+                   f"{_duration(secs)}")
     return "\n".join(out)
 
 
@@ -351,7 +352,8 @@ def _contexts(values):
         for part in str(v).split(","):
             if part.strip():
                 if not part.strip().isdigit() or int(part) <= 0:
-                    raise ValueError(f"flops.py: --context: expected positive integers, e.g. --context 1024 16384, got {part!r}")
+                    raise ValueError(f"flops.py: --context: expected positive integers, e.g. --context 1024 16384, "
+                                     f"got {part!r}")
                 out.append(int(part))
     return out
 
@@ -384,7 +386,9 @@ def main():
     parser.add_argument("--context_length", "--block_size", dest="context_length", type=int, default=None,
                         help="override the model's context length (also the default --context)")
     parser.add_argument("--vocab_size", type=int, default=None, help="override vocabulary size")
-    parser.add_argument("--d_ff", type=int, default=None, help="override FFN width (llama; None = 8/3*d rounded to 64, at least 64, for swiglu, 4*d for silu)")
+    parser.add_argument("--d_ff", type=int, default=None,
+                        help="override FFN width (llama; None = 8/3*d rounded to 64, at least 64, for swiglu, "
+                             "4*d for silu)")
     parser.add_argument("--ffn_type", default=None, choices=["swiglu", "silu"], help="llama FFN type (None = swiglu)")
     parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=None, help="gpt2 vocabulary padding (None = 1)")
     parser.add_argument("--context", nargs="+", default=None,
@@ -394,7 +398,8 @@ def main():
     parser.add_argument("--mfu", type=float, default=0.5, help="assumed MFU for the training-time estimate")
     parser.add_argument("--gpus", default="H100,A100,B200", help=f"GPUs for the time estimate: {', '.join(GPU_PEAK)}")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage block
+    # one line, no usage block
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
     args = parser.parse_args()
 
     for flag in ("num_layers", "d_model", "num_heads", "context_length", "vocab_size", "d_ff",
@@ -447,7 +452,8 @@ def main():
         result = dict(config=cfg, params=count_params(cfg), contexts={})
         for T in contexts:
             fixed, per_seq = memory_bytes(cfg, T)
-            result["contexts"][T] = dict(forward_flops=forward_flops(cfg, T), train_flops_per_token=train_flops_per_token(cfg, T),
+            result["contexts"][T] = dict(forward_flops=forward_flops(cfg, T),
+                                         train_flops_per_token=train_flops_per_token(cfg, T),
                                          memory_fixed_bytes=fixed, memory_per_sequence_bytes=per_seq,
                                          max_batch_size=max_batch_size(cfg, T, args.gpu_mem))
         print(json.dumps(result, indent=2))

@@ -3,7 +3,8 @@
 When TinyStories cannot be downloaded, `python train.py` trains on text made here instead. Every word of
 the templates below was written for this project. A story is a hero (a child or a small animal with a name
 and a trait) at a place, a plot (a lost toy, a new friend, a fear, sharing, helping, building, a race, a
-broken thing, exploring, a rainy day, a seed, getting lost, a surprise, a messy room), dialogue, feelings and a closing line or moral. Each sentence has
+broken thing, exploring, a rainy day, a seed, getting lost, a surprise, a messy room), dialogue, feelings and a
+closing line or moral. Each sentence has
 several phrasings, so a few million bytes hold tens of thousands of distinct stories, yet the grammar is
 regular enough that a tiny model learns visible structure (names recur, quotes close, stories end).
 
@@ -42,7 +43,8 @@ TRAITS = {  # trait -> sentences that show it (he/his filled in later)
     "curious": ["{He} wanted to know how everything worked.", "{He} asked a hundred questions every day."],
     "silly": ["{He} loved to make funny faces.", "{He} could make everyone laugh with {his} jokes."],
     "clever": ["{He} was good at solving puzzles.", "{He} always had a new idea."],
-    "gentle": ["{He} moved slowly and softly so {he} would not scare the birds.", "{He} held baby flowers very carefully."],
+    "gentle": ["{He} moved slowly and softly so {he} would not scare the birds.",
+               "{He} held baby flowers very carefully."],
     "cheerful": ["{He} sang a happy song every morning.", "{He} smiled at everyone {he} met."],
     "grumpy": ["{He} did not like to wake up early.", "{He} frowned when things did not go {his} way."],
     "careful": ["{He} always looked both ways before {he} crossed the path.", "{He} kept {his} toys in neat rows."],
@@ -54,20 +56,34 @@ TRAITS = {  # trait -> sentences that show it (he/his filled in later)
     "happy": ["{He} laughed at the smallest things.", "{He} was happy most of the time."],
 }
 PLACES = {  # place -> (features, a sound you hear there)
-    "the park": (["the swings", "the big slide", "an old oak tree", "the sandbox", "a green bench"], "children laughing"),
-    "the forest": (["a mossy log", "the tall pine trees", "a pile of leaves", "a little stream", "a big rock"], "birds singing"),
-    "the beach": (["the soft sand", "a pile of seaweed", "a rock pool", "the blue waves", "a wooden boat"], "waves splashing"),
-    "the farm": (["the red barn", "a pile of hay", "the wooden fence", "the chicken coop", "the muddy pond"], "cows mooing"),
-    "the garden": (["the tall sunflowers", "the vegetable patch", "a flower pot", "the watering can", "a rose bush"], "bees buzzing"),
-    "the meadow": (["the long grass", "a patch of daisies", "a little hill", "a lonely tree", "a butterfly bush"], "crickets chirping"),
-    "the river": (["the smooth stones", "the little bridge", "a bend in the water", "the reeds", "a fallen branch"], "water rushing"),
-    "the backyard": (["the tree house", "the old shed", "the clothesline", "the dog house", "a bush by the gate"], "a dog barking"),
-    "the school yard": (["the climbing frame", "the painted hopscotch", "the bike rack", "a big tree", "the fence"], "a bell ringing"),
-    "the town square": (["the fountain", "the flower stand", "the bakery door", "a lamp post", "the old clock"], "people chatting"),
-    "the pond": (["the lily pads", "the muddy bank", "a floating log", "the cattails", "a flat rock"], "frogs croaking"),
-    "the snowy hill": (["a snow bank", "the sled track", "a frozen bush", "a big pine tree", "a pile of snow"], "the wind whistling"),
-    "the kitchen": (["the big table", "the cookie jar", "a shelf of cups", "the warm oven", "a basket of bread"], "a pot bubbling"),
-    "the library": (["a tall bookshelf", "a soft chair", "the picture books", "a reading rug", "the window seat"], "pages turning"),
+    "the park": (["the swings", "the big slide", "an old oak tree", "the sandbox", "a green bench"],
+                 "children laughing"),
+    "the forest": (["a mossy log", "the tall pine trees", "a pile of leaves", "a little stream", "a big rock"],
+                   "birds singing"),
+    "the beach": (["the soft sand", "a pile of seaweed", "a rock pool", "the blue waves", "a wooden boat"],
+                  "waves splashing"),
+    "the farm": (["the red barn", "a pile of hay", "the wooden fence", "the chicken coop", "the muddy pond"],
+                 "cows mooing"),
+    "the garden": (["the tall sunflowers", "the vegetable patch", "a flower pot", "the watering can", "a rose bush"],
+                   "bees buzzing"),
+    "the meadow": (["the long grass", "a patch of daisies", "a little hill", "a lonely tree", "a butterfly bush"],
+                   "crickets chirping"),
+    "the river": (["the smooth stones", "the little bridge", "a bend in the water", "the reeds", "a fallen branch"],
+                  "water rushing"),
+    "the backyard": (["the tree house", "the old shed", "the clothesline", "the dog house", "a bush by the gate"],
+                     "a dog barking"),
+    "the school yard": (["the climbing frame", "the painted hopscotch", "the bike rack", "a big tree", "the fence"],
+                        "a bell ringing"),
+    "the town square": (["the fountain", "the flower stand", "the bakery door", "a lamp post", "the old clock"],
+                        "people chatting"),
+    "the pond": (["the lily pads", "the muddy bank", "a floating log", "the cattails", "a flat rock"],
+                 "frogs croaking"),
+    "the snowy hill": (["a snow bank", "the sled track", "a frozen bush", "a big pine tree", "a pile of snow"],
+                       "the wind whistling"),
+    "the kitchen": (["the big table", "the cookie jar", "a shelf of cups", "the warm oven", "a basket of bread"],
+                    "a pot bubbling"),
+    "the library": (["a tall bookshelf", "a soft chair", "the picture books", "a reading rug", "the window seat"],
+                    "pages turning"),
 }
 THINGS = ["ball", "kite", "teddy bear", "toy boat", "stone", "hat", "music box", "picture book", "drum",
           "bucket", "crown", "toy train", "scarf", "bell", "shell", "crayon", "robot", "doll", "spoon", "whistle",
@@ -81,7 +97,8 @@ SAID = ["said", "said", "said", "said", "said", "shouted", "whispered", "called"
 HAPPY = ["happy", "glad", "proud", "so happy", "very happy", "full of joy"]
 SAD = ["sad", "very sad", "upset", "worried", "a little sad", "so sad"]
 FOODS = ["apples", "cookies", "berries", "sandwiches", "carrots", "honey cakes", "pears", "nuts", "lemonade", "muffins"]
-GAMES = ["tag", "hide and seek", "catch", "jump rope", "a guessing game", "pretend pirates", "hopscotch", "follow the leader"]
+GAMES = ["tag", "hide and seek", "catch", "jump rope", "a guessing game", "pretend pirates", "hopscotch",
+         "follow the leader"]
 
 
 def _person(r, taken, adult=False):
@@ -141,7 +158,8 @@ def _intro(r, h, place, time_):
         f"{time_}, there was {_an(h.trait)} {h.trait} {kind} named {h.name}. {trait_line}",
         f"{time_}, {a} {kind} named {h.name} went to {place}. {h.name} was very {h.trait}. {trait_line}",
         f"{h.name} was {_an(h.trait)} {h.trait} {kind} who lived near {place}. {trait_line}",
-        f"{time_}, {h.name + ' the ' + kind if not h.human else 'little ' + h.name} looked out of the window. {trait_line} Today {h.he} wanted to go to {place}.",
+        f"{time_}, {h.name + ' the ' + kind if not h.human else 'little ' + h.name} looked out of the window. "
+        f"{trait_line} Today {h.he} wanted to go to {place}.",
     ])
 
 
@@ -155,13 +173,19 @@ def _lost(r, h, f, g, place, feats):
                        f"a puppy was sleeping on it next to {spots[2]}", f"it had rolled behind {spots[2]}"])
     return [
         f"{h.name} had {_an(obj)} {obj}. {h.He} loved it more than anything. {h.He} took it everywhere.",
-        f"At {place}, {h.name} put the {obj} down to play. When {h.he} came back, it was gone! {h.name} felt {r.choice(SAD)}. "
+        f"At {place}, {h.name} put the {obj} down to play. When {h.he} came back, it was gone! "
+        f"{h.name} felt {r.choice(SAD)}. "
         + _say(r, h, r.choice([f"Where is my {obj}?", "Oh no, I lost it!", "Has anyone seen my toy?"])),
         f"{h.He} looked near {spots[0]}. It was not there. {h.He} looked by {spots[1]}. It was not there either.",
-        f"Then {h.his} friend {f.name} came by. " + _say(r, f, r.choice(["I will help you look!", "Don't cry. Let's look together.", "Two pairs of eyes are better than one."])),
-        f"They looked high and low. At last {f.name} saw that {finder}. " + _say(r, h, r.choice(["You found it! Thank you!", "My " + obj.split()[-1] + "! Thank you so much!", "Hooray! You are the best friend ever."])),
+        f"Then {h.his} friend {f.name} came by. "
+        + _say(r, f, r.choice(["I will help you look!", "Don't cry. Let's look together.",
+                               "Two pairs of eyes are better than one."])),
+        f"They looked high and low. At last {f.name} saw that {finder}. "
+        + _say(r, h, r.choice(["You found it! Thank you!", "My " + obj.split()[-1] + "! Thank you so much!",
+                               "Hooray! You are the best friend ever."])),
         f"{h.name} hugged the {obj} and {f.name}. {h.He} was {r.choice(HAPPY)}. "
-        + r.choice(["From then on, {name} kept {his} toys close.", "{He} learned that friends make every problem smaller.",
+        + r.choice(["From then on, {name} kept {his} toys close.",
+                    "{He} learned that friends make every problem smaller.",
                     "{He} learned that it is good to ask for help."]).format(name=h.name, his=h.his, He=h.He),
     ]
 
@@ -169,15 +193,20 @@ def _lost(r, h, f, g, place, feats):
 def _friend(r, h, f, g, place, feats):
     game = r.choice(GAMES)
     return [
-        f"At {place}, {h.name} saw {f.a} {f.kind} sitting alone near {r.choice(feats)}. The {f.kind} looked {r.choice(['sad', 'lonely', 'shy', 'a little scared'])}.",
-        f"{h.name} walked over. " + _say(r, h, r.choice(["Hello! What is your name?", "Hi! Do you want to play with me?", "Are you new here?"])),
-        _say(r, f, r.choice([f"My name is {f.name}. I just moved here.", f"I am {f.name}. I don't know anyone yet.", f"I'm {f.name}. Nobody asked me to play."])),
-        f"{h.name} smiled. " + _say(r, h, r.choice([f"Let's play {game}!", f"You can play {game} with me.", f"Do you know how to play {game}? I can show you."])),
+        f"At {place}, {h.name} saw {f.a} {f.kind} sitting alone near {r.choice(feats)}. "
+        f"The {f.kind} looked {r.choice(['sad', 'lonely', 'shy', 'a little scared'])}.",
+        f"{h.name} walked over. "
+        + _say(r, h, r.choice(["Hello! What is your name?", "Hi! Do you want to play with me?", "Are you new here?"])),
+        _say(r, f, r.choice([f"My name is {f.name}. I just moved here.", f"I am {f.name}. I don't know anyone yet.",
+                             f"I'm {f.name}. Nobody asked me to play."])),
+        f"{h.name} smiled. " + _say(r, h, r.choice([f"Let's play {game}!", f"You can play {game} with me.",
+                                                    f"Do you know how to play {game}? I can show you."])),
         r.choice([f"They played {game} all afternoon. {f.name} laughed and laughed.",
                   f"They played {game} until the sun went down. {f.name} was not lonely anymore.",
                   f"At first {f.name} was quiet, but soon {f.he} was running and laughing too."]),
         r.choice([f"From that day on, {h.name} and {f.name} were best friends.",
-                  f"When it was time to go home, {f.name} said, \"Thank you for being my friend.\" {h.name} felt warm inside.",
+                  f"When it was time to go home, {f.name} said, \"Thank you for being my friend.\" "
+                  f"{h.name} felt warm inside.",
                   f"{h.name} learned that one kind word can make a new friend."]),
     ]
 
@@ -186,32 +215,48 @@ def _share(r, h, f, g, place, feats):
     obj = _thing(r)
     return [
         f"{h.name} and {f.name} were playing at {place}. They found {_an(obj)} {obj} by {r.choice(feats)}.",
-        _say(r, h, r.choice(["It's mine! I saw it first!", "I want it!", "Give it to me!"])) + " " + _say(r, f, r.choice(["No, it's mine!", "But I want it too!", "I had it first!"])),
-        f"They pulled and pulled. {r.choice(['Then they both fell down.', 'Nobody was having fun.', f'{f.name} started to cry.'])} {h.name} felt {r.choice(SAD)}.",
-        f"{g.name} came over. " + _say(r, g, r.choice(["Why don't you take turns?", "What if you play with it together?", "Sharing makes a game twice as fun."])),
-        f"So {h.name} and {f.name} took turns with the {obj}. " + r.choice(["Then they made up a new game that needed two players.",
-                                                                             "Soon they were laughing together.",
-                                                                             "It was much more fun than fighting."]),
-        r.choice(["They learned that sharing is better than pulling.", f"{h.name} said sorry, and {f.name} said sorry too.",
+        _say(r, h, r.choice(["It's mine! I saw it first!", "I want it!", "Give it to me!"]))
+        + " " + _say(r, f, r.choice(["No, it's mine!", "But I want it too!", "I had it first!"])),
+        "They pulled and pulled. "
+        + r.choice(["Then they both fell down.", "Nobody was having fun.", f"{f.name} started to cry."])
+        + f" {h.name} felt {r.choice(SAD)}.",
+        f"{g.name} came over. "
+        + _say(r, g, r.choice(["Why don't you take turns?", "What if you play with it together?",
+                               "Sharing makes a game twice as fun."])),
+        f"So {h.name} and {f.name} took turns with the {obj}. "
+        + r.choice(["Then they made up a new game that needed two players.", "Soon they were laughing together.",
+                    "It was much more fun than fighting."]),
+        r.choice(["They learned that sharing is better than pulling.",
+                  f"{h.name} said sorry, and {f.name} said sorry too.",
                   "In the end, the best part of the day was playing together."]),
     ]
 
 
 def _fear(r, h, f, g, place, feats):
     helper = r.choice([f, g])
-    fear, fix = r.choice([("the dark", "{h} turned on a little lamp and told a story."), ("the big slide", "{h} went down first and waved from the bottom."),
-                          ("thunder", "They counted slowly between the flash and the boom."), ("the deep water", "{h} held {his} {hand} and they walked in slowly."),
-                          ("the big dog next door", "{h} showed {him} how to hold out a {hand} gently."), ("the tall ladder", "{h} stood close behind {him} on every step."),
+    fear, fix = r.choice([("the dark", "{h} turned on a little lamp and told a story."),
+                          ("the big slide", "{h} went down first and waved from the bottom."),
+                          ("thunder", "They counted slowly between the flash and the boom."),
+                          ("the deep water", "{h} held {his} {hand} and they walked in slowly."),
+                          ("the big dog next door", "{h} showed {him} how to hold out a {hand} gently."),
+                          ("the tall ladder", "{h} stood close behind {him} on every step."),
                           ("the loud music", "{h} gave {him} a hat to cover {his} ears.")])
     fix = fix.format(h=helper.name, his=h.his, him=h.him, hand="hand" if h.human else "paw")
     return [
         f"{h.name} was scared of {fear}. Every time {h.he} thought about it, {h.his} tummy felt funny.",
-        f"One day at {place}, {h.name} had to face {fear}. " + _say(r, h, r.choice(["I can't do it!", "I'm too scared.", "What if something bad happens?"])),
-        f"{helper.name} knelt down next to {h.him}. " + _say(r, helper, r.choice(["It's okay to be scared. I am right here.", "Let's try together, one little step at a time.", "Being brave means trying even when you are scared."])),
+        f"One day at {place}, {h.name} had to face {fear}. "
+        + _say(r, h, r.choice(["I can't do it!", "I'm too scared.", "What if something bad happens?"])),
+        f"{helper.name} knelt down next to {h.him}. "
+        + _say(r, helper, r.choice(["It's okay to be scared. I am right here.",
+                                    "Let's try together, one little step at a time.",
+                                    "Being brave means trying even when you are scared."])),
         f"{fix} {h.name} took a deep breath.",
-        r.choice([f"It was not so scary after all! {h.name} laughed.", f"{h.name} did it! {h.He} felt {r.choice(HAPPY)}.",
-                  f"{h.His} heart was beating fast, but {h.he} did it."]) + " " + _say(r, h, r.choice(["Can we do it again?", "I was brave!", "That was not so bad."])),
-        r.choice([f"{h.name} learned that being brave is not about never being scared.", f"After that day, {h.name} was not scared of {fear} anymore.",
+        r.choice([f"It was not so scary after all! {h.name} laughed.",
+                  f"{h.name} did it! {h.He} felt {r.choice(HAPPY)}.",
+                  f"{h.His} heart was beating fast, but {h.he} did it."])
+        + " " + _say(r, h, r.choice(["Can we do it again?", "I was brave!", "That was not so bad."])),
+        r.choice([f"{h.name} learned that being brave is not about never being scared.",
+                  f"After that day, {h.name} was not scared of {fear} anymore.",
                   f"That night {h.name} slept with a big smile on {h.his} face."]),
     ]
 
@@ -228,27 +273,36 @@ def _help(r, h, f, g, place, feats):
     ])
     return [
         f"{h.name} was playing at {place} when {h.he} heard a small sound near {r.choice(feats)}.",
-        f"It was {who}. It {trouble}. " + _say(r, h, r.choice(["Don't worry, I will help you!", "Oh, you poor thing.", "How can I help?"])),
+        f"It was {who}. It {trouble}. "
+        + _say(r, h, r.choice(["Don't worry, I will help you!", "Oh, you poor thing.", "How can I help?"])),
         f"{h.name} thought hard. Then {h.he} had an idea. {h.He} {fix}.",
-        r.choice([f"It took a long time, but {h.name} did not give up.", f"{f.name} came to help too, and it went much faster.",
+        r.choice([f"It took a long time, but {h.name} did not give up.",
+                  f"{f.name} came to help too, and it went much faster.",
                   f"It was hard work, and {h.name} was very careful."]),
-        r.choice([f"When it was done, {_the(who)} looked at {h.name} as if to say thank you.", f"The {who.split()[-1]} was safe again. {h.name} felt {r.choice(HAPPY)}.",
+        r.choice([f"When it was done, {_the(who)} looked at {h.name} as if to say thank you.",
+                  f"The {who.split()[-1]} was safe again. {h.name} felt {r.choice(HAPPY)}.",
                   f"\"Thank you,\" said the {who.split()[-1]}. {h.name} smiled from ear to ear."]),
-        r.choice(["Helping others made the whole day better.", f"{h.name} learned that even small hands can do big things.",
+        r.choice(["Helping others made the whole day better.",
+                  f"{h.name} learned that even small hands can do big things.",
                   f"That evening, {h.name} told {g.name} all about it."]),
     ]
 
 
 def _build(r, h, f, g, place, feats):
-    thing, trouble = r.choice([("a sandcastle", "a wave washed it away"), ("a tower of blocks", "it fell down with a crash"),
+    thing, trouble = r.choice([("a sandcastle", "a wave washed it away"),
+                               ("a tower of blocks", "it fell down with a crash"),
                                ("a snowman", "its head rolled off"), ("a birdhouse", "the roof would not stay on"),
-                               ("a cake", "it came out flat"), ("a paper boat", "it filled with water"), ("a fort of pillows", "it fell flat")])
+                               ("a cake", "it came out flat"), ("a paper boat", "it filled with water"),
+                               ("a fort of pillows", "it fell flat")])
     return [
         f"{h.name} wanted to make {thing}. {h.He} worked all morning at {place}.",
-        f"But then {trouble}. " + _say(r, h, r.choice(["Oh no! All my work!", "I will never get it right.", "This is too hard!"])),
+        f"But then {trouble}. "
+        + _say(r, h, r.choice(["Oh no! All my work!", "I will never get it right.", "This is too hard!"])),
         f"{h.name} felt {r.choice(SAD)}. {h.He} sat down by {r.choice(feats)}. {f.name} sat down next to {h.him}.",
-        _say(r, f, r.choice(["Let's try again, together.", "Every maker has to start over sometimes.", "I think we can make it even better this time."])),
-        r.choice(["This time they worked slowly and carefully.", f"This time {f.name} held it steady while {h.name} worked.",
+        _say(r, f, r.choice(["Let's try again, together.", "Every maker has to start over sometimes.",
+                             "I think we can make it even better this time."])),
+        r.choice(["This time they worked slowly and carefully.",
+                  f"This time {f.name} held it steady while {h.name} worked.",
                   "They tried a new way, step by step."]) + f" At last, {thing} stood finished in front of them.",
         r.choice([f"It was the best one {h.name} had ever made.", "\"We did it!\" they shouted together.",
                   f"{h.name} learned that trying again is how things get made."]),
@@ -259,11 +313,17 @@ def _race(r, h, f, g, place, feats):
     goal = _the(r.choice(feats))
     return [
         f"{h.name} and {f.name} were at {place}. " + _say(r, h, f"Let's race to {goal}!"),
-        r.choice(["Ready, set, go!", "One, two, three, go!", "They counted to three and ran."]) + f" {h.name} ran fast. {f.name} ran fast too.",
-        f"Just before the end, {f.name} tripped and fell. " + _say(r, f, r.choice(["Ouch! My knee!", "Oh no!", "Ow, that hurts."])),
-        f"{h.name} could have won. But {h.he} stopped and ran back. " + _say(r, h, r.choice(["Are you okay?", "Let me help you up.", "Here, hold my hand."])),
-        f"They walked to {goal} together, side by side. " + r.choice(["Nobody won, and nobody lost.", "They crossed the finish at the same time.", f"{f.name} smiled a big smile."]),
-        r.choice(["A good friend is worth more than a race.", f"{h.name} learned that helping a friend is the best way to win.",
+        r.choice(["Ready, set, go!", "One, two, three, go!", "They counted to three and ran."])
+        + f" {h.name} ran fast. {f.name} ran fast too.",
+        f"Just before the end, {f.name} tripped and fell. "
+        + _say(r, f, r.choice(["Ouch! My knee!", "Oh no!", "Ow, that hurts."])),
+        f"{h.name} could have won. But {h.he} stopped and ran back. "
+        + _say(r, h, r.choice(["Are you okay?", "Let me help you up.", "Here, hold my hand."])),
+        f"They walked to {goal} together, side by side. "
+        + r.choice(["Nobody won, and nobody lost.", "They crossed the finish at the same time.",
+                    f"{f.name} smiled a big smile."]),
+        r.choice(["A good friend is worth more than a race.",
+                  f"{h.name} learned that helping a friend is the best way to win.",
                   f"{f.name} never forgot what {h.name} did that day."]),
     ]
 
@@ -275,37 +335,51 @@ def _honest(r, h, f, g, place, feats):
         f"The {obj} broke into pieces. {h.name} was scared. {h.He} hid the pieces behind {r.choice(feats)}.",
         f"Later {g.name} came in. " + _say(r, g, f"Has anyone seen my {obj}?"),
         f"{h.name} did not say anything. But {h.he} felt bad inside, like a heavy stone in {h.his} tummy.",
-        f"At last {h.name} said, \"I'm sorry. I broke it. I was playing ball.\" " + _say(r, g, r.choice(["Thank you for telling me the truth.", "I am glad you told me. Things can be fixed.", "Telling the truth is brave."])),
-        r.choice([f"Together they glued the {obj} back together.", f"{g.name} gave {h.name} a big hug.", "The heavy feeling went away."])
-        + " " + r.choice(["Being honest made everything better.", f"{h.name} learned to always tell the truth.", ""]).strip(),
+        f"At last {h.name} said, \"I'm sorry. I broke it. I was playing ball.\" "
+        + _say(r, g, r.choice(["Thank you for telling me the truth.", "I am glad you told me. Things can be fixed.",
+                               "Telling the truth is brave."])),
+        r.choice([f"Together they glued the {obj} back together.", f"{g.name} gave {h.name} a big hug.",
+                  "The heavy feeling went away."])
+        + " " + r.choice(["Being honest made everything better.", f"{h.name} learned to always tell the truth.",
+                          ""]).strip(),
     ]
 
 
 def _explore(r, h, f, g, place, feats):
     found = r.choice(["a hidden pond full of little fish", "a field of purple flowers", "a cave with sparkly rocks",
-                      "a tree with a door in its trunk", "a nest with three blue eggs", "a tiny waterfall", "an old wooden swing"])
+                      "a tree with a door in its trunk", "a nest with three blue eggs", "a tiny waterfall",
+                      "an old wooden swing"])
     return [
-        f"{h.name} and {f.name} found a little path behind {r.choice(feats)} at {place}. " + _say(r, f, "Where does it go?"),
+        f"{h.name} and {f.name} found a little path behind {r.choice(feats)} at {place}. "
+        + _say(r, f, "Where does it go?"),
         _say(r, h, r.choice(["Let's find out!", "Let's be explorers!", "Let's follow it, but not too far."])),
-        f"They walked and walked. They heard {PLACES[place][1]}. They saw {r.choice(['a bright butterfly', 'a busy squirrel', 'a line of ants', 'a rabbit hopping away', 'big white clouds'])}.",
-        f"At the end of the path, they found {found}! " + _say(r, h, r.choice(["Wow!", "It's so beautiful!", "Look at that!"])),
+        f"They walked and walked. They heard {PLACES[place][1]}. They saw "
+        + r.choice(["a bright butterfly", "a busy squirrel", "a line of ants", "a rabbit hopping away",
+                    "big white clouds"]) + ".",
+        f"At the end of the path, they found {found}! "
+        + _say(r, h, r.choice(["Wow!", "It's so beautiful!", "Look at that!"])),
         "They stayed for a while and looked at everything. When the sun got low, they walked back home.",
-        f"{h.name} told {g.name} all about {_the(found.split(' with')[0])}. " + r.choice(["It was the best adventure ever.",
-                                                                                          "They promised to go back another day.",
-                                                                                          f"That night {h.name} dreamed of new paths."]),
+        f"{h.name} told {g.name} all about {_the(found.split(' with')[0])}. "
+        + r.choice(["It was the best adventure ever.", "They promised to go back another day.",
+                    f"That night {h.name} dreamed of new paths."]),
     ]
 
 
 def _rain(r, h, f, g, place, feats):
-    plan = r.choice([f"have a picnic at {place}", f"fly a kite at {place}", f"play {r.choice(GAMES)} at {place}", f"go to {place}"])
+    plan = r.choice([f"have a picnic at {place}", f"fly a kite at {place}", f"play {r.choice(GAMES)} at {place}",
+                     f"go to {place}"])
     indoor = r.choice(["built a fort out of blankets", "baked cookies with " + g.name, "painted pictures of the sun",
                        "made a puppet show", "read a big book of animals", "played a board game"])
     return [
         f"{h.name} wanted to {plan}. But when {h.he} looked outside, it was raining.",
-        _say(r, h, r.choice(["It's not fair!", "Now the whole day is ruined.", "Why does it have to rain today?"])) + f" {h.He} felt {r.choice(SAD)}.",
-        f"{g.name} smiled. " + _say(r, g, r.choice(["Rainy days can be fun too.", "Let's find something fun to do inside.", "I have an idea."])),
+        _say(r, h, r.choice(["It's not fair!", "Now the whole day is ruined.", "Why does it have to rain today?"]))
+        + f" {h.He} felt {r.choice(SAD)}.",
+        f"{g.name} smiled. "
+        + _say(r, g, r.choice(["Rainy days can be fun too.", "Let's find something fun to do inside.",
+                               "I have an idea."])),
         f"So {h.name} and {g.name} {indoor}. {h.name} forgot all about the rain.",
-        r.choice(["Later, the rain stopped and a big rainbow filled the sky.", "When the sun came out, the puddles were perfect for jumping.",
+        r.choice(["Later, the rain stopped and a big rainbow filled the sky.",
+                  "When the sun came out, the puddles were perfect for jumping.",
                   "The rain kept falling, but nobody minded anymore."]),
         r.choice([f"{h.name} learned that you can make any day a good day.", f"\"Best day ever,\" {h.name} said.",
                   f"The next day, they went to {place} after all."]),
@@ -317,41 +391,59 @@ def _seed(r, h, f, g, place, feats):
                              ("pumpkin", "a big orange pumpkin"), ("tomato", "a plant full of red tomatoes"),
                              ("apple", "a little apple tree"), ("carrot", "a row of sweet orange carrots")])
     return [
-        f"{g.name} gave {h.name} a tiny {plant} seed. " + _say(r, g, r.choice(["Plant it, and take good care of it.", "This little seed can grow into something big.", "Seeds need water, sun and time."])),
+        f"{g.name} gave {h.name} a tiny {plant} seed. "
+        + _say(r, g, r.choice(["Plant it, and take good care of it.", "This little seed can grow into something big.",
+                               "Seeds need water, sun and time."])),
         f"{h.name} dug a small hole near {r.choice(feats)} at {place}, put the seed in, and covered it with soil.",
-        r.choice([f"Every morning {h.he} gave it water. But nothing happened.", f"{h.He} watched the spot all day. Nothing grew.",
-                  f"The next day, {h.name} ran out to look. There was only dirt."]) + " " + _say(r, h, r.choice(["Why is it not growing?", "Maybe it is broken.", "I want it to grow now!"])),
-        _say(r, g, r.choice(["Be patient. Good things take time.", "The seed is busy under the ground. You just can't see it.", "Keep caring for it, and wait."])),
+        r.choice([f"Every morning {h.he} gave it water. But nothing happened.",
+                  f"{h.He} watched the spot all day. Nothing grew.",
+                  f"The next day, {h.name} ran out to look. There was only dirt."])
+        + " " + _say(r, h, r.choice(["Why is it not growing?", "Maybe it is broken.", "I want it to grow now!"])),
+        _say(r, g, r.choice(["Be patient. Good things take time.",
+                             "The seed is busy under the ground. You just can't see it.",
+                             "Keep caring for it, and wait."])),
         f"So {h.name} waited. {r.choice(['Days went by.', 'The rain came and went.', 'One week passed, then two.'])} "
-        f"Then one morning, {h.he} saw a tiny green leaf! " + _say(r, h, r.choice(["It's growing!", "Look, look!", "Hello, little plant!"])),
-        f"By the end of the summer, the tiny seed had become {fruit}. " + r.choice([f"{h.name} shared it with {f.name} and everyone on the street.",
-                                                                               f"{h.name} learned that waiting can be worth it.",
-                                                                               f"{h.name} was so proud of {h.his} {plant}."]),
+        f"Then one morning, {h.he} saw a tiny green leaf! "
+        + _say(r, h, r.choice(["It's growing!", "Look, look!", "Hello, little plant!"])),
+        f"By the end of the summer, the tiny seed had become {fruit}. "
+        + r.choice([f"{h.name} shared it with {f.name} and everyone on the street.",
+                    f"{h.name} learned that waiting can be worth it.",
+                    f"{h.name} was so proud of {h.his} {plant}."]),
     ]
 
 
 def _lost_way(r, h, f, g, place, feats):
     mark = _the(r.choice(feats))
     return [
-        f"{h.name} was chasing {r.choice(['a butterfly', 'a red balloon', 'a hopping frog', 'a leaf in the wind'])} at {place}. {h.He} ran and ran.",
-        f"When {h.he} stopped, nothing looked the same. {h.name} did not know where {h.he} was. " + _say(r, h, r.choice(["Where am I?", "I want to go home.", "Which way did I come?"])),
-        f"{h.name} felt {r.choice(['scared', 'very small', 'worried'])}. {h.He} wanted to cry. Then {h.he} remembered what {g.name} always said: "
-        + r.choice(["\"If you are lost, stop and look for something you know.\"", "\"Stay calm and think.\"", "\"Look for a helper.\""]),
+        f"{h.name} was chasing {r.choice(['a butterfly', 'a red balloon', 'a hopping frog', 'a leaf in the wind'])} "
+        f"at {place}. {h.He} ran and ran.",
+        f"When {h.he} stopped, nothing looked the same. {h.name} did not know where {h.he} was. "
+        + _say(r, h, r.choice(["Where am I?", "I want to go home.", "Which way did I come?"])),
+        f"{h.name} felt {r.choice(['scared', 'very small', 'worried'])}. {h.He} wanted to cry. "
+        f"Then {h.he} remembered what {g.name} always said: "
+        + r.choice(["\"If you are lost, stop and look for something you know.\"", "\"Stay calm and think.\"",
+                    "\"Look for a helper.\""]),
         f"{h.name} took a deep breath and looked around. Far away, {h.he} saw {mark}! {h.He} knew that place.",
-        f"{h.He} walked toward it, step by step. There was {g.name}, looking for {h.him}. " + _say(r, g, r.choice([f"{h.name}! There you are!", "I was so worried!", "I am so glad you are safe."])),
+        f"{h.He} walked toward it, step by step. There was {g.name}, looking for {h.him}. "
+        + _say(r, g, r.choice([f"{h.name}! There you are!", "I was so worried!", "I am so glad you are safe."])),
         r.choice([f"{h.name} gave {g.name} the biggest hug.", f"{h.name} promised to stay close next time.",
                   f"{h.name} learned to stop and think when things go wrong."]),
     ]
 
 
 def _surprise(r, h, f, g, place, feats):
-    gift = r.choice(["a painted rock", "a card with a big heart", "a paper crown", "a cake with candles", "a necklace of shells", "a picture of the two of them"])
+    gift = r.choice(["a painted rock", "a card with a big heart", "a paper crown", "a cake with candles",
+                     "a necklace of shells", "a picture of the two of them"])
     return [
-        f"It was {f.name}'s birthday. {h.name} wanted to make a surprise. " + _say(r, h, r.choice(["What can I give?", "It has to be special.", "I know!"])),
-        f"{h.name} worked in secret with {g.name}. They made {gift}. " + r.choice(["It took all afternoon.", "It was a little messy, but it was lovely.", "They giggled the whole time."]),
+        f"It was {f.name}'s birthday. {h.name} wanted to make a surprise. "
+        + _say(r, h, r.choice(["What can I give?", "It has to be special.", "I know!"])),
+        f"{h.name} worked in secret with {g.name}. They made {gift}. "
+        + r.choice(["It took all afternoon.", "It was a little messy, but it was lovely.",
+                    "They giggled the whole time."]),
         f"Then {h.name} hid behind {r.choice(feats)} at {place} and waited. {h.His} heart was beating fast.",
         f"When {f.name} came by, {h.name} jumped out. " + _say(r, h, "Surprise! Happy birthday!"),
-        f"{f.name} looked at {_the(gift)}. " + _say(r, f, r.choice(["You made this for me?", "This is the best present ever!", "Thank you! I love it!"])),
+        f"{f.name} looked at {_the(gift)}. "
+        + _say(r, f, r.choice(["You made this for me?", "This is the best present ever!", "Thank you! I love it!"])),
         r.choice([f"{f.name} smiled all day. {h.name} smiled too.", "The best gifts are the ones made with love.",
                   f"{h.name} learned that giving can feel even better than getting."]),
     ]
@@ -360,19 +452,28 @@ def _surprise(r, h, f, g, place, feats):
 def _mess(r, h, f, g, place, feats):
     things = r.sample(["blocks", "crayons", "socks", "books", "cars", "puzzle pieces", "dolls", "balls"], 3)
     return [
-        f"{h.name}'s room was a big mess. There were {things[0]} on the floor, {things[1]} on the bed and {things[2]} everywhere.",
-        f"{g.name} came in. " + _say(r, g, r.choice(["Time to clean up, please.", "Before we go to " + place + ", this room needs to be tidy.", "Can you put your toys away?"])),
-        _say(r, h, r.choice(["But it will take forever!", "I don't want to.", "It's too much!"])) + f" {h.name} sat on the floor with a frown.",
-        f"Then {h.he} had an idea. {h.He} made it a game. " + r.choice([f"{h.He} raced the clock to put the {things[0]} away.",
-                                                                        f"{h.He} sang a song and put one thing away for every word.",
-                                                                        f"{h.He} pretended the toy box was a hungry monster that ate {things[1]}."]),
-        "Soon the room was clean. " + _say(r, g, r.choice(["Wow, that was fast!", "Look at that! Well done.", "Now we can go and play."])),
+        f"{h.name}'s room was a big mess. There were {things[0]} on the floor, {things[1]} on the bed and "
+        f"{things[2]} everywhere.",
+        f"{g.name} came in. "
+        + _say(r, g, r.choice(["Time to clean up, please.",
+                               "Before we go to " + place + ", this room needs to be tidy.",
+                               "Can you put your toys away?"])),
+        _say(r, h, r.choice(["But it will take forever!", "I don't want to.", "It's too much!"]))
+        + f" {h.name} sat on the floor with a frown.",
+        f"Then {h.he} had an idea. {h.He} made it a game. "
+        + r.choice([f"{h.He} raced the clock to put the {things[0]} away.",
+                    f"{h.He} sang a song and put one thing away for every word.",
+                    f"{h.He} pretended the toy box was a hungry monster that ate {things[1]}."]),
+        "Soon the room was clean. "
+        + _say(r, g, r.choice(["Wow, that was fast!", "Look at that! Well done.", "Now we can go and play."])),
         r.choice([f"They went to {place} and had a lovely time.", "Cleaning up is not so bad when you make it fun.",
-                  f"{h.name} found {h.his} favorite {things[2][:-1] if things[2].endswith('s') else things[2]} under the bed!"]),
+                  f"{h.name} found {h.his} favorite {things[2][:-1] if things[2].endswith('s') else things[2]} "
+                  "under the bed!"]),
     ]
 
 
-PLOTS = [_lost, _friend, _share, _fear, _help, _build, _race, _honest, _explore, _rain, _seed, _lost_way, _surprise, _mess]
+PLOTS = [_lost, _friend, _share, _fear, _help, _build, _race, _honest, _explore, _rain, _seed, _lost_way, _surprise,
+         _mess]
 
 
 def make_story(r):
