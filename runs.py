@@ -294,6 +294,12 @@ class RunState:
         """The run's end: max_iters steps, or the time budget (seconds, None: none) spent."""
         return self.step >= max_iters or (budget is not None and self.elapsed >= budget)
 
+    def time_left(self, max_iters, budget, step_time):
+        """Training time to the run's end: the steps left at the recent step time, or the budget left if sooner
+        (evaluations and checkpoints come on top)."""
+        left = max(0, max_iters - self.step) * step_time
+        return left if budget is None else max(0.0, min(left, budget - self.elapsed))
+
 
 def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused, lr_of, log):
     """Load a checkpoint into this run -- weights, optimizer, the loader's position, every RNG -- after checking
@@ -320,6 +326,12 @@ def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused
     set_rng_state(ckpt["rng"])
     state = RunState(int(ckpt["iteration"]), ckpt["elapsed"], ckpt["val_loss"], ckpt["val_step"])
     log(f"resumed {ckpt_path} at step {state.step}")
+    budget = parse_duration(c.time_budget) if c.time_budget else None
+    if state.finished(c.max_iters, budget):   # nothing to train: say how to go on
+        spent = (f"its --max_iters={c.max_iters}" if state.step >= c.max_iters else
+                 f"its --time_budget={c.time_budget} ({fmt_time(state.elapsed)} trained)")
+        log(f"train.py: {ckpt_path} has already reached {spent}: pass a larger --max_iters or --time_budget to "
+            f"train on, or --fresh to start over")
     old = ckpt["config"]
     decay, old_decay = c.lr_decay_iters or c.max_iters, old["lr_decay_iters"] or old["max_iters"]
     clocked = bool(c.time_budget or old["time_budget"])
@@ -505,46 +517,103 @@ class Stop:
 # -----------------------------------------------------------------------------
 # plots
 
-def plot_log(log_path):
-    """loss vs steps and loss vs wall clock PNGs beside log_path; returns their paths."""
+def read_log(path):
+    """The records of a log.jsonl: (config record or {}, train records, eval records). Records missing a figure
+    (hand-edited logs) are left out rather than failing the plot; a file that is no log is one ValueError."""
     try:
-        lines = Path(log_path).read_text().splitlines()
+        lines = Path(path).read_text().splitlines()
     except FileNotFoundError:
-        raise ValueError(f"--plot {log_path}: no such file") from None
+        raise ValueError(f"--plot {path}: no such file") from None
     except (UnicodeDecodeError, IsADirectoryError):
-        raise ValueError(f"--plot {log_path}: not a text file (expected a log.jsonl)") from None
+        raise ValueError(f"--plot {path}: not a text file (expected a log.jsonl)") from None
     rows = []
     for n, line in enumerate(lines, 1):
         try:
             rows.append(json.loads(line) if line.strip() else {})
         except json.JSONDecodeError:
-            raise ValueError(f"--plot {log_path} line {n}: not JSON") from None
+            raise ValueError(f"--plot {path} line {n}: not JSON") from None
         if not isinstance(rows[-1], dict):
-            raise ValueError(f"--plot {log_path} line {n}: not a JSON object")
-    # (records missing a figure, as hand-edited logs may, are left out rather than failing the plot)
-    tr = [r for r in rows if r.get("type") == "train" and all(k in r for k in ("step", "elapsed", "loss"))]
-    ev = [r for r in rows if r.get("type") == "eval" and all(k in r for k in ("step", "elapsed", "val_loss"))]
-    if not tr:
-        raise ValueError(f"{log_path}: no training records to plot")
+            raise ValueError(f"--plot {path} line {n}: not a JSON object")
+    config = next((r for r in rows if r.get("type") == "config"), {})
+    train = [r for r in rows if r.get("type") == "train" and all(k in r for k in ("step", "elapsed", "loss"))]
+    evals = [r for r in rows if r.get("type") == "eval" and all(k in r for k in ("step", "elapsed", "val_loss"))]
+    if not train:
+        raise ValueError(f"{path}: no training records to plot")
+    return config, train, evals
+
+
+def _smooth(xs):
+    """A centred running mean over about 1/15 of the points: no lag, unlike an exponential average."""
+    half = max(1, len(xs) // 30)
+    return [sum(xs[max(0, i - half):i + half + 1]) / len(xs[max(0, i - half):i + half + 1]) for i in range(len(xs))]
+
+
+def _run_label(path, config):
+    """A run's name (its folder) and what it is: model, shape, batch, learning rate."""
+    mc = config.get("model_config") or {}
+    shape = (f"{mc.get('num_layers', mc.get('n_layer'))}x{mc.get('d_model', mc.get('n_embd'))}"
+             if mc else "")
+    what = ", ".join(str(x) for x in (mc.get("arch"), shape, config.get("params") and
+                                      f"{config['params'] / 1e6:.2f}M params",
+                                      config.get("batch_size") and f"batch {config['batch_size']}",
+                                      config.get("learning_rate") and f"lr {config['learning_rate']:g}") if x)
+    path = Path(path)
+    return (path.parent.name if path.name == "log.jsonl" else path.stem) or str(path), what
+
+
+def plot_log(paths):
+    """One PNG of the curves of one or more runs' log.jsonl (comma-separated): training loss (smoothed, the raw
+    figures faint) and validation loss against steps and against training time on a log scale, the learning rate,
+    and validation bits per byte where logged; several runs overlay, one colour each, for comparing ablations.
+    Written beside the first log as curves.png (one run) or compare.png; returns its path."""
+    paths = [os.path.expanduser(p) for p in str(paths).split(",") if p]
+    runs_ = [(p, *read_log(p)) for p in paths]
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
-    out = []
-    for xkey, xlabel, name in (("step", "step", "loss_vs_steps.png"),
-                               ("elapsed", "training time (s)", "loss_vs_time.png")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        ax.plot([r[xkey] for r in tr], [r["loss"] for r in tr], label="train", lw=1)
-        if ev:
-            ax.plot([r[xkey] for r in ev], [r["val_loss"] for r in ev], "o-", label="validation")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("loss (nats/token)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        path = Path(log_path).with_name(name)
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
-        out.append(str(path))
-    return out
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    (by_step, by_time), (lr_ax, bpb_ax) = axes
+    for i, (path, config, train, evals) in enumerate(runs_):
+        colour, (name, what) = f"C{i}", _run_label(path, config)
+        label = f"{name} ({what})" if what else name
+        for ax, x in ((by_step, "step"), (by_time, "elapsed")):
+            xs = [r[x] / (60 if x == "elapsed" else 1) for r in train]
+            ax.plot(xs, [r["loss"] for r in train], color=colour, alpha=0.25, lw=0.8)
+            ax.plot(xs, _smooth([r["loss"] for r in train]), color=colour, lw=1.5, label=f"{label}: train")
+            if evals:
+                ax.plot([r[x] / (60 if x == "elapsed" else 1) for r in evals], [r["val_loss"] for r in evals], "o--",
+                        color=colour, ms=4, label=f"{name}: validation" if len(runs_) > 1 else "validation")
+        lr_ax.plot([r["step"] for r in train if "lr" in r], [r["lr"] for r in train if "lr" in r], color=colour,
+                   label=name)
+        bpb = [r for r in evals if r.get("val_bpb")]
+        if bpb:
+            bpb_ax.plot([r["step"] for r in bpb], [r["val_bpb"] for r in bpb], "o-", color=colour, label=name)
+    for ax, xlabel, ylabel, title in (
+            (by_step, "step", "loss (nats/token, log scale)", "loss by step"),
+            (by_time, "training time (min)", "loss (nats/token, log scale)", "loss by training time"),
+            (lr_ax, "step", "learning rate", "learning rate"),
+            (bpb_ax, "step", "validation bits per byte", "validation bits per byte")):
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+        ax.grid(alpha=0.3, which="both")
+    for ax in (by_step, by_time):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    by_step.legend(fontsize=8)
+    if len(runs_) > 1:
+        lr_ax.legend(fontsize=8)
+    if not bpb_ax.lines:
+        bpb_ax.text(0.5, 0.5, "no bits/byte in these logs (data without a tokenizer)", ha="center", va="center",
+                    transform=bpb_ax.transAxes)
+    name, what = _run_label(*runs_[0][:2])
+    fig.suptitle(f"{name}: {what}" if len(runs_) == 1 else f"{len(runs_)} runs: " +
+                 ", ".join(_run_label(p, c)[0] for p, c, _, _ in runs_))
+    fig.tight_layout()
+    out = Path(paths[0]).with_name("curves.png" if len(runs_) == 1 else "compare.png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return [str(out)]

@@ -76,8 +76,8 @@ class TrainConfig:
                           "main job)", resumable=True)
     init_from: str = setting("scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights) or "
                              "a local Hugging Face GPT-2 folder", path=True, arch="gpt2")
-    plot: str = setting("", "path of a log.jsonl: draw loss-vs-steps and loss-vs-time PNGs beside it and exit",
-                        path=True, resumable=True)
+    plot: str = setting("", "one or more log.jsonl (comma-separated): draw their curves into one PNG beside the first "
+                        "(curves.png, or compare.png for several) and exit", path=True, resumable=True)
     wandb: bool = setting(False, "also log to Weights & Biases (only if wandb is installed)", resumable=True)
     wandb_project: str = setting("lmscratch", "wandb project name", resumable=True)
     # model: --model picks the architecture; its fields (model.py) follow in --help
@@ -772,7 +772,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                resumed_at_step=state.step if ckpt is not None else None)
 
     # ---- the loop
-    start_step, samples, stop_at = state.step, [], None
+    start_step, start_elapsed, samples, stop_at, step_time = state.step, state.elapsed, [], None, None
     evaluated = ckpt is not None and state.val_step == start_step   # the log has this evaluation already
     last_lr = scheduled_lr(c, state.step, state.elapsed)
     ckpt_every = c.ckpt_interval or c.eval_interval
@@ -817,6 +817,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
             if not (hw["compile"] and state.step == start_step + 1):   # a compiled run's first step is mostly
                 state.elapsed += dt                                      # compilation: not in the budget
             state.elapsed = stop.agree(state.elapsed, master, device)   # DDP: rank 0's clock, any rank's stop
+            step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt   # recent, for the time left
 
             # the log line: every log_interval steps, and at the step the run ends (max_iters, budget, stop)
             if state.step % c.log_interval == 0 or state.finished(c.max_iters, budget) or stop.pending is not None:
@@ -826,11 +827,13 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                 train_loss, tps = loss_acc.item(), tokens_per_step / dt   # the one sync per logged step
                 mfu = _mfu(flops_per_token, tps / world, device, hw["dtype"])
                 gn = float(norm) if norm is not None else None   # (not computed with --grad_clip=0)
+                left = state.time_left(c.max_iters, budget, step_time)
                 say(f"step {state.step:>6}/{c.max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
                     (f"norm {gn:.3f} | " if gn is not None else "") + f"{tps:,.0f} tok/s" +
-                    (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}")
+                    (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}"
+                    f" ({runs.fmt_time(left)} left)")
                 run.record("train", step=state.step, loss=train_loss, lr=lr, grad_norm=gn, tokens_per_sec=tps,
-                           mfu=mfu, dt=dt, elapsed=state.elapsed, tokens=state.step * tokens_per_step)
+                           mfu=mfu, dt=dt, elapsed=state.elapsed, time_left=left, tokens=state.step * tokens_per_step)
             if on_step is not None:
                 on_step(state.step)
     if ddp and teardown:
@@ -842,14 +845,15 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                              f"time_budget={c.time_budget} (pass --time_budget= to train by steps only)")
     return dict(stopped_by=stopped_by, step=state.step, val_loss=state.val_loss, val_step=state.val_step,
                 val_bpb=evaluate.bpb(state.val_loss), samples=samples, elapsed=state.elapsed,
+                elapsed_this_run=state.elapsed - start_elapsed,
                 lr=scheduled_lr(c, state.step, state.elapsed), last_lr=last_lr, ckpt=str(ckpt_path),
                 log=str(run.log_path), params=n_params, wall=clock() - t_run, interrupted=stop_at is not None)
 
 
 def _mfu(flops_per_token, tokens_per_sec, device, dtype):
     try:
-        return flops_per_token * tokens_per_sec / flops.peak_flops("cpu" if device.type == "cpu" else str(device),
-                                                                   dtype)
+        device = "cpu" if device.type == "cpu" else str(device)
+        return flops.utilisation(flops_per_token * tokens_per_sec, device, dtype)
     except Exception:   # a GPU without a known peak: leave the column out
         return None
 
@@ -977,7 +981,8 @@ def main(argv=None):
 def print_summary(s, wall, main_job):
     """The run's last lines: what it reached, where it is, the commands to go on with."""
     print()
-    print(f"done in {runs.fmt_time(wall)} (training {runs.fmt_time(s['elapsed'])}), step {s['step']}"
+    total = "" if s["elapsed_this_run"] == s["elapsed"] else f", {runs.fmt_time(s['elapsed'])} in all"
+    print(f"done in {runs.fmt_time(wall)} (training {runs.fmt_time(s['elapsed_this_run'])}{total}), step {s['step']}"
           f" (stopped by {s['stopped_by']})"
           + (f" | val loss {s['val_loss']:.4f} nats/token" if s["val_loss"] is not None else "")
           + (f" | {s['val_bpb']:.4f} bits/byte" if s["val_bpb"] else "")
