@@ -34,6 +34,7 @@ import codecs
 import hashlib
 import json
 import os
+import subprocess
 import re
 import resource
 import signal
@@ -325,12 +326,13 @@ def _count_pretokens(text, special_tokens, counts):
 _READ_BLOCK = 1 << 18  # bytes a training process reads at a time
 
 
-def _count_chunks(path, ranges, special_tokens, progress=False):
+def _count_chunks(path, ranges, special_tokens, progress_on=False):
     """Count the pre-tokens of byte ranges of the file into one dict, streaming each in ~256 KB blocks.
 
     Returns (counts, number of invalid UTF-8 bytes replaced)."""
     special_re = _special_regex(special_tokens)
     counts, bad = {}, 0
+    bar = progress_bar(len(ranges), "pre-tokenising (this process's share)", "chunk", enabled=progress_on)
     for n, (start, end) in enumerate(ranges):
         decoder = codecs.getincrementaldecoder("utf-8")(errors="bpe_count")
         _INVALID_BYTES[0] = 0
@@ -352,9 +354,8 @@ def _count_chunks(path, ranges, special_tokens, progress=False):
         if buf:
             _count_pretokens(buf, special_tokens, counts)
         bad += _INVALID_BYTES[0]
-        if progress:
-            print(f"\rpre-tokenising: chunk {n + 1}/{len(ranges)} of this process's share", end="", file=sys.stderr,
-                  flush=True)
+        bar.update()
+    bar.close()
     return counts, bad
 
 
@@ -369,6 +370,32 @@ def _count_worker(conn, path, ranges, special_tokens):
     conn.close()
 
 
+class _Lines:
+    """A stream for tqdm in a log file: each redraw becomes its own line (tqdm's carriage returns would make one
+    endless line of the whole run)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, s):
+        s = s.replace("\r", "").strip()
+        if s:
+            self.stream.write(s + "\n")
+
+    def flush(self):
+        self.stream.flush()
+
+
+def progress_bar(total=None, desc="", unit="it", enabled=True, **kw):
+    """A progress bar with the time left (tqdm) on stderr: redrawn in place on a terminal; in a log file a line
+    every 30 s instead. The scripts' long steps (tokenizer training, encoding, data preparation, the evaluations)
+    all show theirs through this."""
+    from tqdm import tqdm
+    tty = sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, file=sys.stderr if tty else _Lines(sys.stderr),
+                mininterval=0.5 if tty else 30, dynamic_ncols=tty, **kw)
+
+
 def peak_rss_kb():
     """Peak resident memory of this process in KiB (VmHWM; ru_maxrss where /proc is missing)."""
     try:
@@ -380,7 +407,8 @@ def peak_rss_kb():
 
 
 def _input_file(input_path):
-    """(Path, size in bytes) of an input text file; one clear error when it is missing or empty."""
+    """(Path, size in bytes) of an input text file; one clear error when it is missing, empty or binary (NUL bytes,
+    or mostly invalid UTF-8, in its first MiB: a model file or an archive would train for minutes on noise)."""
     path = Path(input_path)
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, expected a text file")
@@ -389,7 +417,25 @@ def _input_file(input_path):
     size = path.stat().st_size
     if size == 0:
         raise ValueError(f"{path}: file is empty")
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    bad = head.decode("utf-8", errors="replace").count("\ufffd")
+    if b"\x00" in head or bad > len(head) // 10:
+        why = "NUL bytes" if b"\x00" in head else f"{bad:,} invalid UTF-8 sequences"
+        raise ValueError(f"{path}: not a text file ({why} in its first MiB): expected UTF-8 text")
     return path, size
+
+
+def check_output_path(path, flag):
+    """Before any long work: `path` (a file or folder to write) can be made, i.e. its nearest existing ancestor is a
+    writable folder. One ValueError naming the flag and the path otherwise."""
+    path = Path(path).absolute()
+    blocker = next(p for p in (path, *path.parents) if p.exists())
+    if blocker != path and not blocker.is_dir():
+        raise ValueError(f"{flag} {path}: {blocker} is a file, not a folder")
+    folder = blocker if blocker.is_dir() else blocker.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: {folder} is not writable")
 
 
 def _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens):
@@ -444,8 +490,6 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
             counts, bad = _count_chunks(path, shares[0], special_tokens, progress)
         except Exception as e:
             raise ValueError(f"{path}: pre-tokenisation failed: {type(e).__name__}: {e}") from None
-        if progress:
-            print(file=sys.stderr)
         worker_kb = 0
         for proc, recv in workers:
             try:
@@ -525,7 +569,6 @@ def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
 
     `counts` is emptied once the words are built from it, so that its memory is free for the merge loop.
     """
-    t1 = time.perf_counter()
     vocab = {i: t.encode("utf-8") for i, t in enumerate(special_tokens)}
     offset = len(special_tokens)
     vocab.update({offset + b: bytes([b]) for b in range(256)})
@@ -553,6 +596,7 @@ def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
     heapify(heap)
 
     num_merges = vocab_size - len(vocab)
+    bar = progress_bar(num_merges, "merging", "merge", enabled=progress)
     while len(merges) < num_merges and heap:
         negc, _, pair = heappop(heap)
         c = pair_counts.get(pair, 0)
@@ -629,11 +673,10 @@ def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
         del pair_counts[pair]
         for p in touched:  # new pairs enter the heap with their final count for this step
             heappush(heap, (-pair_counts[p], keys[p[0]] + keys[p[1]], p))
-        if progress and (len(merges) % 500 == 0 or len(merges) == num_merges):
-            print(f"\rmerges {len(merges)}/{num_merges}  {time.perf_counter() - t1:.1f}s", end="", file=sys.stderr,
-                  flush=True)
-    if progress:
-        print(file=sys.stderr)
+        if len(merges) % 100 == 0:
+            bar.update(len(merges) - bar.n)
+    bar.update(len(merges) - bar.n)
+    bar.close()
     if len(merges) < num_merges:
         print(f"bpe.py: warning: the text has no more pairs to merge: vocabulary of {len(vocab)} < {vocab_size} "
               f"requested", file=sys.stderr)
@@ -1037,6 +1080,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     out_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     num_tokens = num_docs = done = bad = 0
+    bar = progress_bar(size, f"encoding {path.name}", "B", enabled=progress, unit_scale=True)
     if tok.eot_id is not None:  # a document: what lies between end-of-text tokens, if it is not just whitespace
         blank = np.array([not tok.decode([i]).strip() for i in range(tok.vocab_size)])
         blank[tok.eot_id] = True
@@ -1069,18 +1113,14 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
                 num_tokens += n
                 done += nbytes
                 bad += nbad
-                if progress:
-                    dt = time.perf_counter() - t0
-                    print(f"\rencode {done / 1e6:.1f}/{size / 1e6:.1f} MB  {num_tokens:,} tokens  "
-                          f"{done / 1e6 / max(dt, 1e-9):.1f} MB/s", end="", file=sys.stderr, flush=True)
+                bar.update(nbytes)
         side_path.unlink(missing_ok=True)
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)
         if pool is not None:
             pool.terminate()
-    if progress:
-        print(file=sys.stderr)
+    bar.close()
     _warn_replaced(path, bad)
     meta = {"format": "tokens-v1", "dtype": np.dtype(dtype).name, "vocab_size": tok.vocab_size,
             "num_tokens": num_tokens, "num_docs": num_docs if tok.eot_id is not None else None,
@@ -1108,11 +1148,16 @@ def sample_documents(path, n=10, special=EOT, seed=0, max_bytes=1 << 26):
     return random.Random(seed).sample(docs, min(n, len(docs)))
 
 
+MAIN_JOB_CORPUS = "data/tinystories/train.txt"   # what `python train.py` trains on (fineweb.prepare_tinystories)
+PREPARE_MAIN_JOB = ["fineweb.py", "--prepare_tinystories"]   # run, not imported: this file imports no project file
+
+
 def main():
     p = argparse.ArgumentParser(description="Train a byte-level BPE tokenizer, or encode a text file with one.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--input", type=os.path.expanduser, default=None,
-                   help="training text file (UTF-8); None: ../shared/data/tinystories/tinystories_sample.txt")
+                   help=f"training text file (UTF-8); None: the main job's corpus, {MAIN_JOB_CORPUS} (prepared first "
+                        f"by {' '.join(PREPARE_MAIN_JOB)} when absent)")
     p.add_argument("--vocab", type=int, default=10000,
                    help="vocabulary size, special tokens and the 256 bytes included")
     p.add_argument("--special", action="append", default=None,
@@ -1137,6 +1182,7 @@ def main():
         if not args.out:
             raise SystemExit("bpe.py: --encode needs --out FILE.bin")
         try:
+            check_output_path(args.out, "--out")
             meta = encode_file(args.encode, args.tokenizer, args.out, args.workers, progress=True)
         except (ValueError, OSError) as e:   # OSError: an --out that is a folder, a full disk, ...
             raise SystemExit(f"bpe.py: {e}")
@@ -1151,17 +1197,23 @@ def main():
               f"largest worker {kids:.0f} MiB")
         return
 
-    if args.input is None:  # a small default so that a bare `python bpe.py` demonstrates training
-        args.input = str(Path(__file__).resolve().parent.parent / "shared" / "data" / "tinystories"
-                         / "tinystories_sample.txt")
+    if args.input is None:  # the main job's corpus (made as `python train.py` makes it), so a bare command trains
+        args.input = MAIN_JOB_CORPUS
         if not Path(args.input).is_file():
-            raise SystemExit("bpe.py: --input FILE is required to train (or use --encode FILE)")
+            print(f"no --input given: preparing the main job's corpus first: {' '.join(PREPARE_MAIN_JOB)}")
+            if subprocess.run([sys.executable, *PREPARE_MAIN_JOB], cwd=Path(__file__).resolve().parent).returncode:
+                raise SystemExit("bpe.py: no --input, and the main job's corpus could not be prepared: pass "
+                                 "--input FILE")
         print(f"no --input given: training on {args.input}")
     specials = [s for s in (args.special if args.special is not None else [EOT]) if s]
     out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")
-    blocker = next(p for p in (out, *out.parents) if p.exists())   # checked now, not after the training
-    if not blocker.is_dir():
-        raise SystemExit(f"bpe.py: --out {out}: {blocker} is a file; the tokenizer is saved as a folder")
+    try:   # checked now, not after the training
+        _input_file(args.input)
+        check_output_path(out, "--out")
+    except ValueError as e:
+        raise SystemExit(f"bpe.py: {e}") from None
+    if out.is_file():
+        raise SystemExit(f"bpe.py: --out {out}: is a file; the tokenizer is saved as a folder")
     stats = {}
     t0 = time.perf_counter()
     try:

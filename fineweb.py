@@ -38,7 +38,6 @@ import random
 import re
 import shutil
 import signal
-import sys
 import threading
 import time
 from itertools import islice
@@ -266,28 +265,6 @@ def encode_docs(docs, tokenizer_ref, dtype, num_workers=None, batch_chars=1 << 2
         raise error[0]
 
 
-class Progress:
-    """One line rewritten in place on a terminal (documents, tokens, throughput); in a log file, one line
-    every 30 s instead, so a long run does not fill the log with carriage returns."""
-
-    def __init__(self, enabled=True, start_tokens=0):   # start_tokens: written by an earlier run (a resume)
-        self.enabled, self.tty, self.t0, self.last = enabled, sys.stderr.isatty(), time.time(), 0.0
-        self.start_tokens = start_tokens
-
-    def update(self, docs, tokens, extra="", force=False):
-        now = time.time()
-        if self.enabled and (force or now - self.last >= (0.5 if self.tty else 30)):
-            self.last = now
-            rate = (tokens - self.start_tokens) / max(now - self.t0, 1e-9)   # this run's rate
-            line = f"{docs:,} docs | {tokens:,} tokens | {rate / 1e6:.2f} M tok/s {extra}"
-            sys.stderr.write(f"\r{line}  " if self.tty else line + "\n")
-            sys.stderr.flush()
-
-    def done(self):
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # writing token files: atomic (write .tmp, then rename), with the sidecar train.py's load_tokens checks
 
@@ -319,21 +296,21 @@ def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=N
     if tok.eot_id is None:
         raise ValueError(f"{tokenizer}: the tokenizer has no {EOT} special token, needed to separate documents")
     n_tokens = n_docs = 0
-    bar = Progress(progress)
+    bar = bpe.progress_bar(None, f"tokenising into {Path(out_path).name}", "doc", enabled=progress)
     tmp = f"{out_path}.tmp"
     try:
         with open(tmp, "wb") as fh:
             for ids, lengths in encode_docs(docs, tokenizer, dtype, num_workers):
                 fh.write(ids.tobytes())
                 n_tokens, n_docs = n_tokens + len(ids), n_docs + len(lengths)
-                bar.update(n_docs, n_tokens, Path(out_path).name)
+                bar.set_postfix_str(f"{n_tokens:,} tokens", refresh=False)
+                bar.update(len(lengths))
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:   # an unreadable input, Ctrl-C: no half-written file left behind
         Path(tmp).unlink(missing_ok=True)
         raise
-    bar.update(n_docs, n_tokens, Path(out_path).name, force=True)
-    bar.done()
+    bar.close()
     if n_docs == 0:
         os.remove(tmp)
         raise ValueError(f"{out_path}: no documents to tokenise (empty input)")
@@ -382,7 +359,7 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
     doc_index = start_doc  # index in the stream of the first document of the current batch
     t0 = time.time()
     new_tokens = new_docs = 0
-    bar = Progress(progress, start_tokens=meta.get("num_tokens", 0))
+    bar = bpe.progress_bar(None, f"tokenising into {out}", "doc", enabled=progress, initial=start_doc)
 
     def flush(end_doc, end_offset):
         nonlocal fill, shard_docs
@@ -411,11 +388,11 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
                 flush(doc_index + done, pos - (ends[done - 1] if done else 0))
         doc_index += len(lengths)
         new_docs, new_tokens = new_docs + len(lengths), new_tokens + len(ids)
-        bar.update(doc_index, meta["num_tokens"] + fill, f"| shard {len(shards)}")
+        bar.set_postfix_str(f"{meta['num_tokens'] + fill:,} tokens, shard {len(shards)}", refresh=False)
+        bar.update(len(lengths))
     if fill:
         flush(doc_index, 0)
-    bar.update(doc_index, meta["num_tokens"], f"| {len(shards)} shards", force=True)
-    bar.done()
+    bar.close()
     if not shards:
         raise ValueError(f"{source}: no documents to tokenise (empty input)")
     meta["complete"] = True

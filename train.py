@@ -138,6 +138,8 @@ class TrainConfig:
                            "plain module", auto=True, resumable=True)
     compile_backend: str = setting("inductor", "torch.compile backend", resumable=True)
     tf32: str = setting("auto", "TF32 matmuls on CUDA", auto=True)
+    deterministic: bool = setting(False, "bit-exact CUDA runs: torch.use_deterministic_algorithms and cuBLAS's fixed "
+                                  "workspace, at some speed (CPU runs are bit-exact without it)", resumable=True)
     num_threads: int = setting(0, "torch CPU threads (0 = torch's default)", check=">= 0", resumable=True)
     seed: int = setting(1337, "seed for init, data order and sampling", check="in [0, 2**32)")
 
@@ -656,6 +658,18 @@ def device_settings(c, device):
                 fused=_auto(c.fused, cuda), compile=_auto(c.compile, cuda))
 
 
+def precision(c, device):
+    """The run's numerics, decided in one place: (device_settings, the autocast context for the forwards)."""
+    hw = device_settings(c, device)
+    if hw["tf32"]:
+        torch.set_float32_matmul_precision("high")
+    if c.deterministic:   # (cuBLAS reads its workspace setting at its first call: before any matmul)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    bf16 = hw["dtype"] == "bfloat16"
+    return hw, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
 def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size):
     per_step = batch_size * context_length * world_size
     if total_batch_tokens == 0:
@@ -709,11 +723,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     rank, world, device = init_processes(c)
     ddp, master = world > 1, rank == 0
     say = log if master else runs.quiet
-    hw = device_settings(c, device)
-    if hw["tf32"]:
-        torch.set_float32_matmul_precision("high")
-    bf16 = hw["dtype"] == "bfloat16"
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    hw, autocast = precision(c, device)
     random.seed(c.seed)
     np.random.seed(c.seed)
     torch.manual_seed(c.seed)   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
