@@ -426,12 +426,12 @@ def _input_file(input_path):
     return path, size
 
 
-def check_output_path(path, flag):
-    """Before any long work: `path` (a file or folder to write) can be made, i.e. its nearest existing ancestor is a
-    writable folder. One ValueError naming the flag and the path otherwise."""
+def check_output_path(path, flag, folder=False):
+    """Before any long work: `path` (a file, or with folder=True a folder, to write) can be made, i.e. its nearest
+    existing ancestor is a writable folder. One ValueError naming the flag and the path otherwise."""
     path = Path(path).absolute()
     blocker = next(p for p in (path, *path.parents) if p.exists())
-    if blocker != path and not blocker.is_dir():
+    if (blocker != path or folder) and not blocker.is_dir():
         raise ValueError(f"{flag} {path}: {blocker} is a file, not a folder")
     folder = blocker if blocker.is_dir() else blocker.parent
     if not os.access(folder, os.W_OK | os.X_OK):
@@ -1209,11 +1209,9 @@ def main():
     out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")
     try:   # checked now, not after the training
         _input_file(args.input)
-        check_output_path(out, "--out")
+        check_output_path(out, "--out", folder=True)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}") from None
-    if out.is_file():
-        raise SystemExit(f"bpe.py: --out {out}: is a file; the tokenizer is saved as a folder")
     stats = {}
     t0 = time.perf_counter()
     try:

@@ -698,6 +698,7 @@ def main():
             raise SystemExit(f"fineweb.py: --{flag} {getattr(args, flag)}: expected {expected}")
     try:
         if args.prepare_tinystories:
+            bpe.check_output_path(args.out_dir or "data/tinystories", "--out_dir", folder=True)
             prepare_tinystories(args.out_dir or "data/tinystories", args.vocab_size or 2048, fresh=args.fresh,
                                 corpus_bytes=args.corpus_bytes or None, num_workers=args.num_workers)
             return
@@ -716,6 +717,7 @@ def main():
         default_dir = ("data/edu_fineweb10B" if (name, tok_name) == ("fineweb-edu", "gpt2")
                        else f"data/{name}-{tok_name}")
         out_dir = args.out_dir or default_dir
+        bpe.check_output_path(out_dir, "--out_dir", folder=True)   # before the download and the tokenizer training
         if args.fresh:
             clear_shards(out_dir)
         if args.vocab_size:

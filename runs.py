@@ -60,6 +60,13 @@ def parse_duration(s):
         raise ValueError(f"--time_budget: expected a duration like 45m, 90s or 1.5h, got {s!r}") from None
 
 
+def check_output_paths(c):
+    """--out_dir (and --data_dir where the main job's data is prepared) can be written: said before any work."""
+    bpe.check_output_path(c.out_dir, "--out_dir", folder=True)
+    if c.prepare_data:
+        bpe.check_output_path(c.data_dir, "--data_dir", folder=True)
+
+
 # -----------------------------------------------------------------------------
 # token files
 

@@ -954,6 +954,7 @@ def check_config(cfg):
         raise ValueError(f"--eval_tokens={c.eval_tokens:,} is not a multiple of batch_size*context_length"
                          f"*world_size = {c.batch_size * c.context_length * world:,}: pick one, so that every run "
                          f"scores the same tokens")
+    runs.check_output_paths(c)
     if c.time_budget and not runs.parse_duration(c.time_budget) > 0:
         raise ValueError(f"--time_budget must be > 0 ('' = none), got {c.time_budget!r}")
     # an unknown backend would be a traceback at step 1; listing them imports torch._dynamo (~1.4 s of start-up on
