@@ -292,8 +292,7 @@ def run_one(run, preset_name, data_dir, scratch, rerun=False, log=print):
         except ValueError:
             rows = []
         rec = experiment_record(rows)
-        # (logs written before the data was recorded count as made on this data)
-        if rec and rec.get("args") == args and rec.get("data", stamp) == stamp and finished(summarize(rows)):
+        if rec and rec.get("args") == args and rec.get("data") == stamp and finished(summarize(rows)):
             log(f"[{run['name']}] done before: {_rel(dest)} (--rerun to train again)")
             return dest
         log(f"[{run['name']}] {_rel(dest)} was made with other flags or data, or is unfinished: training again")
