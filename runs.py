@@ -556,16 +556,23 @@ def _smooth(xs):
 
 
 def _run_label(path, config):
-    """A run's name (its folder) and what it is: model, shape, batch, learning rate."""
+    """A run's name (its folder, or the log's name) and what it is: model, shape, batch, learning rate."""
     mc = config.get("model_config") or {}
-    shape = (f"{mc.get('num_layers', mc.get('n_layer'))}x{mc.get('d_model', mc.get('n_embd'))}"
-             if mc else "")
+    shape = f"{mc.get('num_layers', mc.get('n_layer'))}x{mc.get('d_model', mc.get('n_embd'))}" if mc else ""
     what = ", ".join(str(x) for x in (mc.get("arch"), shape, config.get("params") and
                                       f"{config['params'] / 1e6:.2f}M params",
                                       config.get("batch_size") and f"batch {config['batch_size']}",
                                       config.get("learning_rate") and f"lr {config['learning_rate']:g}") if x)
     path = Path(path)
     return (path.parent.name if path.name == "log.jsonl" else path.stem) or str(path), what
+
+
+def _differences(configs):
+    """For each run, the settings (and model fields) in which it differs from the first: what an overlay compares."""
+    skip = {"type", "out_dir", "data_dir", "plot", "fresh", "resume", "preset", "wandb", "wandb_project", "device",
+            "num_threads", "resumed_at_step", "tokenizer", "world_size", "params", "model_config"}
+    flat = [{**{k: v for k, v in c.items() if k not in skip}, **(c.get("model_config") or {})} for c in configs]
+    return [", ".join(f"{k}={f.get(k)}" for k in sorted(f) if repr(f.get(k)) != repr(flat[0].get(k))) for f in flat]
 
 
 def plot_log(paths):
@@ -584,23 +591,24 @@ def plot_log(paths):
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
     (by_step, by_time), (lr_ax, bpb_ax) = axes
+    differences = _differences([c for _, c, _, _ in runs_])
     for i, (path, config, train, evals) in enumerate(runs_):
         colour, (name, what) = f"C{i}", _run_label(path, config)
-        label = f"{name} ({what})" if what else name
+        label = f"{name}: {differences[i] or 'the reference'}" if len(runs_) > 1 else name
         for ax, x in ((by_step, "step"), (by_time, "elapsed")):
             xs = [r[x] / (60 if x == "elapsed" else 1) for r in train]
             ax.plot(xs, [r["loss"] for r in train], color=colour, alpha=0.25, lw=0.8)
-            ax.plot(xs, _smooth([r["loss"] for r in train]), color=colour, lw=1.5, label=f"{label}: train")
+            ax.plot(xs, _smooth([r["loss"] for r in train]), color=colour, lw=1.5, label=label)
             if evals:
                 ax.plot([r[x] / (60 if x == "elapsed" else 1) for r in evals], [r["val_loss"] for r in evals], "o--",
-                        color=colour, ms=4, label=f"{name}: validation" if len(runs_) > 1 else "validation")
+                        color=colour, ms=4)
         lr_ax.plot([r["step"] for r in train if "lr" in r], [r["lr"] for r in train if "lr" in r], color=colour,
                    label=name)
         bpb = [r for r in evals if r.get("val_bpb")]
         if bpb:
             bpb_ax.plot([r["step"] for r in bpb], [r["val_bpb"] for r in bpb], "o-", color=colour, label=name)
     for ax, xlabel, ylabel, title in (
-            (by_step, "step", "loss (nats/token, log scale)", "loss by step"),
+            (by_step, "step", "loss (nats/token, log scale)", "loss by step (line: training, dots: validation)"),
             (by_time, "training time (min)", "loss (nats/token, log scale)", "loss by training time"),
             (lr_ax, "step", "learning rate", "learning rate"),
             (bpb_ax, "step", "validation bits per byte", "validation bits per byte")):
@@ -610,15 +618,12 @@ def plot_log(paths):
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
-    by_step.legend(fontsize=8)
-    if len(runs_) > 1:
-        lr_ax.legend(fontsize=8)
+    (lr_ax if len(runs_) > 1 else by_step).legend(*by_step.get_legend_handles_labels(), fontsize=8)
     if not bpb_ax.lines:
         bpb_ax.text(0.5, 0.5, "no bits/byte in these logs (data without a tokenizer)", ha="center", va="center",
                     transform=bpb_ax.transAxes)
     name, what = _run_label(*runs_[0][:2])
-    fig.suptitle(f"{name}: {what}" if len(runs_) == 1 else f"{len(runs_)} runs: " +
-                 ", ".join(_run_label(p, c)[0] for p, c, _, _ in runs_))
+    fig.suptitle(f"{name}: {what}" if len(runs_) == 1 else f"{len(runs_)} runs against {name} ({what})")
     fig.tight_layout()
     out = Path(paths[0]).with_name("curves.png" if len(runs_) == 1 else "compare.png")
     fig.savefig(out, dpi=110)
