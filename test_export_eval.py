@@ -100,9 +100,11 @@ def _checkpoint(path, arch, tok_ref, vocab_size, context_length=64, seed=0, **co
         cfg = dict(arch="gpt2", vocab_size=vocab_size, block_size=context_length, n_layer=2, n_head=4, n_embd=32,
                    **config)
     model = M.build_model(cfg).eval()
-    if arch == "gpt2":   # GPT-2's init (std 0.02) gives near-uniform distributions, where near-ties decide picks
-        with torch.no_grad():
-            for p in model.parameters():
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:   # norm gains and biases off their 1 / 0 init: a weight mapped to the wrong place shows
+                p.uniform_(0.5, 1.5)
+            elif arch == "gpt2":   # its init (std 0.02) gives near-uniform distributions, where near-ties pick
                 p.mul_(3.0)
     torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": str(tok_ref),
                 "tokenizer_fingerprint": bpe.tokenizer_fingerprint(tok_ref), "iteration": 0}, path)
@@ -337,6 +339,13 @@ def _task(folder, name, split, data, include=None, **fields):
     (Path(folder) / f"{name}.yaml").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
 
 
+# a multiple-choice task rendered as hellaswag.py renders HellaSwag: the context, then " " + each ending
+AS_HELLASWAG_PY = dict(output_type="multiple_choice", validation_split="validation", doc_to_text="{{ctx}}",
+                       doc_to_target="{{label}}", doc_to_choice="endings",
+                       metric_list=[dict(metric="acc", aggregation="mean", higher_is_better=True),
+                                    dict(metric="acc_norm", aggregation="mean", higher_is_better=True)])
+
+
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
     """A folder of tasks on small local files: the shipped hellaswag_local and lambada_openai_local on them, and
@@ -344,10 +353,7 @@ def tasks(tmp_path_factory):
     d = tmp_path_factory.mktemp("tasks")
     hs = _write_jsonl(d / "hs.jsonl", _hs_rows())
     _task(d, "hs_test", "validation", hs, include=ROOT / "tasks" / "hellaswag_local.yaml")
-    _task(d, "hs_nanogpt", "validation", hs, output_type="multiple_choice", validation_split="validation",
-          doc_to_text="{{ctx}}", doc_to_target="{{label}}", doc_to_choice="endings",
-          metric_list=[dict(metric="acc", aggregation="mean", higher_is_better=True),
-                       dict(metric="acc_norm", aggregation="mean", higher_is_better=True)])
+    _task(d, "hs_nanogpt", "validation", hs, **AS_HELLASWAG_PY)
     _task(d, "lambada_test", "test", _write_jsonl(d / "lambada.jsonl", [{"text": t} for t in LAMBADA_TEXTS]),
           include=ROOT / "tasks" / "lambada_openai_local.yaml")
     return d
@@ -381,14 +387,12 @@ def test_eval_bridge_picks_what_hellaswag_py_picks_under_the_same_rendering(expo
     samples = sorted(out["samples"]["hs_nanogpt"], key=lambda s: s["doc_id"])
     rows = _hs_rows()
     assert len(samples) == len(rows)
-    for s, row in zip(samples, rows):
-        lls = [r[0] for r in s["filtered_resps"]]
+    for s, row in zip(samples, rows):   # lm-eval's acc_norm is hellaswag.py's acc_norm_char, example by example
         tokens, mask, _ = hellaswag.render_example(row, tok, model.context_length)
         sum_loss, _ = hellaswag.score_endings(model, tokens, mask)
-        assert lls == pytest.approx((-sum_loss).tolist(), abs=1e-4)
-        per_char = [-ll / len(e) for ll, e in zip(lls, row["endings"])]
-        assert s["acc"] == float(sum_loss.argmin().item() == row["label"])
-        assert s["acc_norm"] == float(min(range(4), key=per_char.__getitem__) == row["label"])
+        assert [r[0] for r in s["filtered_resps"]] == pytest.approx((-sum_loss).tolist(), abs=1e-4)
+        one = hellaswag.evaluate(model, tok, [row], "cpu")
+        assert (s["acc"], s["acc_norm"]) == (one["acc"], one["acc_norm_char"])
     ours = hellaswag.evaluate(model, tok, rows, "cpu")
     assert "num_cut" not in ours and ours["num_skipped"] == 0   # the same text scored, nothing cut to fit
     res = out["results"]["hs_nanogpt"]
@@ -407,6 +411,45 @@ def test_eval_bridge_equals_lm_eval_hf_on_the_exported_folder(exported, own_tok,
         assert [r[0] for r in a["filtered_resps"]] == pytest.approx([r[0] for r in b["filtered_resps"]], abs=1e-4)
     context = next(s["arguments"] for s in ours["samples"]["hs_test"] if s["doc_id"] == 2)[0][0]
     assert context == "Cleaning a bike: How to clean a bike chain.. Put the bike on a stand. spray"   # lm-eval's text
+
+
+class _Words:
+    """A word-level stand-in tokenizer: " word" pieces, the space with the word (as GPT-2's), id 0 unused."""
+
+    def __init__(self, words):
+        self.ids = {w: i + 1 for i, w in enumerate(words)}
+        self.vocab_size, self.eot_id = len(words) + 1, None
+
+    def encode(self, text):
+        return [self.ids[w] for w in re.findall(r" ?\S+", text)]
+
+
+class _Unigram(torch.nn.Module):
+    """Next-token log-probabilities that ignore the context."""
+
+    def __init__(self, logp):
+        super().__init__()
+        self.logp, self.context_length = torch.nn.Parameter(logp), 16
+
+    def forward(self, idx):
+        return self.logp.expand(*idx.shape, -1)
+
+
+@needs_lm_eval
+def test_hellaswag_acc_norm_char_divides_by_the_endings_characters_as_lm_eval(tmp_path):
+    # one row where the rules disagree: the 9-character ending (the label) costs 9 nats, 1 per character and 9 per
+    # token; the 1-character "b" costs 1.05. Per character picks the label; per token and summed pick "b", and so
+    # would a division by the length with its joining space (0.9 against 0.525)
+    tok = _Words(["The", " cat", " aaaaaaaaa", " b", " c", " d"])
+    p = torch.tensor([0.0, 1e-3, 1e-3, *torch.tensor([9.0, 1.05, 10.0, 10.0]).neg().exp()])
+    p[0] = 1 - p.sum()   # the rest of the mass on the unused id: the logits are exact log-probabilities
+    model = _Unigram(p.log())
+    row = dict(ind=0, ctx="The cat", endings=["aaaaaaaaa", "b", "c", "d"], label=0)
+    r = hellaswag.evaluate(model, tok, [row], "cpu")
+    assert (r["acc"], r["acc_norm"], r["acc_norm_char"]) == (0.0, 0.0, 1.0)
+    _task(tmp_path, "hs_one", "validation", _write_jsonl(tmp_path / "one.jsonl", [row]), **AS_HELLASWAG_PY)
+    res = _lm_eval(harness.HarnessLM(model, tok), tmp_path, "hs_one")["results"]["hs_one"]
+    assert (res["acc,none"], res["acc_norm,none"]) == (0.0, 1.0)
 
 
 # LAMBADA passages: ordinary ones, and the case lm-eval's tokenisation decides: two spaces before the last word
