@@ -252,7 +252,9 @@ def main():
         raise SystemExit(f"eval.py: --tasks: {(e.args or [''])[0]}") from None
     except (ValueError, FileNotFoundError, ConnectionError) as e:   # a task's data missing, offline, a bad YAML
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise SystemExit(f"eval.py: --tasks {args.tasks}: {first}") from None
+        hint = (" (the local tasks read the files hellaswag.py and lambada.py download: run those once, and eval.py "
+                "from the repository root)" if isinstance(e, FileNotFoundError) else "")
+        raise SystemExit(f"eval.py: --tasks {args.tasks}: {first}{hint}") from None
     print(make_table(results))
     if results.get("groups"):
         print(make_table(results, "groups"))

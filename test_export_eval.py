@@ -555,6 +555,15 @@ def test_eval_unknown_task_is_lm_evals_message_in_one_line(monkeypatch, exported
 
 
 @needs_lm_eval
+def test_eval_a_local_tasks_missing_data_is_one_line(tmp_path, monkeypatch, exported):
+    _task(tmp_path, "hs_gone", "validation", tmp_path / "not_downloaded.jsonl",
+          include=ROOT / "tasks" / "hellaswag_local.yaml")
+    message = _exits(harness, monkeypatch, "--ckpt", exported["gpt2"][0], "--tasks", "hs_gone", "--include_path",
+                     tmp_path, "--device", "cpu")
+    _one_line(message, "eval.py: --tasks hs_gone", "not_downloaded.jsonl", "hellaswag.py")
+
+
+@needs_lm_eval
 @pytest.mark.parametrize("argv, named", [(["--limit", "0"], "--limit"), (["--batch_size", "0"], "--batch_size"),
                                          (["--num_fewshot", "-1"], "--num_fewshot"), (["--tasks", ","], "--tasks"),
                                          (["--include_path", "/no/such/folder"], "/no/such/folder"),
