@@ -102,7 +102,7 @@ class HarnessLM(TemplateLM):
                     raise ValueError(f"a continuation of {len(cont)} tokens is longer than the model's context ({L})")
                 end = len(s) - 1
                 logp = F.log_softmax(logits[row, end - len(cont):end].float(), dim=-1)   # the continuation's rows
-                target = torch.tensor(cont, device=logp.device)
+                target = torch.tensor(cont, dtype=torch.long, device=logp.device)
                 results[i] = (logp.gather(-1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all()))
         return results
 

@@ -2,12 +2,12 @@
 
     python export.py --ckpt out/ckpt.pt --out out/hf
     python export.py --ckpt out/gpt2-124m/ckpt.pt --out out/hf-124m --dtype bfloat16 --push_to_hub me/gpt2-fineweb
-    python -c "from transformers import AutoModelForCausalLM, AutoTokenizer as T; print(T.from_pretrained('out/hf'))"
+    python -c "from transformers import pipeline; print(pipeline('text-generation', 'out/hf')('Once upon a time'))"
 
 The folder holds config.json, model.safetensors (written with the safetensors library), and the tokenizer as
 tokenizer.json + tokenizer_config.json (with vocab.json / merges.txt, GPT-2's file format, beside them), so
-`AutoModelForCausalLM.from_pretrained(folder)` and `AutoTokenizer.from_pretrained(folder)` load it; vLLM and
-lm-evaluation-harness's `--model hf` take the same folder.
+`AutoModelForCausalLM.from_pretrained(folder)` and `AutoTokenizer.from_pretrained(folder)` load it, and so does
+lm-evaluation-harness's `--model hf`.
 
 * GPT-2 checkpoints become GPT2LMHeadModel: the parameter names are already Hugging Face's; the four Conv1D
   weights are transposed (Hugging Face stores them (in, out)); rows added by vocabulary padding are dropped.
