@@ -2,11 +2,18 @@
 
 HellaSwag (Zellers et al., 2019) gives a context and 4 candidate endings, one of them true. Each ending is
 rendered as context + " " + ending and scored by the cross-entropy of its own tokens only (the context is
-shared by the 4 rows, so it carries no signal). The model picks the ending with the lowest AVERAGE per-token
-loss (acc_norm, the figure usually quoted: it does not favour short endings) or the lowest SUMMED loss (acc,
-the ending's total log-likelihood). This is the "completion" style of build-nanogpt, with which the released
-GPT-2 124M scores 0.2955 acc_norm on the 10,042 validation examples (GPT-3 124M: 0.337). The Eleuther
-harness preprocesses the text and reports other numbers (0.3114 acc_norm for GPT-2 124M).
+shared by the 4 rows, so it carries no signal): the "completion" style of build-nanogpt. The model picks the
+ending with the lowest loss, counted three ways, and each compares with other published numbers:
+  acc            the summed loss (the ending's total log-likelihood);
+  acc_norm       the loss per TOKEN of the ending: build-nanogpt's normalisation, the figure it reports. The released
+                 GPT-2 124M scores 0.2955 on the 10,042 validation examples (GPT-3 124M: 0.337);
+  acc_norm_char  the summed loss per CHARACTER of the ending (its length without the joining space): the
+                 normalisation of EleutherAI's lm-evaluation-harness, the "acc_norm" of its tables.
+The two normalisations often pick different endings, so a figure is only comparable with one measured the same
+way. lm-eval's own `hellaswag` task also rewrites the text (the activity label in front, WikiHow's [title]
+markers removed), so the figure of its tables (0.3114 acc_norm for GPT-2 124M) is what
+`python eval.py --init_from=gpt2 --tasks hellaswag_local` prints; acc_norm_char is lm-eval's normalisation of this
+file's rendering.
 
 Commands:
   python hellaswag.py --init_from=gpt2                 # released GPT-2 124M (downloads weights + val set)
@@ -18,7 +25,7 @@ From Python (train.py does this during training, compiled or not):
   from hellaswag import load_examples, evaluate
   examples = load_examples()                     # or load_examples("local/hellaswag_val.jsonl")
   result = evaluate(raw_model, tokenizer, examples, device, ddp_rank, ddp_world_size)
-  print(result_line(result))                     # hellaswag acc_norm 0.2955 (2967/10042) acc ...
+  print(result_line(result))                     # hellaswag acc_norm 0.2955 (2967/10042) acc ... acc_norm_char ...
 """
 import argparse
 import http.client
@@ -175,8 +182,9 @@ def score_endings(model, tokens, mask):
 
 def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, verbose=False,
              batch_examples=4, progress=False):
-    """HellaSwag accuracy of model on examples -> dict(acc, acc_norm, num_correct, num_correct_norm, num_total,
-    num_skipped), plus num_cut when some contexts lost tokens from their start to fit the model's context.
+    """HellaSwag accuracy of model on examples -> dict(acc, acc_norm, acc_norm_char, num_correct, num_correct_norm,
+    num_correct_norm_char, num_total, num_skipped), plus num_cut when some contexts lost tokens from their start to
+    fit the model's context. acc_norm is per token (build-nanogpt's), acc_norm_char per character (lm-eval's).
 
     Examples the model cannot score (an ending longer than its context: small-context models during training)
     are skipped and counted in num_skipped rather than stopping the run; accuracy is over the num_total scored.
@@ -191,7 +199,7 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     model.eval()
     max_len = getattr(model, "context_length", None)
     mine = range(ddp_rank, len(examples), ddp_world_size)
-    num_correct = num_correct_norm = num_done = num_skipped = num_cut = 0
+    num_correct = num_correct_norm = num_correct_char = num_done = num_skipped = num_cut = 0
     try:
         with torch.no_grad():
             for start in range(0, len(mine), batch_examples):
@@ -212,17 +220,20 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                     sum_loss, avg_loss = score_endings(model, tokens, mask)
                     sum_loss, avg_loss = sum_loss.view(-1, NUM_ENDINGS).cpu(), avg_loss.view(-1, NUM_ENDINGS).cpu()
                     for ex, (_, _, label), sums, avgs in zip(batch, rendered, sum_loss, avg_loss):
-                        pred, pred_norm = sums.argmin().item(), avgs.argmin().item()
+                        per_char = sums / torch.tensor([float(len(e)) for e in ex["endings"]])  # as lm-eval counts
+                        pred, pred_norm, pred_char = (x.argmin().item() for x in (sums, avgs, per_char))
                         num_correct += pred == label
                         num_correct_norm += pred_norm == label
+                        num_correct_char += pred_char == label
                         num_done += 1
                         if verbose:
                             print(f"--- example ind={ex.get('ind')} label={label} acc pick={pred} "
-                                  f"acc_norm pick={pred_norm} (rank {ddp_rank}: acc_norm {num_correct_norm}/{num_done})"
-                                  f"\n  ctx: {ex['ctx']}")
+                                  f"acc_norm pick={pred_norm} acc_norm_char pick={pred_char} "
+                                  f"(rank {ddp_rank}: acc_norm {num_correct_norm}/{num_done})\n  ctx: {ex['ctx']}")
                             for i, ending in enumerate(ex["endings"]):
                                 flag = ("label " if i == label else "      ") + ("norm " if i == pred_norm else "     ")
-                                print(f"  {i} {flag}avg {avgs[i].item():7.4f} sum {sums[i].item():8.3f}  {ending}")
+                                print(f"  {i} {flag}avg {avgs[i].item():7.4f} sum {sums[i].item():8.3f} "
+                                      f"per char {per_char[i].item():7.4f}  {ending}")
                 if progress:
                     print(f"\rhellaswag {num_done + num_skipped}/{len(mine)} "
                           f"acc_norm {num_correct_norm / max(num_done, 1):.4f}", end="", file=sys.stderr, flush=True)
@@ -230,13 +241,14 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
             print(file=sys.stderr)
     finally:
         model.train(was_training)
-    counts = torch.tensor([num_correct, num_correct_norm, num_done, num_skipped, num_cut], dtype=torch.long,
-                          device=device)
+    counts = torch.tensor([num_correct, num_correct_norm, num_correct_char, num_done, num_skipped, num_cut],
+                          dtype=torch.long, device=device)
     if ddp_world_size > 1:
         dist.all_reduce(counts)
-    num_correct, num_correct_norm, num_total, num_skipped, num_cut = counts.tolist()
+    num_correct, num_correct_norm, num_correct_char, num_total, num_skipped, num_cut = counts.tolist()
     result = dict(acc=num_correct / max(num_total, 1), acc_norm=num_correct_norm / max(num_total, 1),
-                  num_correct=num_correct, num_correct_norm=num_correct_norm, num_total=num_total,
+                  acc_norm_char=num_correct_char / max(num_total, 1), num_correct=num_correct,
+                  num_correct_norm=num_correct_norm, num_correct_norm_char=num_correct_char, num_total=num_total,
                   num_skipped=num_skipped)
     if num_cut:
         result["num_cut"] = num_cut
@@ -246,7 +258,8 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
 def result_line(r):
     skipped = r.get("num_skipped", 0)
     return (f"hellaswag acc_norm {r['acc_norm']:.4f} ({r['num_correct_norm']}/{r['num_total']}) "
-            f"acc {r['acc']:.4f} ({r['num_correct']}/{r['num_total']})"
+            f"acc {r['acc']:.4f} ({r['num_correct']}/{r['num_total']}) "
+            f"acc_norm_char {r['acc_norm_char']:.4f} ({r['num_correct_norm_char']}/{r['num_total']})"
             + (f", {skipped} skipped (an ending too long for the context, or an empty context)" if skipped else ""))
 
 # -----------------------------------------------------------------------------
@@ -288,8 +301,9 @@ def setup_device(device, prog):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="HellaSwag accuracy (acc_norm and acc) of a checkpoint or of "
-                                     "released GPT-2 weights.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description="HellaSwag accuracy of a checkpoint or of released GPT-2 weights: "
+                                     "acc_norm per token (build-nanogpt's), acc, acc_norm_char per character "
+                                     "(lm-eval's acc_norm).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--ckpt", type=os.path.expanduser, default=None,
                         help="train.py checkpoint to evaluate (either model.py architecture)")
     parser.add_argument("--init_from", type=os.path.expanduser, default=None,

@@ -3,13 +3,19 @@
 LAMBADA (Paperno et al., 2016) holds passages from novels whose last word people guess easily with the
 whole passage and hardly at all from the last sentence alone, so it tests long-range context where
 HellaSwag tests everyday common sense. This is the version OpenAI used for GPT-2: 5,153 test passages, one
-JSON object {"text": ...} per line. Each passage is split at its last space into a context and a target
-(" " + the last word). Scored, over the target's tokens given the context:
+JSON object {"text": ...} per line. Scored, over the target's tokens given the context:
   acc  the fraction of passages whose target tokens are ALL the model's greedy (argmax) choices;
   ppl  exp of the mean, over passages, of the target's summed negative log-likelihood (per-word perplexity).
-This is the method of the EleutherAI harness's `lambada_openai` task (context and target tokenised apart),
-where the released GPT-2 124M is reported at about 0.33 accuracy and perplexity about 40. The GPT-2 paper's
-own 45.99% / 35.13 used other preprocessing and is not what this computes.
+This is exactly the EleutherAI harness's `lambada_openai` task (lm-eval 0.4.13), where the released GPT-2 124M
+is reported at about 0.33 accuracy and perplexity about 40, down to how it splits and tokenises a passage:
+  1. the passage is split at its LAST space: the context is everything before it, the target " " + the last word
+     (the task's text.split(' ')[:-1] joined by ' ', and ' ' + text.split(' ')[-1]);
+  2. whitespace that ends the context moves to the front of the target (the harness's _encode_pair);
+  3. context + target is tokenised as ONE string, and the target's tokens are those after the context's own
+     tokens (the context tokenised alone).
+So "he said  hello" (two spaces) is scored as "  hello" after "he said": with GPT-2's tokenizer the target is
+the tokens " " and " hello", both predicted. The GPT-2 paper's own 45.99% / 35.13 used other preprocessing and
+is not what this computes.
 
 Commands:
   python lambada.py --init_from=gpt2                   # released GPT-2 124M (downloads weights + test set)
@@ -46,7 +52,8 @@ DATA_DIR = Path(__file__).resolve().parent / "data" / "lambada"
 
 
 def split_passage(text):
-    """A passage -> (context, target): everything before the last space, and " " + the last word."""
+    """A passage -> (context, target) as lm-eval's lambada_openai task writes them: everything before the last
+    space, and " " + the last word."""
     context, word = text.rsplit(" ", 1)
     return context, " " + word
 
@@ -78,9 +85,14 @@ def load_examples(path=None, data_dir=DATA_DIR):
 def render_example(example, tokenizer, max_len=None):
     """(tokens, num_target, cut): context tokens + target tokens as one list, how many at the end are the
     target, and whether the context lost tokens from its start so that the model's input (all tokens but the
-    last) fits max_len, the model's context length."""
+    last) fits max_len, the model's context length. Tokenised as lm-eval does (see the docstring at the top)."""
     context, target = split_passage(example["text"])
-    ctx_tokens, tgt_tokens = tokenizer.encode(context), tokenizer.encode(target)
+    stripped = context.rstrip()
+    context, target = stripped, context[len(stripped):] + target
+    ctx_tokens = tokenizer.encode(context)
+    if not ctx_tokens:
+        raise Unscorable("lambada: the context encodes to no tokens")
+    tgt_tokens = tokenizer.encode(context + target)[len(ctx_tokens):]
     num_ctx = len(ctx_tokens)
     if not tgt_tokens:
         raise Unscorable(f"lambada: the target {target!r} encodes to no tokens")
@@ -88,9 +100,8 @@ def render_example(example, tokenizer, max_len=None):
         if len(tgt_tokens) > max_len:
             raise Unscorable(f"lambada: the target {target!r} has {len(tgt_tokens)} tokens, too long for context "
                              f"length {max_len}")
+        # at least one context token stays: the model's input is max_len tokens, the target at most max_len
         ctx_tokens = ctx_tokens[max(0, len(ctx_tokens) + len(tgt_tokens) - 1 - max_len):]
-    if not ctx_tokens:
-        raise Unscorable("lambada: the context encodes to no tokens")
     return ctx_tokens + tgt_tokens, len(tgt_tokens), len(ctx_tokens) < num_ctx
 
 

@@ -6414,7 +6414,8 @@ def test_hs_evaluate_controlled_model_gives_known_accuracy():
     labels = [r[1] for r in _HS_ROWS]
     truthful = _HsTableLM(_hs_bigram_table(tok, labels))
     r = hellaswag.evaluate(truthful, tok, examples, "cpu")
-    assert r == dict(acc=1.0, acc_norm=1.0, num_correct=7, num_correct_norm=7, num_total=7, num_skipped=0)
+    assert r == dict(acc=1.0, acc_norm=1.0, acc_norm_char=1.0, num_correct=7, num_correct_norm=7,
+                     num_correct_norm_char=7, num_total=7, num_skipped=0)
     # a model that believes in the wrong ending of the last 3 rows gets exactly 4/7
     misled = _HsTableLM(_hs_bigram_table(tok, labels[:4] + [(l + 1) % 4 for l in labels[4:]]))
     for batch_examples in (1, 3, 8):  # batching and padding never change the result
@@ -6480,7 +6481,9 @@ def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():
     r = hellaswag.evaluate(model, tok, rows, "cpu")
     assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (1, 2, 3)
     assert r["acc"] == pytest.approx(1 / 3) and r["acc_norm"] == pytest.approx(2 / 3)
-    assert hellaswag.result_line(r) == "hellaswag acc_norm 0.6667 (2/3) acc 0.3333 (1/3)"
+    # per character (lm-eval's): the long ending 11.5 / 19 chars = 0.61, "ran" 4.6 / 3 = 1.5: the long one too
+    assert (r["num_correct_norm_char"], r["acc_norm_char"]) == (2, pytest.approx(2 / 3))
+    assert hellaswag.result_line(r) == "hellaswag acc_norm 0.6667 (2/3) acc 0.3333 (1/3) acc_norm_char 0.6667 (2/3)"
 
 
 def test_hs_evaluate_runs_in_eval_no_grad_and_restores_train_mode(capsys):
@@ -6639,7 +6642,7 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
     hf.save_pretrained(tmp_path / "hf")
     enc = tiktoken.get_encoding("gpt2")
     examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    ref_correct = ref_correct_norm = 0
+    ref_correct = ref_correct_norm = ref_correct_char = 0
     ref_scores = []
     with torch.no_grad():
         for ex in examples:
@@ -6653,6 +6656,7 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
             ref_scores.append((sums, avgs))
             ref_correct += min(range(4), key=sums.__getitem__) == ex["label"]
             ref_correct_norm += min(range(4), key=avgs.__getitem__) == ex["label"]
+            ref_correct_char += min(range(4), key=lambda j: sums[j] / len(ex["endings"][j])) == ex["label"]
     from model import GPT
     ours = GPT.from_pretrained(str(tmp_path / "hf"))
     for ex, (sums, avgs) in zip(examples, ref_scores):
@@ -6664,7 +6668,8 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
     out = _hs_run_main(monkeypatch, capsys, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device", "cpu")
     n = len(examples)
     assert out.strip().splitlines()[-1] == (f"hellaswag acc_norm {ref_correct_norm / n:.4f} ({ref_correct_norm}/{n}) "
-                                            f"acc {ref_correct / n:.4f} ({ref_correct}/{n})")
+                                            f"acc {ref_correct / n:.4f} ({ref_correct}/{n}) "
+                                            f"acc_norm_char {ref_correct_char / n:.4f} ({ref_correct_char}/{n})")
 
 
 # Hand-written passages in the LAMBADA format: the last word is easy to guess from the whole passage. The last
@@ -6843,7 +6848,7 @@ def test_lambada_render_token_by_token_with_a_word_level_stand_in():
         context = text[:-len(target)]
         tok.calls.clear()
         tokens, num_target, cut = lambada.render_example({"text": text}, tok)
-        assert tok.calls == [context, target]  # context and " word" encoded apart, the space with the word
+        assert tok.calls == [context, text]  # as lm-eval: the context, then the whole passage (split after it)
         ctx_ids, tgt_ids = tok.encode(context), tok.encode(target)
         assert tokens == ctx_ids + tgt_ids and num_target == len(tgt_ids) and cut is False
     tokens, num_target, _ = lambada.render_example({"text": _LB_PASSAGES[4]}, tok)
@@ -7236,7 +7241,7 @@ def test_lambada_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, cap
 def test_lambada_render_refuses_a_target_that_encodes_to_nothing():
     class Dropping(_LbPieceTokenizer):  # a (non byte-level) tokenizer that drops words it does not know
         def encode(self, text):
-            return [] if text == " kite" else super().encode(text)
+            return super().encode(text)[:-1] if text.endswith(" kite") else super().encode(text)
     tok = Dropping(_LB_PASSAGES)
     with pytest.raises(hellaswag.Unscorable, match="the target ' kite' encodes to no tokens"):
         lambada.render_example(_lb_examples()[0], tok)
