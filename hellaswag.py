@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import bpe
 import model as model_lib
 from sample import load_model_and_tokenizer
 
@@ -200,6 +201,7 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     max_len = getattr(model, "context_length", None)
     mine = range(ddp_rank, len(examples), ddp_world_size)
     num_correct = num_correct_norm = num_correct_char = num_done = num_skipped = num_cut = 0
+    bar = bpe.progress_bar(len(mine), "hellaswag", "example", enabled=progress and bool(mine))
     try:
         with torch.no_grad():
             for start in range(0, len(mine), batch_examples):
@@ -234,12 +236,10 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                                 flag = ("label " if i == label else "      ") + ("norm " if i == pred_norm else "     ")
                                 print(f"  {i} {flag}avg {avgs[i].item():7.4f} sum {sums[i].item():8.3f} "
                                       f"per char {per_char[i].item():7.4f}  {ending}")
-                if progress:
-                    print(f"\rhellaswag {num_done + num_skipped}/{len(mine)} "
-                          f"acc_norm {num_correct_norm / max(num_done, 1):.4f}", end="", file=sys.stderr, flush=True)
-        if progress and mine:  # end the progress line
-            print(file=sys.stderr)
+                bar.set_postfix_str(f"acc_norm {num_correct_norm / max(num_done, 1):.4f}", refresh=False)
+                bar.update(len(mine[start:start + batch_examples]))
     finally:
+        bar.close()
         model.train(was_training)
     counts = torch.tensor([num_correct, num_correct_norm, num_correct_char, num_done, num_skipped, num_cut],
                           dtype=torch.long, device=device)
@@ -320,7 +320,7 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="autocast dtype of the forward on cuda (the 0.2955 reference figure is float32)")
     parser.add_argument("--verbose", action="store_true", help="print every example with the 4 ending losses")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage block
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
     args = parser.parse_args()
     if (args.ckpt is None) == (args.init_from is None):
         raise SystemExit("hellaswag.py: give exactly one of --ckpt PATH or --init_from NAME")

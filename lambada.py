@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import bpe
 import model as model_lib
 from hellaswag import Unscorable, download, load_model, read_jsonl, setup_device
 
@@ -136,6 +137,7 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
     mine = range(ddp_rank, len(examples), ddp_world_size)
     num_correct = num_done = num_skipped = num_cut = 0
     nll_total = 0.0
+    bar = bpe.progress_bar(len(mine), "lambada", "passage", enabled=progress and bool(mine))
     try:
         with torch.no_grad():
             for start in range(0, len(mine), batch_size):
@@ -166,12 +168,10 @@ def evaluate(model, tokenizer, examples, device, ddp_rank=0, ddp_world_size=1, v
                             tail = context if len(context) <= 120 else "..." + context[-120:]
                             print(f"--- {'right' if hit else 'wrong'} target {target.strip()!r} nll {loss:.3f} "
                                   f"(rank {ddp_rank}: acc {num_correct}/{num_done})\n  {tail}")
-                if progress:
-                    print(f"\rlambada {num_done + num_skipped}/{len(mine)} acc {num_correct / max(num_done, 1):.4f}",
-                          end="", file=sys.stderr, flush=True)
-        if progress and mine:  # end the progress line
-            print(file=sys.stderr)
+                bar.set_postfix_str(f"acc {num_correct / max(num_done, 1):.4f}", refresh=False)
+                bar.update(len(mine[start:start + batch_size]))
     finally:
+        bar.close()
         model.train(was_training)
     # float64 sums: the counts stay exact (below 2**53) and the log-likelihoods keep their precision
     sums = torch.tensor([num_correct, num_done, num_skipped, num_cut, nll_total], dtype=torch.float64)
@@ -216,7 +216,7 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="autocast dtype of the forward on cuda")
     parser.add_argument("--verbose", action="store_true", help="print every passage's target, loss and verdict")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage block
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
     args = parser.parse_args()
     if (args.ckpt is None) == (args.init_from is None):
         raise SystemExit("lambada.py: give exactly one of --ckpt PATH or --init_from NAME")

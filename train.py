@@ -580,9 +580,9 @@ class Evaluator:
                                      self.rank, self.world, self.iters)
         fields = dict(step=step, val_loss=val_loss, val_bpb=self.bpb(val_loss), elapsed=elapsed)
         line = f"step {step:>6} | val loss {val_loss:.4f}" + (f" | val bpb {fields['val_bpb']:.4f}" if self.bpt else "")
-        if res := self._task("hellaswag"):
-            fields["hellaswag_acc_norm"] = res["acc_norm"]
-            line += f" | hellaswag {res['acc_norm']:.4f}"
+        if res := self._task("hellaswag"):   # per token (build-nanogpt's figure) and per character (lm-eval's)
+            fields.update(hellaswag_acc_norm=res["acc_norm"], hellaswag_acc_norm_char=res["acc_norm_char"])
+            line += f" | hellaswag {res['acc_norm']:.4f} (per char {res['acc_norm_char']:.4f})"
         if res := self._task("lambada"):
             fields.update(lambada_acc=res["acc"], lambada_ppl=res["ppl"])
             line += f" | lambada {res['acc']:.4f} ppl {res['ppl']:.1f}"
