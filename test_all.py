@@ -4382,35 +4382,6 @@ def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
 # ====================================================================================================================
 
 
-def _fw_hub_probe():
-    ok, reason = fineweb.hub_reachable()
-    assert ok is False or reason in ("", "behind a proxy: not probed", "HF_ENDPOINT not understood: not probed")
-    assert (reason == "") == (ok and "not probed" not in reason)  # a connection made, or why not
-    return ok
-
-
-def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks model.py's hub_reachable
-    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
-    import socket
-    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
-                "HF_DATASETS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        port = server.getsockname()[1]
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-        assert _fw_hub_probe() is True
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
-    assert _fw_hub_probe() is False
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
-    assert _fw_hub_probe() is True
-    monkeypatch.delenv("HTTP_PROXY")
-    for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
-        monkeypatch.setenv("HF_ENDPOINT", bad)
-        assert _fw_hub_probe() is True
-
-
 _FW_EOT = "<|endoftext|>"
 
 
@@ -4440,67 +4411,36 @@ def _fw_bpe_dir(tmp_path_factory):
     return str(tmp / "tok")
 
 
-def test_stories_deterministic_for_a_seed():
-    a, b, c = stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=4)
-    assert a == b and a != c
-    assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
+def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
+    import types
+
+    def load_dataset(path, name=None, split=None, streaming=False):
+        calls.append(dict(path=path, name=name, split=split, streaming=streaming))
+        if fail:
+            raise fail
+        return iter({"text": t} for t in rows_by_split[split])
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
 
 
-def test_stories_write_corpus_size_and_separator(tmp_path):
-    path = tmp_path / "s.txt"
-    n, nbytes = stories.write_corpus(path, 50_000, seed=2)
-    data = path.read_bytes()
-    assert len(data) == nbytes
-    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by SEPARATOR
-    assert data.decode("utf-8") == "".join(d + stories.SEPARATOR for d in docs)
-    last = len((docs[-1] + stories.SEPARATOR).encode())
-    assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
-    assert stories.SEPARATOR == "\n<|endoftext|>\n"
-    stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
-    assert (tmp_path / "t.txt").read_bytes() == data
+def _fw_hub_probe():
+    ok, reason = fineweb.hub_reachable()
+    assert ok is False or reason in ("", "behind a proxy: not probed", "HF_ENDPOINT not understood: not probed")
+    assert (reason == "") == (ok and "not probed" not in reason)  # a connection made, or why not
+    return ok
 
 
-def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tmp_path, monkeypatch):
-    # a size met exactly by k stories gets those k (no extra story); sizes count UTF-8 bytes, not characters
-    # (stories.py's own stories are ASCII, so a story with accents stands in); a size of 0 is refused
-    docs = stories.generate_stories(5, seed=7)
-    exact = len("".join(d + stories.SEPARATOR for d in docs).encode())
-    assert stories.write_corpus(tmp_path / "a.txt", exact, seed=7) == (5, exact)
-    assert stories.write_corpus(tmp_path / "b.txt", exact + 1, seed=7)[0] == 6
-    story = "Zo\u00eb ate cr\u00e8me br\u00fbl\u00e9e."  # 21 characters, 25 bytes
-    monkeypatch.setattr(stories, "make_story", lambda r: story)
-    one = (story + stories.SEPARATOR).encode()
-    assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
-    assert (tmp_path / "c.txt").read_bytes() == 3 * one
-    with pytest.raises(ValueError, match="num_bytes must be positive"):
-        stories.write_corpus(tmp_path / "d.txt", 0)
-    assert not (tmp_path / "d.txt").exists()
+# ---- fineweb.py: the token dtype
 
 
-def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
-    # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
-    calls = []
-
-    def story_then_ctrl_c(r):
-        calls.append(1)
-        if len(calls) == 50:
-            raise KeyboardInterrupt
-        return "Tom had a red ball."
-    monkeypatch.setattr(stories, "make_story", story_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        stories.write_corpus(tmp_path / "s.txt", 50_000, seed=2)
-    assert list(tmp_path.iterdir()) == []
+def test_fw_choose_dtype_uint16_holds_exactly_65536_ids():
+    assert fineweb.choose_dtype(65536, "uint16") == "uint16"  # ids 0..65535
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        fineweb.choose_dtype(65537, "uint16")
+    assert fineweb.choose_dtype(65537, "uint32") == "uint32"
 
 
-def test_stories_variety_and_well_formed():
-    docs = stories.generate_stories(3000, seed=0)
-    assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
-    for d in docs:
-        assert "{" not in d and "}" not in d, d  # no unfilled template fields
-        assert d.count('"') % 2 == 0, d  # every quote closes
-        assert d[0].isupper() and d.rstrip()[-1] in '.!?"', d
-    openers = {d.split("\n")[1].split()[0] for d in docs}
-    assert len(openers) > 20  # the plots and their phrasings all occur
+# ---- fineweb.py: documents from a local file (separated by <|endoftext|>) or folder (one per file)
 
 
 def test_fw_file_docs_splits_at_separators_across_any_chunking(tmp_path):
@@ -4515,6 +4455,265 @@ def test_fw_file_docs_splits_at_separators_across_any_chunking(tmp_path):
         want = [d.strip() for d in text.split(_BPE_EOT) if d.strip()]
         chunk = rng.randint(1, 14)
         assert list(fineweb.file_docs(path, chunk_chars=chunk)) == want, (text, chunk)
+
+
+def test_fw_file_docs_streams_across_chunk_boundaries_and_drops_blank_documents(tmp_path):
+    # the file is read in chunks: a document (or a separator) cut by a chunk boundary is joined again, the last
+    # document needs no separator after it, and whitespace-only documents are dropped
+    text = (f"  first doc \n{_FW_EOT}\n \n\t{_FW_EOT}second{_FW_EOT}a third one, longer than any chunk below"
+            f"{_FW_EOT}{_FW_EOT}  last, without a separator after it \n")
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    want = ["first doc", "second", "a third one, longer than any chunk below", "last, without a separator after it"]
+    for chunk_chars in (1, 3, 7, 16, 1 << 20):
+        assert list(fineweb.file_docs(path, chunk_chars=chunk_chars)) == want, chunk_chars
+
+
+def test_fw_folder_docs_skips_hidden_files_and_folders(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "a.txt").write_text("Doc A\n")
+    (tmp_path / "sub" / "b.txt").write_text("  Doc B ")
+    (tmp_path / "empty.txt").write_text(" \n")
+    (tmp_path / ".hidden.txt").write_text("secret")
+    (tmp_path / ".git" / "config").write_text("[core]")
+    assert list(fineweb.folder_docs(tmp_path)) == ["Doc A", "Doc B"]
+
+
+def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path):
+    # an edit that keeps the size (a word for another as long) must still change the stamp, or a rerun would resume
+    # (or reuse) shards of the old text
+    path = tmp_path / "c.txt"
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a red ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18))
+    before = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert [fineweb.input_stamp(path), fineweb.input_stamp(folder)] == before   # the same file: the same stamp
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a big ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18 + 10**9))
+    after = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def test_fw_bad_input_errors(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        fineweb.check_input(tmp_path / "missing.txt")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
+        list(fineweb.file_docs(bad))
+    with pytest.raises(ValueError, match="unknown"):
+        fineweb.hf_docs("no-such-corpus")
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        fineweb.choose_dtype(100_000, "uint16")
+    assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
+    with pytest.raises(ValueError, match="not a tokenizer directory"):
+        bpe.load_tokenizer(str(tmp_path))
+    # the CLI turns these into one line naming the flag or file
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
+                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("fineweb.py: ") and "missing.txt" in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--dataset", "nope"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--dataset 'nope': unknown" in r.stderr
+
+
+# ---- fineweb.py: documents streamed from the Hugging Face hub
+
+
+def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks model.py's hub_reachable
+    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
+    import socket
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
+                "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert _fw_hub_probe() is True
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
+    assert _fw_hub_probe() is False
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
+    assert _fw_hub_probe() is True
+    monkeypatch.delenv("HTTP_PROXY")
+    for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
+        monkeypatch.setenv("HF_ENDPOINT", bad)
+        assert _fw_hub_probe() is True
+
+
+def test_fw_hub_offline_is_detected_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
+    with pytest.raises(ValueError, match="unreachable.*--input PATH"):
+        fineweb.hf_docs("fineweb-edu")
+
+
+def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
+    calls = []
+    _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
+    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
+    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
+
+
+# ---- fineweb.py: shuffling documents through a buffer
+
+
+def test_fw_shuffle_docs_is_a_seeded_permutation():
+    docs = [f"doc {i}" for i in range(500)]
+    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert sorted(a) == sorted(docs) and a != docs
+    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
+
+
+def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
+    docs = [f"doc {i}" for i in range(40)]
+    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert sorted(a) == sorted(docs) and a != docs
+    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+
+
+def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
+    # a shuffle buffer that always evicted the same slot would keep the stream in order (doc i, i+1, ...) and start
+    # every seed with doc 0: the "unshuffled documents" weakness the spec names
+    docs = list(range(1000))
+    out = list(fineweb.buffer_shuffle(iter(docs), 64, seed=0))
+    assert sorted(out) == docs
+    in_order = sum(b == a + 1 for a, b in zip(out, out[1:]))
+    assert in_order < 60, in_order                       # ~1000/64 expected; an in-order stream gives ~1000
+    firsts = {next(iter(fineweb.buffer_shuffle(iter(docs), 64, seed=s))) for s in range(10)}
+    assert len(firsts) > 5
+
+
+def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
+    # a buffer of 1 keeps the order; with a buffer of 2, the document in the second slot leaves long before the end
+    # (never evicting one slot would hold its document back to the final flush)
+    docs = list(range(200))
+    assert list(fineweb.buffer_shuffle(iter(docs), 1, seed=3)) == docs
+    out = list(fineweb.buffer_shuffle(iter(docs), 2, seed=3))
+    assert sorted(out) == docs and out.index(1) < 50
+
+
+# ---- fineweb.py: tokenising documents (an eot before each) on worker processes, the progress line
+
+
+@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
+def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
+    ref = _fw_bpe_dir if which == "bpe" else "gpt2"
+    tok = bpe.load_tokenizer(ref)
+    docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for i, d in enumerate(docs):
+        (folder / f"{i}.txt").write_text(d, encoding="utf-8")
+    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "out", ref, shard_size=10**6, num_workers=1,
+                         progress=False, log=lambda *a: None)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert int((ids == tok.eot_id).sum()) == 2 == meta["num_docs"]  # only the two separators
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+
+
+def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
+    # a worker whose start-up fails used to be restarted by the pool forever (a hang, tracebacks without end): the
+    # error now reaches the caller, from write_token_file before any work and from encode_docs at the first batch
+    # (run in a child process, so a regression fails on its timeout instead of hanging the suite)
+    d = _bad_tok_dir(tmp_path, specials=())
+    code = f"""
+import fineweb, sys
+for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
+                                               {str(d)!r}, num_workers=2),
+             lambda: list(fineweb.encode_docs(iter(["hello world"]), {str(d)!r}, "uint16", num_workers=2))):
+    try:
+        call()
+    except ValueError as e:
+        print("ValueError:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    want = f"ValueError: {d}: the tokenizer has no <|endoftext|> special token, needed to separate documents"
+    assert r.stdout.splitlines() == [want, want], r.stderr[-2000:]
+    assert not list(tmp_path.glob("x.bin*"))
+
+
+def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
+    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput
+    now = [100.0]
+    monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
+    bar = fineweb.Progress(True, start_tokens=3_000_000)
+    now[0] += 2.0
+    bar.update(10, 5_000_000, force=True)
+    assert "5,000,000 tokens | 1.00 M tok/s" in capsys.readouterr().err
+
+
+# ---- fineweb.py: token files written whole or not at all: one file and its sidecar (write_token_file)
+
+
+@needs_gpt2_files
+def test_fw_uint32_and_token_file(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path, n=30)
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
+                         num_workers=1, progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
+    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
+    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
+    one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
+    assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_dir):
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=8)
+    side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
+                    "num_docs": 20, "tokenizer": _fw_bpe_dir,
+                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
+    assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
+    kw = dict(num_workers=1)
+    with pytest.raises(ValueError, match="no documents to tokenise"):
+        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
+                             log=lambda *a: None, **kw)
+    assert not list((tmp_path / "shards").glob("*.bin"))
+    blank = tmp_path / "blank.txt"
+    blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
+    with pytest.raises(ValueError, match="one.bin: no documents to tokenise"):
+        fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
+    assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
+
+
+def test_fw_shards_sidecars_and_meta_are_renamed_into_place(tmp_path, monkeypatch, _fw_bpe_dir):
+    # "written to a .tmp file and renamed": a kill mid-write never leaves a file that looks complete
+    real, renamed = os.replace, []
+    monkeypatch.setattr(fineweb.os, "replace", lambda src, dst: (renamed.append((str(src), str(dst))), real(src, dst)))
+    _, docs = _fw_corpus(tmp_path, n=30, seed=1)
+    out = tmp_path / "out"
+    meta = fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=1500, num_workers=1, progress=False,
+                                log=lambda *a: None)
+    files = [s["file"] for s in meta["shards"]]
+    assert len(files) >= 2
+    for name in files + [f"{f}.json" for f in files] + ["meta.json"]:
+        assert (f"{out / name}.tmp", str(out / name)) in renamed, name
+    renamed.clear()
+    fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    for name in ("one.bin", "one.bin.json"):
+        assert (f"{tmp_path / name}.tmp", str(tmp_path / name)) in renamed, name
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+# ---- fineweb.py: shards and meta.json (write_shards): the stream cut exactly, resumed, refused when not the same
 
 
 @needs_gpt2_files
@@ -4572,37 +4771,76 @@ def test_fw_round_trip_bpe_tokenizer_file_and_folder(tmp_path, _fw_bpe_dir):
     assert len(arrays) == 1 and tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs[:12])
 
 
-@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
-def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
-    ref = _fw_bpe_dir if which == "bpe" else "gpt2"
-    tok = bpe.load_tokenizer(ref)
-    docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
-    folder = tmp_path / "pages"
-    folder.mkdir()
-    for i, d in enumerate(docs):
-        (folder / f"{i}.txt").write_text(d, encoding="utf-8")
-    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "out", ref, shard_size=10**6, num_workers=1,
-                         progress=False, log=lambda *a: None)
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert int((ids == tok.eot_id).sum()) == 2 == meta["num_docs"]  # only the two separators
-    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-
-
+@needs_data
 @needs_gpt2_files
-def test_fw_uint32_and_token_file(tmp_path):
+def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
+    """Real files: curly quotes, non-ASCII, a BOM and CRLF line endings (Pride and Prejudice), a Wikipedia page."""
     import tiktoken
     enc = tiktoken.get_encoding("gpt2")
-    path, docs = _fw_corpus(tmp_path, n=30)
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
-                         num_workers=1, progress=False, log=lambda *a: None)
-    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
-    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
-    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-    side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
-    one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
-    assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
-    assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
-    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+    folder = tmp_path / "real"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes((DATA / "tinystories/cs336_tinystories_sample.txt").read_bytes())
+    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"), ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
+        data = (DATA / src).read_bytes()
+        (folder / name).write_bytes(data[:data.rindex(b"\n", 0, 60_000) + 1])  # cut at a line end, not mid-character
+    docs = list(fineweb.folder_docs(folder))
+    assert len(docs) == 3 and "\r\n" in docs[1] and not docs[1].startswith("\ufeff")
+    assert docs[0] == (folder / "a.txt").read_text(encoding="utf-8").strip()
+    for ref, decode, eot in [("gpt2", enc.decode, enc.eot_token), (_fw_bpe_dir, None, None)]:
+        tok = bpe.load_tokenizer(ref)
+        out = tmp_path / ("gpt2" if ref == "gpt2" else "bpe")
+        fineweb.write_shards(iter(docs), out, ref, shard_size=7000, num_workers=2, progress=False, log=lambda *a: None,
+                             batch_chars=20_000)
+        ids, _, _ = _fw_read_shards(out)
+        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+        if ref == "gpt2":
+            assert ids.tolist() == [i for d in docs for i in [eot] + enc.encode_ordinary(d)]
+
+
+def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, _fw_bpe_dir):
+    # a short stream (eot before each of 4 documents) sharded at every size from 1 token to past its length: the
+    # shards are full but the last (a last shard of 1 token included) and hold the stream exactly; meta.json records
+    # after each shard the documents complete and the tokens of the next one written (a document ending exactly at
+    # the boundary is complete: offset 0), and each shard counts the documents that start in it
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    docs = ["Tom had a red ball.", "Sue ran.", "The cat sat on the mat and looked at the dog.", "Mom smiled."]
+    pieces = [[tok.eot_id] + tok.encode(d) for d in docs]
+    ref = [i for piece in pieces for i in piece]
+    ends = [sum(len(q) for q in pieces[:j + 1]) for j in range(len(pieces))]
+    starts = [e - len(piece) for e, piece in zip(ends, pieces)]
+    n = len(ref)
+    for batch_chars in (1, 30):  # one document per batch; batches of 2, 1, 1 documents
+        for size in range(1, n + 2):
+            out = tmp_path / f"{batch_chars}_{size}"
+            fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=size, num_workers=1, progress=False,
+                                 log=lambda *a: None, batch_chars=batch_chars)
+            ids, arrays, meta = _fw_read_shards(out)
+            assert ids.tolist() == ref, size
+            assert [len(a) for a in arrays] == [size] * (n // size) + ([n % size] if n % size else []), size
+            for k, s in enumerate(meta["shards"]):
+                lo, hi = k * size, min((k + 1) * size, n)
+                done = sum(e <= hi for e in ends)
+                assert (s["end_doc"], s["end_offset"]) == (done, hi - (ends[done - 1] if done else 0)), (size, k)
+                assert s["num_docs"] == sum(lo <= st < hi for st in starts), (size, k)
+            assert meta["num_docs"] == len(docs) and meta["num_tokens"] == n and meta["complete"]
+
+
+def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_dir):
+    # a bpe.py tokenizer's <|endoftext|> is id 0, not the last id as in GPT-2: every shard's sidecar must say so
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=40, seed=3)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=2000, num_workers=1, progress=False,
+                         log=lambda *a: None)
+    _, arrays, meta = _fw_read_shards(out)
+    assert len(arrays) > 1 and tok.eot_id == 0 != tok.vocab_size - 1
+    for s, a in zip(meta["shards"], arrays):
+        side = json.loads((out / f"{s['file']}.json").read_text())
+        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
+                        "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
+                        "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
 
 
 @needs_gpt2_files
@@ -4635,60 +4873,43 @@ def test_fw_resume_after_interruption(tmp_path):
     assert "already complete" in logs[0]
 
 
-@needs_data
-@needs_gpt2_files
-def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
-    """Real files: curly quotes, non-ASCII, a BOM and CRLF line endings (Pride and Prejudice), a Wikipedia page."""
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    folder = tmp_path / "real"
-    folder.mkdir()
-    (folder / "a.txt").write_bytes((DATA / "tinystories/cs336_tinystories_sample.txt").read_bytes())
-    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"), ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
-        data = (DATA / src).read_bytes()
-        (folder / name).write_bytes(data[:data.rindex(b"\n", 0, 60_000) + 1])  # cut at a line end, not mid-character
-    docs = list(fineweb.folder_docs(folder))
-    assert len(docs) == 3 and "\r\n" in docs[1] and not docs[1].startswith("\ufeff")
-    assert docs[0] == (folder / "a.txt").read_text(encoding="utf-8").strip()
-    for ref, decode, eot in [("gpt2", enc.decode, enc.eot_token), (_fw_bpe_dir, None, None)]:
-        tok = bpe.load_tokenizer(ref)
-        out = tmp_path / ("gpt2" if ref == "gpt2" else "bpe")
-        fineweb.write_shards(iter(docs), out, ref, shard_size=7000, num_workers=2, progress=False, log=lambda *a: None,
-                             batch_chars=20_000)
-        ids, _, _ = _fw_read_shards(out)
-        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-        if ref == "gpt2":
-            assert ids.tolist() == [i for d in docs for i in [eot] + enc.encode_ordinary(d)]
+def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
+    # after an interruption meta.json counts every document with tokens on disk, the last one split by the
+    # shard boundary included: the sum of the listed shards' document counts
+    _, docs = _fw_corpus(tmp_path, n=80, seed=4)
+
+    def crashing(n):
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
+                             log=lambda *a: None, batch_chars=2000)
+    meta = json.loads((out / "meta.json").read_text())
+    last = meta["shards"][-1]
+    assert not meta["complete"] and len(meta["shards"]) >= 2 and last["end_offset"] > 0  # a document cut in two
+    assert meta["num_docs"] == sum(s["num_docs"] for s in meta["shards"]) == last["end_doc"] + 1
+    assert meta["num_tokens"] == sum(s["num_tokens"] for s in meta["shards"])
 
 
-def test_fw_shuffle_docs_is_a_seeded_permutation():
-    docs = [f"doc {i}" for i in range(500)]
-    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert sorted(a) == sorted(docs) and a != docs
-    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
+def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
+    # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
+    _, docs = _fw_corpus(tmp_path, n=60, seed=6)
+    kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
 
+    def crashing(n):
+        yield from docs[:n]
+        raise RuntimeError("simulated interruption")
 
-def test_fw_bad_input_errors(tmp_path):
-    with pytest.raises(ValueError, match="no such file"):
-        fineweb.check_input(tmp_path / "missing.txt")
-    bad = tmp_path / "latin1.txt"
-    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
-        list(fineweb.file_docs(bad))
-    with pytest.raises(ValueError, match="unknown"):
-        fineweb.hf_docs("no-such-corpus")
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(100_000, "uint16")
-    assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
-    with pytest.raises(ValueError, match="not a tokenizer directory"):
-        bpe.load_tokenizer(str(tmp_path))
-    # the CLI turns these into one line naming the flag or file
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
-                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("fineweb.py: ") and "missing.txt" in r.stderr
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--dataset", "nope"], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "--dataset 'nope': unknown" in r.stderr
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(crashing(40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
+    meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
+    clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
+    assert meta["complete"] and meta["shards"] == clean["shards"]
+    shuffled = fineweb.write_shards(iter(docs), tmp_path / "shuf", _fw_bpe_dir, shuffle_docs=True, seed=7, **kw)
+    assert shuffled["config"]["seed"] == 7
 
 
 @needs_gpt2_files
@@ -4735,6 +4956,26 @@ def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, mon
         fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
 
 
+def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
+    # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
+    import shutil
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(_fw_bpe_dir, tok_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=2)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+    old = bpe.tokenizer_fingerprint(str(tok_dir))
+    merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
+    new = bpe.tokenizer_fingerprint(str(tok_dir))
+    assert new != old
+    with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
+        fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+
+
+# ---- fineweb.py: the main job's data (prepare_tinystories): corpus, tokenizer, tokens, each step reused or redone
+
+
 def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
     import bpe
     logs = []
@@ -4777,181 +5018,6 @@ def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
         assert not any("reusing" in line for line in logs)
 
 
-def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
-    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error, nothing written,
-    # and no "using the generated corpus" line first
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
-    logs = []
-    for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
-        with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
-            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
-    assert logs == [] and not (tmp_path / "all").exists()
-    # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
-    fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
-    before = sorted(p.name for p in (tmp_path / "ts").iterdir())
-    with pytest.raises(ValueError, match="^all of TinyStories"):
-        fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
-    assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
-                                      f"--out_dir={tmp_path / 'cli'}"])
-    with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
-        fineweb.main()
-    assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
-
-
-def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
-    import types
-
-    def load_dataset(path, name=None, split=None, streaming=False):
-        calls.append(dict(path=path, name=name, split=split, streaming=streaming))
-        if fail:
-            raise fail
-        return iter({"text": t} for t in rows_by_split[split])
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
-
-
-def test_fw_hub_offline_is_detected_at_once(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
-    with pytest.raises(ValueError, match="unreachable.*--input PATH"):
-        fineweb.hf_docs("fineweb-edu")
-
-
-def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
-    calls = []
-    _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
-    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
-    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
-
-
-def test_fw_prepare_tinystories_download_and_failed_download(tmp_path, monkeypatch):
-    calls, logs = [], []
-    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)], "validation": [f"Val story {i}." for i in range(50)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
-    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
-    assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
-    assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
-    train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
-    assert train_docs == rows["train"][:len(train_docs)] and 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
-    assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
-    # a failing download: one line saying so, then the generated corpus
-    logs.clear()
-    _fw_fake_datasets(monkeypatch, rows, calls, fail=ConnectionError("no route to host"))
-    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
-    assert "stories.py" in got["source"]
-    assert logs[0].startswith("TinyStories download failed (ConnectionError: no route to host)")
-    assert not list((tmp_path / "fail").glob("*.tmp"))
-
-
-def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
-    import bpe
-    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
-    logs = []
-    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tmp_path / "out/tokenizer", num_workers=1, log=logs.append)
-    tok = bpe.load_tokenizer(ref)
-    assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
-    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tmp_path / "out/tokenizer", log=logs.append) == ref
-    assert "reusing" in logs[-1]
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
-    # asked for another size (or another amount of training text): refused, never a silent reuse
-    for size, max_bytes in [(300, None), (290, 5000)]:
-        with pytest.raises(ValueError, match=r"tokenizer: holds a tokenizer trained with vocab_size 290, "
-                                             r"bpe_train_bytes 0, not .*: choose another --out_dir"):
-            fineweb.train_tokenizer_on_docs(iter([]), size, tmp_path / "out/tokenizer", max_bytes, log=logs.append)
-
-
-def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch, capsys):
-    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", "--max_docs=5", "--vocab_size=280",
-                                      f"--out_dir={tmp_path / 'out'}", "--shard_size=500", "--num_workers=1"])
-    fineweb.main()
-    first5 = sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])
-    assert f"on {first5:,} bytes" in capsys.readouterr().out
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
-    # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
-    monkeypatch.setattr(sys, "argv", [a.replace("--max_docs=5", "--max_docs=6") for a in sys.argv])
-    with pytest.raises(SystemExit, match=r"tokenizer: holds a tokenizer trained with vocab_size 280, bpe_train_bytes "
-                                         r"\d+ on file:.*\[:5\], not vocab_size 280, bpe_train_bytes \d+ on file:.*\[:6\]: "
-                                         r"choose another --out_dir"):
-        fineweb.main()
-
-
-def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
-    # a worker whose start-up fails used to be restarted by the pool forever (a hang, tracebacks without end): the
-    # error now reaches the caller, from write_token_file before any work and from encode_docs at the first batch
-    # (run in a child process, so a regression fails on its timeout instead of hanging the suite)
-    d = _bad_tok_dir(tmp_path, specials=())
-    code = f"""
-import fineweb, sys
-for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
-                                               {str(d)!r}, num_workers=2),
-             lambda: list(fineweb.encode_docs(iter(["hello world"]), {str(d)!r}, "uint16", num_workers=2))):
-    try:
-        call()
-    except ValueError as e:
-        print("ValueError:", e)
-"""
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    want = f"ValueError: {d}: the tokenizer has no <|endoftext|> special token, needed to separate documents"
-    assert r.stdout.splitlines() == [want, want], r.stderr[-2000:]
-    assert not list(tmp_path.glob("x.bin*"))
-
-
-def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
-    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput
-    now = [100.0]
-    monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
-    bar = fineweb.Progress(True, start_tokens=3_000_000)
-    now[0] += 2.0
-    bar.update(10, 5_000_000, force=True)
-    assert "5,000,000 tokens | 1.00 M tok/s" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
-                                        ("--seed", "-5"), ("--seed", "-1")])
-def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
-    value = str(tmp_path) if value == "DIR" else value
-    msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
-    assert msg.startswith(f"stories.py: {flag} {value}: ") and "expected" in msg
-    assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
-
-
-@pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
-                                   ["--prepare_tinystories", "--corpus_bytes=-5"]])
-def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
-    out = tmp_path / "out"
-    msg = _bad_exit(monkeypatch, fineweb, f"--input={_bad_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
-                    f"--out_dir={out}", *flags)
-    flag, value = flags[-1].split("=")
-    assert msg.startswith(f"fineweb.py: {flag} {value}: expected") and not out.exists()
-
-
-def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
-    with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
-        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
-    assert not (tmp_path / "d").exists()
-
-
-def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
-    (tmp_path / "a_file").write_text("x")
-    for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
-                  [f"--input={_bad_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
-        msg = _bad_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
-        assert msg == f"fineweb.py: [Errno 17] File exists: '{tmp_path / 'a_file'}'"
-
-
-def test_fw_choose_dtype_uint16_holds_exactly_65536_ids():
-    assert fineweb.choose_dtype(65536, "uint16") == "uint16"  # ids 0..65535
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(65537, "uint16")
-    assert fineweb.choose_dtype(65537, "uint32") == "uint32"
-
-
 def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
     got = fineweb.prepare_tinystories(tmp_path / "ts", vocab_size=280, allow_download=False, log=lambda *a: None,
                                       corpus_bytes=20_000, num_workers=1)
@@ -4959,180 +5025,6 @@ def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stor
     train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
     assert len(val_docs) >= 1 and len(train_docs) > 10
     assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
-
-
-def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
-    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
-    docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
-    per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
-    assert per_doc[0] == 20 * 41 + 2 + 15
-    logs = []
-    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
-    assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
-    # a budget met exactly by 3 documents stops there: no 4th
-    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
-                                    log=logs.append)
-    assert f"on {sum(per_doc[:3]):,} bytes" in logs[-1]
-
-
-def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
-    docs = [f"doc {i}" for i in range(40)]
-    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert sorted(a) == sorted(docs) and a != docs
-    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-
-
-def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_dir):
-    # a bpe.py tokenizer's <|endoftext|> is id 0, not the last id as in GPT-2: every shard's sidecar must say so
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    _, docs = _fw_corpus(tmp_path, n=40, seed=3)
-    out = tmp_path / "out"
-    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=2000, num_workers=1, progress=False,
-                         log=lambda *a: None)
-    _, arrays, meta = _fw_read_shards(out)
-    assert len(arrays) > 1 and tok.eot_id == 0 != tok.vocab_size - 1
-    for s, a in zip(meta["shards"], arrays):
-        side = json.loads((out / f"{s['file']}.json").read_text())
-        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
-                        "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
-                        "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
-
-
-def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
-    # after an interruption meta.json counts every document with tokens on disk, the last one split by the
-    # shard boundary included: the sum of the listed shards' document counts
-    _, docs = _fw_corpus(tmp_path, n=80, seed=4)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
-                             log=lambda *a: None, batch_chars=2000)
-    meta = json.loads((out / "meta.json").read_text())
-    last = meta["shards"][-1]
-    assert not meta["complete"] and len(meta["shards"]) >= 2 and last["end_offset"] > 0  # a document cut in two
-    assert meta["num_docs"] == sum(s["num_docs"] for s in meta["shards"]) == last["end_doc"] + 1
-    assert meta["num_tokens"] == sum(s["num_tokens"] for s in meta["shards"])
-
-
-def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
-    # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
-    _, docs = _fw_corpus(tmp_path, n=60, seed=6)
-    kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
-    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
-    meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
-    clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
-    assert meta["complete"] and meta["shards"] == clean["shards"]
-    shuffled = fineweb.write_shards(iter(docs), tmp_path / "shuf", _fw_bpe_dir, shuffle_docs=True, seed=7, **kw)
-    assert shuffled["config"]["seed"] == 7
-
-
-def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_dir):
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    _, docs = _fw_corpus(tmp_path, n=20, seed=8)
-    side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
-    ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
-    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
-                    "num_docs": 20, "tokenizer": _fw_bpe_dir,
-                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
-    assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
-    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
-
-
-def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
-    # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
-    import shutil
-    tok_dir = tmp_path / "tok"
-    shutil.copytree(_fw_bpe_dir, tok_dir)
-    _, docs = _fw_corpus(tmp_path, n=20, seed=2)
-    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
-    fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
-    old = bpe.tokenizer_fingerprint(str(tok_dir))
-    merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
-    new = bpe.tokenizer_fingerprint(str(tok_dir))
-    assert new != old
-    with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
-
-
-def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
-    # a shuffle buffer that always evicted the same slot would keep the stream in order (doc i, i+1, ...) and start
-    # every seed with doc 0: the "unshuffled documents" weakness the spec names
-    docs = list(range(1000))
-    out = list(fineweb.buffer_shuffle(iter(docs), 64, seed=0))
-    assert sorted(out) == docs
-    in_order = sum(b == a + 1 for a, b in zip(out, out[1:]))
-    assert in_order < 60, in_order                       # ~1000/64 expected; an in-order stream gives ~1000
-    firsts = {next(iter(fineweb.buffer_shuffle(iter(docs), 64, seed=s))) for s in range(10)}
-    assert len(firsts) > 5
-
-
-def test_fw_shards_sidecars_and_meta_are_renamed_into_place(tmp_path, monkeypatch, _fw_bpe_dir):
-    # "written to a .tmp file and renamed": a kill mid-write never leaves a file that looks complete
-    real, renamed = os.replace, []
-    monkeypatch.setattr(fineweb.os, "replace", lambda src, dst: (renamed.append((str(src), str(dst))), real(src, dst)))
-    _, docs = _fw_corpus(tmp_path, n=30, seed=1)
-    out = tmp_path / "out"
-    meta = fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=1500, num_workers=1, progress=False,
-                                log=lambda *a: None)
-    files = [s["file"] for s in meta["shards"]]
-    assert len(files) >= 2
-    for name in files + [f"{f}.json" for f in files] + ["meta.json"]:
-        assert (f"{out / name}.tmp", str(out / name)) in renamed, name
-    renamed.clear()
-    fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
-    for name in ("one.bin", "one.bin.json"):
-        assert (f"{tmp_path / name}.tmp", str(tmp_path / name)) in renamed, name
-    assert not list(tmp_path.rglob("*.tmp"))
-
-
-def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
-    kw = dict(num_workers=1)
-    with pytest.raises(ValueError, match="no documents to tokenise"):
-        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
-                             log=lambda *a: None, **kw)
-    assert not list((tmp_path / "shards").glob("*.bin"))
-    blank = tmp_path / "blank.txt"
-    blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
-    with pytest.raises(ValueError, match="one.bin: no documents to tokenise"):
-        fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
-    assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
-
-
-def test_fw_file_docs_streams_across_chunk_boundaries_and_drops_blank_documents(tmp_path):
-    # the file is read in chunks: a document (or a separator) cut by a chunk boundary is joined again, the last
-    # document needs no separator after it, and whitespace-only documents are dropped
-    text = (f"  first doc \n{_FW_EOT}\n \n\t{_FW_EOT}second{_FW_EOT}a third one, longer than any chunk below"
-            f"{_FW_EOT}{_FW_EOT}  last, without a separator after it \n")
-    path = tmp_path / "c.txt"
-    path.write_text(text, encoding="utf-8")
-    want = ["first doc", "second", "a third one, longer than any chunk below", "last, without a separator after it"]
-    for chunk_chars in (1, 3, 7, 16, 1 << 20):
-        assert list(fineweb.file_docs(path, chunk_chars=chunk_chars)) == want, chunk_chars
-
-
-def test_fw_folder_docs_skips_hidden_files_and_folders(tmp_path):
-    (tmp_path / "sub").mkdir()
-    (tmp_path / ".git").mkdir()
-    (tmp_path / "a.txt").write_text("Doc A\n")
-    (tmp_path / "sub" / "b.txt").write_text("  Doc B ")
-    (tmp_path / "empty.txt").write_text(" \n")
-    (tmp_path / ".hidden.txt").write_text("secret")
-    (tmp_path / ".git" / "config").write_text("[core]")
-    assert list(fineweb.folder_docs(tmp_path)) == ["Doc A", "Doc B"]
 
 
 def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path):
@@ -5162,6 +5054,53 @@ def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp
     assert logs[2].startswith("tokens: ") and "reusing" not in logs[2]
 
 
+def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
+    with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
+        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
+    assert not (tmp_path / "d").exists()
+
+
+def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
+    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error, nothing written,
+    # and no "using the generated corpus" line first
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    logs = []
+    for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
+        with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
+            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
+    assert logs == [] and not (tmp_path / "all").exists()
+    # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
+    fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
+    before = sorted(p.name for p in (tmp_path / "ts").iterdir())
+    with pytest.raises(ValueError, match="^all of TinyStories"):
+        fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
+    assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
+                                      f"--out_dir={tmp_path / 'cli'}"])
+    with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
+        fineweb.main()
+    assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
+
+
+def test_fw_prepare_tinystories_download_and_failed_download(tmp_path, monkeypatch):
+    calls, logs = [], []
+    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)], "validation": [f"Val story {i}." for i in range(50)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+    assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
+    assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
+    train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
+    assert train_docs == rows["train"][:len(train_docs)] and 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
+    assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
+    # a failing download: one line saying so, then the generated corpus
+    logs.clear()
+    _fw_fake_datasets(monkeypatch, rows, calls, fail=ConnectionError("no route to host"))
+    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+    assert "stories.py" in got["source"]
+    assert logs[0].startswith("TinyStories download failed (ConnectionError: no route to host)")
+    assert not list((tmp_path / "fail").glob("*.tmp"))
+
+
 def test_fw_prepare_tinystories_download_stops_at_a_split_size_met_exactly(tmp_path, monkeypatch):
     # every row is 15 characters, 30 bytes with its separator: 5700 and 300 bytes are 190 and 10 rows exactly, and
     # a download that has reached its size stops there (one more row would overshoot by a whole story)
@@ -5172,62 +5111,6 @@ def test_fw_prepare_tinystories_download_stops_at_a_split_size_met_exactly(tmp_p
     for split, path, n in (("train", "train.txt", 190), ("validation", "val.txt", 10)):
         text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
         assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n]) and len(text) == 30 * n
-
-
-def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, _fw_bpe_dir):
-    # a short stream (eot before each of 4 documents) sharded at every size from 1 token to past its length: the
-    # shards are full but the last (a last shard of 1 token included) and hold the stream exactly; meta.json records
-    # after each shard the documents complete and the tokens of the next one written (a document ending exactly at
-    # the boundary is complete: offset 0), and each shard counts the documents that start in it
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    docs = ["Tom had a red ball.", "Sue ran.", "The cat sat on the mat and looked at the dog.", "Mom smiled."]
-    pieces = [[tok.eot_id] + tok.encode(d) for d in docs]
-    ref = [i for piece in pieces for i in piece]
-    ends = [sum(len(q) for q in pieces[:j + 1]) for j in range(len(pieces))]
-    starts = [e - len(piece) for e, piece in zip(ends, pieces)]
-    n = len(ref)
-    for batch_chars in (1, 30):  # one document per batch; batches of 2, 1, 1 documents
-        for size in range(1, n + 2):
-            out = tmp_path / f"{batch_chars}_{size}"
-            fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=size, num_workers=1, progress=False,
-                                 log=lambda *a: None, batch_chars=batch_chars)
-            ids, arrays, meta = _fw_read_shards(out)
-            assert ids.tolist() == ref, size
-            assert [len(a) for a in arrays] == [size] * (n // size) + ([n % size] if n % size else []), size
-            for k, s in enumerate(meta["shards"]):
-                lo, hi = k * size, min((k + 1) * size, n)
-                done = sum(e <= hi for e in ends)
-                assert (s["end_doc"], s["end_offset"]) == (done, hi - (ends[done - 1] if done else 0)), (size, k)
-                assert s["num_docs"] == sum(lo <= st < hi for st in starts), (size, k)
-            assert meta["num_docs"] == len(docs) and meta["num_tokens"] == n and meta["complete"]
-
-
-def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path):
-    # an edit that keeps the size (a word for another as long) must still change the stamp, or a rerun would resume
-    # (or reuse) shards of the old text
-    path = tmp_path / "c.txt"
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for p in (path, folder / "a.txt"):
-        p.write_text("Tom had a red ball.", encoding="utf-8")
-        os.utime(p, ns=(10**18, 10**18))
-    before = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
-    assert [fineweb.input_stamp(path), fineweb.input_stamp(folder)] == before   # the same file: the same stamp
-    for p in (path, folder / "a.txt"):
-        p.write_text("Tom had a big ball.", encoding="utf-8")
-        os.utime(p, ns=(10**18, 10**18 + 10**9))
-    after = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
-    assert after[0] != before[0] and after[1] != before[1]
-
-
-def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
-    # a buffer of 1 keeps the order; with a buffer of 2, the document in the second slot leaves long before the end
-    # (never evicting one slot would hold its document back to the final flush)
-    docs = list(range(200))
-    assert list(fineweb.buffer_shuffle(iter(docs), 1, seed=3)) == docs
-    out = list(fineweb.buffer_shuffle(iter(docs), 2, seed=3))
-    assert sorted(out) == docs and out.index(1) < 50
 
 
 def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_path, monkeypatch):
@@ -5242,6 +5125,88 @@ def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_p
         assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
         last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
         assert limit <= len(text.encode()) < limit + last, (split, len(text))      # 95 % / 5 % of corpus_bytes
+
+
+# ---- fineweb.py: a tokenizer trained on the corpus first (train_tokenizer_on_docs)
+
+
+def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
+    import bpe
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    logs = []
+    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tmp_path / "out/tokenizer", num_workers=1, log=logs.append)
+    tok = bpe.load_tokenizer(ref)
+    assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
+    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tmp_path / "out/tokenizer", log=logs.append) == ref
+    assert "reusing" in logs[-1]
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
+    # asked for another size (or another amount of training text): refused, never a silent reuse
+    for size, max_bytes in [(300, None), (290, 5000)]:
+        with pytest.raises(ValueError, match=r"tokenizer: holds a tokenizer trained with vocab_size 290, "
+                                             r"bpe_train_bytes 0, not .*: choose another --out_dir"):
+            fineweb.train_tokenizer_on_docs(iter([]), size, tmp_path / "out/tokenizer", max_bytes, log=logs.append)
+
+
+def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
+    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
+    docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
+    per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
+    assert per_doc[0] == 20 * 41 + 2 + 15
+    logs = []
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
+    assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
+    # a budget met exactly by 3 documents stops there: no 4th
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
+                                    log=logs.append)
+    assert f"on {sum(per_doc[:3]):,} bytes" in logs[-1]
+
+
+# ---- fineweb.py: the command line
+
+
+def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
+    # what the command line hands on: --shuffle_docs shuffles the stream, --fresh reaches prepare_tinystories, and
+    # the default folders are the ones --help names
+    got = []
+    monkeypatch.setattr(fineweb, "prepare_tinystories", lambda *a, **k: got.append((a, k)))
+    monkeypatch.setattr(fineweb, "write_shards", lambda docs, out_dir, *a, **k: got.append((list(docs), out_dir, k)))
+    monkeypatch.chdir(tmp_path)
+    path, docs = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
+
+    def run(*argv):
+        got.clear()
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
+        fineweb.main()
+        return got[0]
+    a, k = run("--prepare_tinystories", "--fresh")
+    assert a == ("data/tinystories", 2048) and k["fresh"] is True and k["corpus_bytes"] == 4_000_000
+    a, k = run("--prepare_tinystories", "--corpus_bytes=0")
+    assert k["fresh"] is False and k["corpus_bytes"] is None
+    shuffled, out_dir, k = run(f"--input={path}", f"--tokenizer={_fw_bpe_dir}", "--shuffle_docs", "--shuffle_buffer=8",
+                               "--seed=3", "--num_workers=1")
+    assert shuffled == list(fineweb.buffer_shuffle(iter(docs), 8, 3)) and shuffled != docs
+    assert (out_dir, k["shuffle_docs"], k["seed"]) == ("data/c-bpe", True, 3)
+    plain, out_dir, k = run(f"--input={path}", "--num_workers=1")
+    assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
+
+
+def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch, capsys):
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", "--max_docs=5", "--vocab_size=280",
+                                      f"--out_dir={tmp_path / 'out'}", "--shard_size=500", "--num_workers=1"])
+    fineweb.main()
+    first5 = sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])
+    assert f"on {first5:,} bytes" in capsys.readouterr().out
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
+    # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
+    monkeypatch.setattr(sys, "argv", [a.replace("--max_docs=5", "--max_docs=6") for a in sys.argv])
+    with pytest.raises(SystemExit, match=r"tokenizer: holds a tokenizer trained with vocab_size 280, bpe_train_bytes "
+                                         r"\d+ on file:.*\[:5\], not vocab_size 280, bpe_train_bytes \d+ on file:.*\[:6\]: "
+                                         r"choose another --out_dir"):
+        fineweb.main()
 
 
 def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
@@ -5286,32 +5251,6 @@ def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path,
     assert sorted(p.name for p in mine.iterdir()) == ["tokenizer"] and (mine / "tokenizer" / "vocab.json").is_file()
 
 
-def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
-    # what the command line hands on: --shuffle_docs shuffles the stream, --fresh reaches prepare_tinystories, and
-    # the default folders are the ones --help names
-    got = []
-    monkeypatch.setattr(fineweb, "prepare_tinystories", lambda *a, **k: got.append((a, k)))
-    monkeypatch.setattr(fineweb, "write_shards", lambda docs, out_dir, *a, **k: got.append((list(docs), out_dir, k)))
-    monkeypatch.chdir(tmp_path)
-    path, docs = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
-
-    def run(*argv):
-        got.clear()
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
-        fineweb.main()
-        return got[0]
-    a, k = run("--prepare_tinystories", "--fresh")
-    assert a == ("data/tinystories", 2048) and k["fresh"] is True and k["corpus_bytes"] == 4_000_000
-    a, k = run("--prepare_tinystories", "--corpus_bytes=0")
-    assert k["fresh"] is False and k["corpus_bytes"] is None
-    shuffled, out_dir, k = run(f"--input={path}", f"--tokenizer={_fw_bpe_dir}", "--shuffle_docs", "--shuffle_buffer=8",
-                               "--seed=3", "--num_workers=1")
-    assert shuffled == list(fineweb.buffer_shuffle(iter(docs), 8, 3)) and shuffled != docs
-    assert (out_dir, k["shuffle_docs"], k["seed"]) == ("data/c-bpe", True, 3)
-    plain, out_dir, k = run(f"--input={path}", "--num_workers=1")
-    assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
-
-
 def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatch, _fw_bpe_dir):
     # a rerun on the same --input finds its shards complete; after the file changed it is refused (it said
     # "already complete" and kept the old text's shards, and a half-done run would have resumed into the new text)
@@ -5328,10 +5267,107 @@ def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatc
         fineweb.main()
 
 
+@pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
+                                   ["--prepare_tinystories", "--corpus_bytes=-5"]])
+def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
+    out = tmp_path / "out"
+    msg = _bad_exit(monkeypatch, fineweb, f"--input={_bad_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
+                    f"--out_dir={out}", *flags)
+    flag, value = flags[-1].split("=")
+    assert msg.startswith(f"fineweb.py: {flag} {value}: expected") and not out.exists()
+
+
+def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
+    (tmp_path / "a_file").write_text("x")
+    for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
+                  [f"--input={_bad_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
+        msg = _bad_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
+        assert msg == f"fineweb.py: [Errno 17] File exists: '{tmp_path / 'a_file'}'"
+
+
+# ---- stories.py: seeded stories, and the corpus file of them
+
+
+def test_stories_deterministic_for_a_seed():
+    a, b, c = stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=4)
+    assert a == b and a != c
+    assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
+
+
+def test_stories_variety_and_well_formed():
+    docs = stories.generate_stories(3000, seed=0)
+    assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
+    for d in docs:
+        assert "{" not in d and "}" not in d, d  # no unfilled template fields
+        assert d.count('"') % 2 == 0, d  # every quote closes
+        assert d[0].isupper() and d.rstrip()[-1] in '.!?"', d
+    openers = {d.split("\n")[1].split()[0] for d in docs}
+    assert len(openers) > 20  # the plots and their phrasings all occur
+
+
+def test_stories_write_corpus_size_and_separator(tmp_path):
+    path = tmp_path / "s.txt"
+    n, nbytes = stories.write_corpus(path, 50_000, seed=2)
+    data = path.read_bytes()
+    assert len(data) == nbytes
+    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by SEPARATOR
+    assert data.decode("utf-8") == "".join(d + stories.SEPARATOR for d in docs)
+    last = len((docs[-1] + stories.SEPARATOR).encode())
+    assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
+    assert stories.SEPARATOR == "\n<|endoftext|>\n"
+    stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
+    assert (tmp_path / "t.txt").read_bytes() == data
+
+
+def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tmp_path, monkeypatch):
+    # a size met exactly by k stories gets those k (no extra story); sizes count UTF-8 bytes, not characters
+    # (stories.py's own stories are ASCII, so a story with accents stands in); a size of 0 is refused
+    docs = stories.generate_stories(5, seed=7)
+    exact = len("".join(d + stories.SEPARATOR for d in docs).encode())
+    assert stories.write_corpus(tmp_path / "a.txt", exact, seed=7) == (5, exact)
+    assert stories.write_corpus(tmp_path / "b.txt", exact + 1, seed=7)[0] == 6
+    story = "Zo\u00eb ate cr\u00e8me br\u00fbl\u00e9e."  # 21 characters, 25 bytes
+    monkeypatch.setattr(stories, "make_story", lambda r: story)
+    one = (story + stories.SEPARATOR).encode()
+    assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
+    assert (tmp_path / "c.txt").read_bytes() == 3 * one
+    with pytest.raises(ValueError, match="num_bytes must be positive"):
+        stories.write_corpus(tmp_path / "d.txt", 0)
+    assert not (tmp_path / "d.txt").exists()
+
+
+def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
+    # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
+    calls = []
+
+    def story_then_ctrl_c(r):
+        calls.append(1)
+        if len(calls) == 50:
+            raise KeyboardInterrupt
+        return "Tom had a red ball."
+    monkeypatch.setattr(stories, "make_story", story_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        stories.write_corpus(tmp_path / "s.txt", 50_000, seed=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- stories.py: the command line
+
+
 def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["stories.py", "--print", "3", "--seed", "1"])
     stories.main()
     assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
+
+
+@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
+                                        ("--seed", "-5"), ("--seed", "-1")])
+def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
+    value = str(tmp_path) if value == "DIR" else value
+    msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
+    assert msg.startswith(f"stories.py: {flag} {value}: ") and "expected" in msg
+    assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
 
 
 # ====================================================================================================================
