@@ -4428,21 +4428,63 @@ def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
     monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
 
 
-def _fw_hub_probe():
-    ok, reason = fineweb.hub_reachable()
-    assert ok is False or reason in ("", "behind a proxy: not probed", "HF_ENDPOINT not understood: not probed")
-    assert (reason == "") == (ok and "not probed" not in reason)  # a connection made, or why not
-    return ok
+_fw_says = _bpe_says   # one line that starts with the prefix and names the values after it (see bpe.py's tests)
+
+
+def _fw_exit(monkeypatch, script, *argv):
+    """The message fineweb.main() or stories.main() exits with: a string, so exit status 1 with it on stderr."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    assert isinstance(e.value.code, str), e.value.code
+    return e.value.code
+
+
+def _fw_crashing(docs, n):
+    """The document stream dying after n documents, as a killed job's does."""
+    yield from docs[:n]
+    raise RuntimeError("simulated interruption")
+
+
+def _fw_steps(monkeypatch):
+    """The steps prepare_tinystories runs rather than reuses, in order: "corpus" (stories.py's, once per split),
+    "tokenizer", "tokens" (once per split)."""
+    steps = []
+
+    def spy(module, name, step):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: steps.append(step) or real(*a, **k))
+    spy(stories, "write_corpus", "corpus")
+    spy(bpe, "train_bpe", "tokenizer")
+    spy(fineweb, "write_token_file", "tokens")
+    return steps
+
+
+def _fw_bpe_training_sizes(monkeypatch):
+    """The size in bytes of the text each bpe.train_bpe call trains on."""
+    sizes, real = [], bpe.train_bpe
+    monkeypatch.setattr(bpe, "train_bpe",
+                        lambda path, *a, **k: sizes.append(os.path.getsize(path)) or real(path, *a, **k))
+    return sizes
 
 
 # ---- fineweb.py: the token dtype
 
 
-def test_fw_choose_dtype_uint16_holds_exactly_65536_ids():
-    assert fineweb.choose_dtype(65536, "uint16") == "uint16"  # ids 0..65535
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(65537, "uint16")
-    assert fineweb.choose_dtype(65537, "uint32") == "uint32"
+@pytest.mark.parametrize("vocab_size,asked,dtype", [(65536, None, "uint16"), (65536, "auto", "uint16"),
+                                                    (65537, None, "uint32"), (65536, "uint16", "uint16"),
+                                                    (65537, "uint32", "uint32"), (300, "uint32", "uint32")])
+def test_fw_choose_dtype_uint16_holds_exactly_65536_ids(vocab_size, asked, dtype):
+    assert fineweb.choose_dtype(vocab_size, asked) == dtype   # ids 0..65535; auto (or None): uint16 if they fit
+
+
+@pytest.mark.parametrize("vocab_size,asked,named", [(65537, "uint16", ("65537 ids", "uint32")),
+                                                    (100_000, "uint16", ("100000 ids", "uint32")),
+                                                    (300, "int8", ("'int8'", "uint16", "uint32"))])
+def test_fw_choose_dtype_refuses_a_dtype_that_cannot_hold_the_ids(vocab_size, asked, named):
+    with pytest.raises(ValueError) as e:
+        fineweb.choose_dtype(vocab_size, asked)
+    _one_line_naming(str(e.value), "", *named)
 
 
 # ---- fineweb.py: documents from a local file (separated by <|endoftext|>) or folder (one per file)
@@ -4452,12 +4494,12 @@ def test_fw_file_docs_splits_at_separators_across_any_chunking(tmp_path):
     # separators cut across chunk boundaries, half separators, CRLF, a BOM, long documents over many chunks:
     # the same documents as splitting the whole text at once
     rng = random.Random(0)
-    pieces = [_BPE_EOT, "<|", "endoftext|>", "a", "bc ", " ", "\n", "\r\n", "é", "<", "|>", "x" * 40]
+    pieces = [_FW_EOT, "<|", "endoftext|>", "a", "bc ", " ", "\n", "\r\n", "é", "<", "|>", "x" * 40]
     path = tmp_path / "t.txt"
     for i in range(300):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
         path.write_bytes((b"\xef\xbb\xbf" if i % 7 == 0 else b"") + text.encode("utf-8"))
-        want = [d.strip() for d in text.split(_BPE_EOT) if d.strip()]
+        want = [d.strip() for d in text.split(_FW_EOT) if d.strip()]
         chunk = rng.randint(1, 14)
         assert list(fineweb.file_docs(path, chunk_chars=chunk)) == want, (text, chunk)
 
@@ -4503,34 +4545,39 @@ def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path)
     assert after[0] != before[0] and after[1] != before[1]
 
 
-def test_fw_bad_input_errors(tmp_path):
-    with pytest.raises(ValueError, match="no such file"):
-        fineweb.check_input(tmp_path / "missing.txt")
+def test_fw_an_input_that_cannot_be_read_is_one_error_naming_the_file(tmp_path, monkeypatch):
+    # a missing --input (refused by the command line before anything is written), a file that is not UTF-8, a
+    # folder with a file that is not, and a folder with no files: one line that starts with the path at fault
+    missing = tmp_path / "missing.txt"
+    with pytest.raises(ValueError) as e:
+        fineweb.check_input(missing)
+    _fw_says(str(e.value), f"{missing}: ", "no such file")
+    msg = _fw_exit(monkeypatch, fineweb, "--input", missing, "--out_dir", tmp_path / "x")
+    _fw_says(msg, f"fineweb.py: {missing}: ", "no such file")
+    assert not (tmp_path / "x").exists()
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
+    with pytest.raises(ValueError) as e:
         list(fineweb.file_docs(bad))
-    with pytest.raises(ValueError, match="unknown"):
-        fineweb.hf_docs("no-such-corpus")
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(100_000, "uint16")
-    assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
-    with pytest.raises(ValueError, match="not a tokenizer directory"):
-        bpe.load_tokenizer(str(tmp_path))
-    # the CLI turns these into one line naming the flag or file
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
-                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("fineweb.py: ") and "missing.txt" in r.stderr
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--dataset", "nope"], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "--dataset 'nope': unknown" in r.stderr
+    _fw_says(str(e.value), f"{bad}: ", "UTF-8")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(bad, tmp_path / "docs" / "a.txt")
+    with pytest.raises(ValueError) as e:
+        list(fineweb.folder_docs(tmp_path / "docs"))
+    _fw_says(str(e.value), f"{tmp_path / 'docs' / 'a.txt'}: ", "UTF-8")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError) as e:
+        list(fineweb.folder_docs(tmp_path / "empty"))
+    _fw_says(str(e.value), f"{tmp_path / 'empty'}: ", "no files")
 
 
 # ---- fineweb.py: documents streamed from the Hugging Face hub
 
 
 def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks model.py's hub_reachable
-    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
-    import socket
+    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443: (True, "") once a
+    # connection is made, (False, why) when none can be; behind a proxy, or with an HF_ENDPOINT it cannot read, it
+    # does not probe (a direct connection would prove nothing) and says so, leaving the hub client to explain
     for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
                 "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
@@ -4539,22 +4586,28 @@ def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks m
         server.listen(1)
         port = server.getsockname()[1]
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-        assert _fw_hub_probe() is True
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
-    assert _fw_hub_probe() is False
+        assert fineweb.hub_reachable() == (True, "")
+    ok, why = fineweb.hub_reachable()   # closed now
+    assert not ok and "127.0.0.1" in why
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
-    assert _fw_hub_probe() is True
+    ok, why = fineweb.hub_reachable()
+    assert ok and "not probed" in why
     monkeypatch.delenv("HTTP_PROXY")
     for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
         monkeypatch.setenv("HF_ENDPOINT", bad)
-        assert _fw_hub_probe() is True
+        ok, why = fineweb.hub_reachable()
+        assert ok and "not probed" in why
 
 
 def test_fw_hub_offline_is_detected_at_once(monkeypatch):
+    # HF_HUB_OFFLINE=1: no connection is tried, and a dataset is refused in one line that says why and what to use
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
-    with pytest.raises(ValueError, match="unreachable.*--input PATH"):
+    monkeypatch.setattr(socket, "create_connection", _bpe_not_called)
+    ok, why = fineweb.hub_reachable()
+    assert not ok and "HF_HUB_OFFLINE" in why
+    with pytest.raises(ValueError) as e:
         fineweb.hf_docs("fineweb-edu")
+    _one_line_naming(str(e.value), "--dataset fineweb-edu", "HF_HUB_OFFLINE", "--input")
 
 
 def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
@@ -4564,22 +4617,28 @@ def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
     assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
 
 
+def test_fw_an_unknown_dataset_is_refused_naming_the_ones_there_are(tmp_path, monkeypatch):
+    monkeypatch.setattr(socket, "create_connection", _bpe_not_called)   # refused before the hub is asked
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        fineweb.hf_docs("no-such-corpus")
+    _one_line_naming(str(e.value), "--dataset ", "no-such-corpus", *fineweb.DATASETS)
+    _one_line_naming(_fw_exit(monkeypatch, fineweb, "--dataset", "nope"), "fineweb.py: --dataset ", "nope",
+                     *fineweb.DATASETS)
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- fineweb.py: shuffling documents through a buffer
 
 
-def test_fw_shuffle_docs_is_a_seeded_permutation():
-    docs = [f"doc {i}" for i in range(500)]
+@pytest.mark.parametrize("n", [500, 40], ids=["longer_than_the_buffer", "shorter_than_the_buffer"])
+def test_fw_buffer_shuffle_is_a_seeded_permutation(n):
+    # every document once, in an order that depends on the seed alone, also for a stream the buffer holds whole
+    docs = [f"doc {i}" for i in range(n)]
     a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
     assert sorted(a) == sorted(docs) and a != docs
     assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
     assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
-
-
-def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
-    docs = [f"doc {i}" for i in range(40)]
-    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert sorted(a) == sorted(docs) and a != docs
-    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
 
 
 def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
@@ -4608,6 +4667,7 @@ def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
 
 @pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
 def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
+    # a page that mentions "<|endoftext|>" is encoded as ordinary text: the only eot ids are the separators
     ref = _fw_bpe_dir if which == "bpe" else "gpt2"
     tok = bpe.load_tokenizer(ref)
     docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
@@ -4623,10 +4683,11 @@ def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir
 
 
 def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
-    # a worker whose start-up fails used to be restarted by the pool forever (a hang, tracebacks without end): the
-    # error now reaches the caller, from write_token_file before any work and from encode_docs at the first batch
-    # (run in a child process, so a regression fails on its timeout instead of hanging the suite)
-    d = _bad_tok_dir(tmp_path, specials=())
+    # documents are separated by <|endoftext|>, so a tokenizer without it is refused: by write_token_file before any
+    # work, and by encode_docs at the first batch (a pool restarts a worker whose start-up fails, forever, so the
+    # worker keeps its error for the first batch); run in a child process, so that a hang fails on the timeout
+    # instead of blocking the suite
+    d = _bpe_tok_dir(tmp_path, specials=())
     code = f"""
 import fineweb, sys
 for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
@@ -4638,37 +4699,37 @@ for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]
         print("ValueError:", e)
 """
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    want = f"ValueError: {d}: the tokenizer has no <|endoftext|> special token, needed to separate documents"
-    assert r.stdout.splitlines() == [want, want], r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stderr[-2000:]
+    for line in lines:
+        _fw_says(line, f"ValueError: {d}: ", _FW_EOT)
     assert not list(tmp_path.glob("x.bin*"))
 
 
 def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
-    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput
+    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput (2,000,000
+    # new tokens in 2 s are 1.00 M tok/s, where all 5,000,000 would give 2.50)
     now = [100.0]
     monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
     bar = fineweb.Progress(True, start_tokens=3_000_000)
     now[0] += 2.0
     bar.update(10, 5_000_000, force=True)
-    assert "5,000,000 tokens | 1.00 M tok/s" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "1.00 M tok/s" in err and "5,000,000" in err, err
 
 
 # ---- fineweb.py: token files written whole or not at all: one file and its sidecar (write_token_file)
 
 
 @needs_gpt2_files
-def test_fw_uint32_and_token_file(tmp_path):
+def test_fw_token_file_holds_the_stream_and_names_gpt2s_eot_id(tmp_path):
     import tiktoken
     enc = tiktoken.get_encoding("gpt2")
     path, docs = _fw_corpus(tmp_path, n=30)
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
-                         num_workers=1, progress=False, log=lambda *a: None)
-    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
-    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
-    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
     side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
     one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
-    assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
+    assert one.tolist() == [i for d in docs for i in [enc.eot_token] + enc.encode_ordinary(d)]
+    assert side["num_docs"] == 30 and side["num_tokens"] == len(one)
     assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
     assert json.loads((tmp_path / "one.bin.json").read_text()) == side
 
@@ -4687,15 +4748,18 @@ def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_d
 
 
 def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
+    # one line that starts with what is empty (the source of the stream, the token file), and no file written
     kw = dict(num_workers=1)
-    with pytest.raises(ValueError, match="no documents to tokenise"):
+    with pytest.raises(ValueError) as e:
         fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
-                             log=lambda *a: None, **kw)
+                             log=lambda *a: None, source="file:c.txt", **kw)
+    _fw_says(str(e.value), "file:c.txt: ", "no documents")
     assert not list((tmp_path / "shards").glob("*.bin"))
     blank = tmp_path / "blank.txt"
     blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
-    with pytest.raises(ValueError, match="one.bin: no documents to tokenise"):
+    with pytest.raises(ValueError) as e:
         fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
+    _fw_says(str(e.value), f"{tmp_path / 'one.bin'}: ", "no documents")
     assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
 
 
@@ -4728,7 +4792,8 @@ def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
     path, docs = _fw_corpus(tmp_path)
     assert list(fineweb.file_docs(path)) == docs
     out = tmp_path / "shards"
-    fineweb.write_shards(fineweb.file_docs(path), out, "gpt2", shard_size=5000, num_workers=2, progress=False, log=lambda *a: None)
+    fineweb.write_shards(fineweb.file_docs(path), out, "gpt2", shard_size=5000, num_workers=2, progress=False,
+                         log=lambda *a: None)
     ids, arrays, meta = _fw_read_shards(out)
     # independent reference: tiktoken on each document, eot before each
     ref = []
@@ -4743,7 +4808,8 @@ def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
     assert len(arrays) == -(-len(ref) // 5000)
     # metadata: directory record and tokens-v1 sidecars
     assert meta["complete"] and meta["num_tokens"] == len(ref) and meta["num_docs"] == len(docs)
-    assert meta["config"]["tokenizer"] == "gpt2" and meta["config"]["vocab_size"] == 50257 and meta["config"]["dtype"] == "uint16"
+    config = meta["config"]
+    assert (config["tokenizer"], config["vocab_size"], config["dtype"]) == ("gpt2", 50257, "uint16")
     for s, a in zip(meta["shards"], arrays):
         side = json.loads((out / f"{s['file']}.json").read_text())
         assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 50257, "num_tokens": len(a),
@@ -4785,7 +4851,8 @@ def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
     folder = tmp_path / "real"
     folder.mkdir()
     (folder / "a.txt").write_bytes((DATA / "tinystories/cs336_tinystories_sample.txt").read_bytes())
-    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"), ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
+    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"),
+                      ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
         data = (DATA / src).read_bytes()
         (folder / name).write_bytes(data[:data.rindex(b"\n", 0, 60_000) + 1])  # cut at a line end, not mid-character
     docs = list(fineweb.folder_docs(folder))
@@ -4802,12 +4869,25 @@ def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
             assert ids.tolist() == [i for d in docs for i in [eot] + enc.encode_ordinary(d)]
 
 
-def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, _fw_bpe_dir):
+@needs_gpt2_files
+def test_fw_shards_in_uint32_hold_the_same_stream_in_4_bytes_a_token(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path, n=30)
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
+                         num_workers=1, progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
+    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
+    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    assert ids.tolist() == [i for d in docs for i in [enc.eot_token] + enc.encode_ordinary(d)]
+
+
+def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, monkeypatch, _fw_bpe_dir):
     # a short stream (eot before each of 4 documents) sharded at every size from 1 token to past its length: the
     # shards are full but the last (a last shard of 1 token included) and hold the stream exactly; meta.json records
     # after each shard the documents complete and the tokens of the next one written (a document ending exactly at
     # the boundary is complete: offset 0), and each shard counts the documents that start in it
-    import bpe
+    monkeypatch.setattr(os, "fsync", lambda fd: None)   # ~250 small folders: what is written matters here, not when
     tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
     docs = ["Tom had a red ball.", "Sue ran.", "The cat sat on the mat and looked at the dog.", "Mom smiled."]
     pieces = [[tok.eot_id] + tok.encode(d) for d in docs]
@@ -4849,47 +4929,47 @@ def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_
 
 
 @needs_gpt2_files
-def test_fw_resume_after_interruption(tmp_path):
+def test_fw_resume_after_interruption(tmp_path, monkeypatch):
+    # a rerun after the stream died goes on after the last complete shard: the shards listed stay as they are, the
+    # documents they hold are read again but not tokenised again, and the result is the uninterrupted run's, byte
+    # for byte; the rerun says where it resumes; a rerun of a complete folder tokenises nothing
     path, docs = _fw_corpus(tmp_path, n=150)
     kw = dict(tokenizer="gpt2", shard_size=4000, progress=False, log=lambda *a: None, batch_chars=3000)
     fineweb.write_shards(iter(docs), tmp_path / "clean", num_workers=1, **kw)
-
-    def crashing(n):  # the corpus stream dies after n documents, as a killed job would
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
     out = tmp_path / "resumed"
     with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(100), out, num_workers=2, **kw)
+        fineweb.write_shards(_fw_crashing(docs, 100), out, num_workers=2, **kw)
     meta = json.loads((out / "meta.json").read_text())
     assert not meta["complete"] and len(meta["shards"]) >= 2
     done = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in meta["shards"]}
+    tokenised, real = [], fineweb.encode_docs
+
+    def encode_docs(docs, *a, **k):
+        docs = list(docs)
+        tokenised.append(len(docs))
+        return real(iter(docs), *a, **k)
+    monkeypatch.setattr(fineweb, "encode_docs", encode_docs)
     logs = []
     fineweb.write_shards(iter(docs), out, num_workers=2, **{**kw, "log": logs.append})
-    assert any("resuming after shard" in line for line in logs)
+    start = meta["shards"][-1]["end_doc"]
+    assert tokenised == [len(docs) - start] and f"{start:,}" in logs[0]
     assert {f: (out / f).stat().st_mtime_ns for f in done} == done  # complete shards were not rewritten
     a, _, meta_a = _fw_read_shards(tmp_path / "clean")
     b, _, meta_b = _fw_read_shards(out)
     assert np.array_equal(a, b) and meta_a["shards"] == meta_b["shards"]
     for f in (tmp_path / "clean").glob("*.bin"):
         assert f.read_bytes() == (out / f.name).read_bytes()
-    logs.clear()
-    fineweb.write_shards(iter(docs), out, num_workers=1, **{**kw, "log": logs.append})
-    assert "already complete" in logs[0]
+    tokenised.clear()
+    assert fineweb.write_shards(iter(docs), out, num_workers=1, **kw) == meta_b and tokenised == []
 
 
 def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
     # after an interruption meta.json counts every document with tokens on disk, the last one split by the
     # shard boundary included: the sum of the listed shards' document counts
     _, docs = _fw_corpus(tmp_path, n=80, seed=4)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
+        fineweb.write_shards(_fw_crashing(docs, 60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
                              log=lambda *a: None, batch_chars=2000)
     meta = json.loads((out / "meta.json").read_text())
     last = meta["shards"][-1]
@@ -4902,13 +4982,8 @@ def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
     # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
     _, docs = _fw_corpus(tmp_path, n=60, seed=6)
     kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
     with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
+        fineweb.write_shards(_fw_crashing(docs, 40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
     assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
     meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
     clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
@@ -4918,52 +4993,89 @@ def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
 
 
 @needs_gpt2_files
-def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, monkeypatch):
-    path, docs = _fw_corpus(tmp_path, n=20)
+def test_fw_refuses_an_out_dir_of_another_tokenizer_but_not_the_same_one_spelled_otherwise(tmp_path, _fw_bpe_dir,
+                                                                                            monkeypatch):
+    # shards of one tokenizer never get another's continued after them: one line naming both tokenizers
+    _, docs = _fw_corpus(tmp_path, n=20)
     kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
     fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    with pytest.raises(ValueError, match="tokenizer 'gpt2'"):
+    with pytest.raises(ValueError) as e:
         fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, **kw)
-    with pytest.raises(ValueError, match="different settings"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **{**kw, "shard_size": 100})
+    _fw_says(str(e.value), f"{tmp_path / 'out'}: ", "'gpt2'", repr(_fw_bpe_dir), bpe.tokenizer_fingerprint(_fw_bpe_dir),
+             "--fresh")
     # the same tokenizer folder spelled another way (trailing slash) is the same tokenizer: no refusal
     fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir, **kw)
     assert fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir + "/", **kw)["complete"]
     # ... but a folder named gpt2 stays that folder, not tiktoken's GPT-2
-    import shutil
     shutil.copytree(_fw_bpe_dir, tmp_path / "gpt2")
     monkeypatch.chdir(tmp_path)
     meta = fineweb.write_shards(iter(docs), tmp_path / "local", "./gpt2", **kw)
     assert meta["config"]["tokenizer"] == "./gpt2" and meta["config"]["vocab_size"] == 300
-    # token files from elsewhere (no meta.json)
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other/train.bin").write_bytes(b"\0\0")
-    with pytest.raises(ValueError, match="no meta.json"):
-        fineweb.write_shards(iter(docs), tmp_path / "other", "gpt2", **kw)
-    # a meta.json that is not JSON, or not fineweb.py's, is named
-    good = (tmp_path / "out/meta.json").read_text()
-    for broken, problem in [("{oops", "not valid JSON"), ("[1]", "not a fineweb.py meta.json"),
-                            ('{"complete": false}', "not a fineweb.py meta.json")]:
-        (tmp_path / "out/meta.json").write_text(broken)
-        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'out/meta.json'))}: {problem}.*: "
-                                             "empty the directory and start again$"):
-            fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    (tmp_path / "out/meta.json").write_text(good)
-    # a listed shard that was truncated afterwards is not silently trusted
-    (tmp_path / "out/meta.json").write_text((tmp_path / "out/meta.json").read_text().replace('"complete": true', '"complete": false'))
-    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0")
-    with pytest.raises(ValueError, match="wrong size"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    # ... nor one that grew (one token longer than listed)
-    listed = json.loads((tmp_path / "out/meta.json").read_text())["shards"][0]["num_tokens"]
-    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0" * (listed + 1))
-    with pytest.raises(ValueError, match="wrong size"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+
+
+def test_fw_refuses_an_out_dir_written_with_other_settings(tmp_path, _fw_bpe_dir):
+    _, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, shard_size=10**6, **kw)
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, shard_size=100, **kw)
+    _fw_says(str(e.value), f"{tmp_path / 'out'}: ", "shard_size=1000000", "--fresh")
+
+
+@pytest.mark.parametrize("sidecar,named", [(None, ()), ({"tokenizer": "tok/elsewhere"}, ("'tok/elsewhere'",))],
+                         ids=["without_sidecar", "with_sidecar"])
+def test_fw_refuses_an_out_dir_holding_token_files_it_did_not_write(tmp_path, _fw_bpe_dir, sidecar, named):
+    # token files from elsewhere, with no meta.json of fineweb.py's: never mixed with new shards, nor overwritten
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.bin").write_bytes(b"\0\0")
+    if sidecar:
+        (other / "train.bin.json").write_text(json.dumps(sidecar))
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(["a doc"]), other, _fw_bpe_dir, shard_size=100, num_workers=1, progress=False,
+                             log=lambda *a: None)
+    _fw_says(str(e.value), f"{other}: ", "meta.json", *named)
+    assert sorted(p.name for p in other.iterdir()) == ["train.bin"] + ["train.bin.json"] * bool(sidecar)
+
+
+@pytest.mark.parametrize("broken", ["{oops", "[1]", '{"complete": false}'], ids=["not_json", "a_list", "no_config"])
+def test_fw_a_meta_json_that_is_not_json_or_not_fineweb_s_is_named(tmp_path, _fw_bpe_dir, broken):
+    # a meta.json that is not JSON, or not the record fineweb.py writes, is refused in one line naming it, and the
+    # folder is left as it is
+    _, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    (out / "meta.json").write_text(broken)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    _fw_says(str(e.value), f"{out / 'meta.json'}: ")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("change", ["truncated", "one_token_longer", "missing"])
+def test_fw_a_listed_shard_of_the_wrong_size_is_not_trusted(tmp_path, _fw_bpe_dir, change):
+    # every shard meta.json lists must be there with the size of its tokens, or a resume would be silently wrong
+    _, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "complete": False}))   # as if the run had been interrupted
+    listed = meta["shards"][0]["num_tokens"]
+    shard = out / "val_000000.bin"
+    if change == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(b"\0\0" * (1 if change == "truncated" else listed + 1))
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    _fw_says(str(e.value), f"{shard}: ", f"{listed:,} tokens")
 
 
 def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
     # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
-    import shutil
     tok_dir = tmp_path / "tok"
     shutil.copytree(_fw_bpe_dir, tok_dir)
     _, docs = _fw_corpus(tmp_path, n=20, seed=2)
@@ -4974,21 +5086,26 @@ def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path,
     (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
     new = bpe.tokenizer_fingerprint(str(tok_dir))
     assert new != old
-    with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
+    with pytest.raises(ValueError) as e:
         fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+    _fw_says(str(e.value), f"{tmp_path / 'out'}: ", old, new)
 
 
 # ---- fineweb.py: the main job's data (prepare_tinystories): corpus, tokenizer, tokens, each step reused or redone
 
 
-def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
-    import bpe
+def test_fw_prepare_tinystories_offline_and_reuse(tmp_path, monkeypatch):
+    # offline: the generated corpus, a tokenizer trained on it, and the stories encoded with an eot before each; a
+    # second call reuses every step and rewrites nothing; another vocabulary keeps the corpus and redoes the rest;
+    # fresh=True, or a prepared.json that cannot be read (said first), redoes everything, to the same result
     logs = []
+    steps = _fw_steps(monkeypatch)
     kw = dict(vocab_size=320, allow_download=False, log=logs.append, corpus_bytes=40_000, num_workers=2)
     got = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
     d = Path(got["data_dir"])
     assert got["tokenizer"] == str(d / "tokenizer") and "stories.py" in got["source"]
     assert any("downloads disabled" in line for line in logs)
+    assert steps == ["corpus", "corpus", "tokenizer", "tokens", "tokens"]
     tok = bpe.load_tokenizer(got["tokenizer"])
     assert tok.vocab_size == 320 and tok.eot_id is not None
     for split in ("train", "val"):
@@ -4999,28 +5116,25 @@ def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
         assert side["num_docs"] == len(docs) and side["tokenizer"] == got["tokenizer"] and side["vocab_size"] == 320
         assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
     assert 36_000 <= (d / "train.txt").stat().st_size and 1_000 <= (d / "val.txt").stat().st_size
-    # the second call reuses every step and rewrites nothing
     stamps = {p: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
-    logs.clear()
+    steps.clear()
     again = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
-    assert again == got and sum("reusing" in line for line in logs) == 3
+    assert again == got and steps == []
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    # a different vocabulary keeps the corpus, retrains the tokenizer and re-encodes
-    logs.clear()
+    steps.clear()
     other = fineweb.prepare_tinystories(tmp_path / "ts", **{**kw, "vocab_size": 300})
-    assert bpe.load_tokenizer(other["tokenizer"]).vocab_size == 300 and "reusing" in logs[0] and "trained BPE" in logs[1]
-    # fresh=True redoes everything (the generated corpus is the same for the same seed)
-    logs.clear()
+    assert bpe.load_tokenizer(other["tokenizer"]).vocab_size == 300 and steps == ["tokenizer", "tokens", "tokens"]
+    steps.clear()
     fineweb.prepare_tinystories(tmp_path / "ts", fresh=True, **kw)
-    assert not any("reusing" in line for line in logs)
+    assert steps == ["corpus", "corpus", "tokenizer", "tokens", "tokens"]
     assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
-    # a prepared.json that is not JSON, or not an object, is a record that cannot be trusted: prepared again
     for broken in ("{oops", "[1]"):
         (d / "prepared.json").write_text(broken)
         logs.clear()
+        steps.clear()
         assert fineweb.prepare_tinystories(tmp_path / "ts", **kw) == got
-        assert logs[0] == f"{d / 'prepared.json'}: unreadable, so the data is prepared again"
-        assert not any("reusing" in line for line in logs)
+        _fw_says(logs[0], f"{d / 'prepared.json'}: ")
+        assert steps == ["corpus", "corpus", "tokenizer", "tokens", "tokens"]
 
 
 def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
@@ -5032,140 +5146,147 @@ def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stor
     assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
 
 
-def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path):
-    logs = []
-    kw = dict(vocab_size=280, allow_download=False, log=logs.append, num_workers=1)
+def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path, monkeypatch):
+    steps = _fw_steps(monkeypatch)
+    kw = dict(vocab_size=280, allow_download=False, log=lambda *a: None, num_workers=1)
     d = tmp_path / "ts"
     fineweb.prepare_tinystories(d, corpus_bytes=12_000, **kw)
     small = (d / "train.txt").read_bytes()
     # another corpus size: a new corpus, not the old one reused
-    logs.clear()
+    steps.clear()
     fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert not any(line.startswith("corpus: reusing") for line in logs)
+    assert steps[:2] == ["corpus", "corpus"]
     assert (d / "train.txt").stat().st_size > 1.5 * len(small)
     big = (d / "train.txt").read_bytes()
     # a corpus file edited (or cut short) after it was recorded: made again, not trusted
     (d / "train.txt").write_bytes(big[:5000])
-    logs.clear()
+    steps.clear()
     fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert not any(line.startswith("corpus: reusing") for line in logs)
+    assert steps[:2] == ["corpus", "corpus"]
     assert (d / "train.txt").read_bytes() == big
     # a tokenizer changed on disk after it was recorded: trained again, and the tokens encoded again
     merges = (d / "tokenizer" / "merges.txt").read_text(encoding="utf-8").splitlines()
     (d / "tokenizer" / "merges.txt").write_text("\n".join(merges[:-5]) + "\n", encoding="utf-8")
-    logs.clear()
+    steps.clear()
     fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert logs[0].startswith("corpus: reusing") and logs[1].startswith("tokenizer: trained BPE")
-    assert logs[2].startswith("tokens: ") and "reusing" not in logs[2]
+    assert steps == ["tokenizer", "tokens", "tokens"]
 
 
 def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
-    with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
+    with pytest.raises(ValueError) as e:
         fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
+    _one_line_naming(str(e.value), "corpus_bytes ", "-5")
     assert not (tmp_path / "d").exists()
 
 
 def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
-    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error, nothing written,
-    # and no "using the generated corpus" line first
+    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error saying why and what
+    # size to give instead, nothing written, and no "using the generated corpus" line first
     monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
     logs = []
     for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
-        with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
+        with pytest.raises(ValueError) as e:
             fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
+        _one_line_naming(str(e.value), "all of TinyStories", "--corpus_bytes 0", why, "--corpus_bytes 4000000")
     assert logs == [] and not (tmp_path / "all").exists()
     # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
     fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
     before = sorted(p.name for p in (tmp_path / "ts").iterdir())
-    with pytest.raises(ValueError, match="^all of TinyStories"):
+    with pytest.raises(ValueError) as e:
         fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
+    _one_line_naming(str(e.value), "all of TinyStories", "--corpus_bytes 0")
     assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
-                                      f"--out_dir={tmp_path / 'cli'}"])
-    with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
-        fineweb.main()
+    capsys.readouterr()
+    msg = _fw_exit(monkeypatch, fineweb, "--prepare_tinystories", "--corpus_bytes=0", f"--out_dir={tmp_path / 'cli'}")
+    _one_line_naming(msg, "fineweb.py: all of TinyStories", "--corpus_bytes 0")
     assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
 
 
-def test_fw_prepare_tinystories_download_and_failed_download(tmp_path, monkeypatch):
+def test_fw_prepare_tinystories_downloads_both_splits_of_tinystories(tmp_path, monkeypatch):
     calls, logs = [], []
-    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)], "validation": [f"Val story {i}." for i in range(50)]}
+    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)],
+            "validation": [f"Val story {i}." for i in range(50)]}
     _fw_fake_datasets(monkeypatch, rows, calls)
-    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000,
+                                      num_workers=1)
     assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
     assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
     train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
-    assert train_docs == rows["train"][:len(train_docs)] and 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
+    assert train_docs == rows["train"][:len(train_docs)]
+    assert 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
     assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
-    # a failing download: one line saying so, then the generated corpus
-    logs.clear()
-    _fw_fake_datasets(monkeypatch, rows, calls, fail=ConnectionError("no route to host"))
-    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
+
+
+def test_fw_prepare_tinystories_falls_back_to_the_generated_corpus_when_the_download_fails(tmp_path, monkeypatch):
+    # a failing download: one line naming the error, then stories.py's corpus, and no half-downloaded file left
+    logs = []
+    _fw_fake_datasets(monkeypatch, {}, [], fail=ConnectionError("no route to host"))
+    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000,
+                                      num_workers=1)
     assert "stories.py" in got["source"]
-    assert logs[0].startswith("TinyStories download failed (ConnectionError: no route to host)")
+    _one_line_naming(logs[0], "TinyStories ", "ConnectionError", "no route to host")
     assert not list((tmp_path / "fail").glob("*.tmp"))
 
 
-def test_fw_prepare_tinystories_download_stops_at_a_split_size_met_exactly(tmp_path, monkeypatch):
-    # every row is 15 characters, 30 bytes with its separator: 5700 and 300 bytes are 190 and 10 rows exactly, and
-    # a download that has reached its size stops there (one more row would overshoot by a whole story)
-    calls = []
-    rows = {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
-    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
-    for split, path, n in (("train", "train.txt", 190), ("validation", "val.txt", 10)):
-        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
-        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n]) and len(text) == 30 * n
-
-
-def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_path, monkeypatch):
-    calls = []
-    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)],
-            "validation": [f"Val story {i}." for i in range(200)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
+@pytest.mark.parametrize("rows", [
+    {"train": [f"Train story {i}. The cat sat." for i in range(400)],
+     "validation": [f"Val story {i}." for i in range(200)]},
+    {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]},
+], ids=["rows_of_any_length", "rows_of_30_bytes"])
+def test_fw_prepare_tinystories_download_stops_at_the_first_story_that_reaches_each_size(tmp_path, monkeypatch, rows):
+    # train.txt and val.txt get 95 % and 5 % of corpus_bytes: each story followed by the separator, up to the first
+    # story that reaches the size; with rows of 30 bytes (with their separator) 5700 and 300 bytes are 190 and 10 rows
+    # exactly, and there it stops (one more row would overshoot by a whole story)
+    _fw_fake_datasets(monkeypatch, rows, [])
     fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
     for split, path, limit in (("train", "train.txt", 5700), ("validation", "val.txt", 300)):
         text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
         n = len(list(fineweb.file_docs(tmp_path / "dl" / path)))
         assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
         last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
-        assert limit <= len(text.encode()) < limit + last, (split, len(text))      # 95 % / 5 % of corpus_bytes
+        assert limit <= len(text.encode()) < limit + last, (split, len(text))
 
 
 # ---- fineweb.py: a tokenizer trained on the corpus first (train_tokenizer_on_docs)
 
 
-def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
-    import bpe
+def test_fw_train_tokenizer_on_docs_then_shard(tmp_path, monkeypatch):
+    # the tokenizer is trained once and reused for the same request (a resumed run shards with the same one);
+    # asked for another size or another amount of training text, it is refused in one line naming both requests,
+    # never reused in silence
     path, docs = _fw_corpus(tmp_path, n=80, seed=4)
     logs = []
-    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tmp_path / "out/tokenizer", num_workers=1, log=logs.append)
+    tok_dir = tmp_path / "out/tokenizer"
+    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tok_dir, num_workers=1, log=logs.append)
     tok = bpe.load_tokenizer(ref)
     assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
-    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tmp_path / "out/tokenizer", log=logs.append) == ref
-    assert "reusing" in logs[-1]
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tok_dir, log=logs.append) == ref
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1,
+                         progress=False, log=logs.append)
     ids, _, meta = _fw_read_shards(tmp_path / "out")
     assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
-    # asked for another size (or another amount of training text): refused, never a silent reuse
     for size, max_bytes in [(300, None), (290, 5000)]:
-        with pytest.raises(ValueError, match=r"tokenizer: holds a tokenizer trained with vocab_size 290, "
-                                             r"bpe_train_bytes 0, not .*: choose another --out_dir"):
-            fineweb.train_tokenizer_on_docs(iter([]), size, tmp_path / "out/tokenizer", max_bytes, log=logs.append)
+        with pytest.raises(ValueError) as e:
+            fineweb.train_tokenizer_on_docs(iter([]), size, tok_dir, max_bytes, log=logs.append)
+        _fw_says(str(e.value), f"{tok_dir}: ", "vocab_size 290, bpe_train_bytes 0",
+                 f"vocab_size {size}, bpe_train_bytes {max_bytes or 0}", "--out_dir")
 
 
-def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
-    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
+def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path, monkeypatch):
+    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says, and the text
+    # trained on ends with the first document that reaches it
     docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
     per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
     assert per_doc[0] == 20 * 41 + 2 + 15
-    logs = []
-    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
-    assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
+    sizes = _fw_bpe_training_sizes(monkeypatch)
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1,
+                                    log=lambda *a: None)
+    assert sizes == [sum(per_doc[:4])]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
     # a budget met exactly by 3 documents stops there: no 4th
     fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
-                                    log=logs.append)
-    assert f"on {sum(per_doc[:3]):,} bytes" in logs[-1]
+                                    log=lambda *a: None)
+    assert sizes[-1] == sum(per_doc[:3])
 
 
 # ---- fineweb.py: the command line
@@ -5197,44 +5318,42 @@ def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _f
     assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
 
 
-def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch, capsys):
+def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch):
     path, docs = _fw_corpus(tmp_path, n=80, seed=4)
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", "--max_docs=5", "--vocab_size=280",
-                                      f"--out_dir={tmp_path / 'out'}", "--shard_size=500", "--num_workers=1"])
+    sizes = _fw_bpe_training_sizes(monkeypatch)
+    argv = [f"--input={path}", "--max_docs=5", "--vocab_size=280", f"--out_dir={tmp_path / 'out'}", "--shard_size=500",
+            "--num_workers=1"]
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
     fineweb.main()
-    first5 = sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])
-    assert f"on {first5:,} bytes" in capsys.readouterr().out
+    assert sizes == [sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])]
     ids, _, meta = _fw_read_shards(tmp_path / "out")
     assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
     # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
-    monkeypatch.setattr(sys, "argv", [a.replace("--max_docs=5", "--max_docs=6") for a in sys.argv])
-    with pytest.raises(SystemExit, match=r"tokenizer: holds a tokenizer trained with vocab_size 280, bpe_train_bytes "
-                                         r"\d+ on file:.*\[:5\], not vocab_size 280, bpe_train_bytes \d+ on file:.*\[:6\]: "
-                                         r"choose another --out_dir"):
-        fineweb.main()
+    msg = _fw_exit(monkeypatch, fineweb, *[a.replace("--max_docs=5", "--max_docs=6") for a in argv])
+    _fw_says(msg, f"fineweb.py: {tmp_path / 'out' / 'tokenizer'}: ", "[:5]", "[:6]", "--out_dir")
 
 
 def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
-    # the README's way on: a shard size too large for the corpus leaves only the validation shard; the same folder
-    # with a smaller --shard_size is refused (other settings), and with --fresh it is rebuilt, the tokenizer trained
-    # there included, while a file fineweb.py did not write stays
+    # the README's way on: a shard size too large for the corpus leaves only the validation shard (and a hint naming
+    # --shard_size and --fresh); the same folder with a smaller --shard_size is refused (other settings), and with
+    # --fresh it is rebuilt, the tokenizer trained there included, while a file fineweb.py did not write stays
     path, _ = _fw_corpus(tmp_path, n=60, seed=1)
     out = tmp_path / "out"
+    argv = [f"--input={path}", f"--out_dir={out}", "--vocab_size=300", "--num_workers=1"]
 
-    def run(*argv):
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", f"--out_dir={out}", "--vocab_size=300",
-                                          "--num_workers=1", *argv])
+    def run(*more):
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv, *more])
         fineweb.main()
-    run("--shard_size=1000000")
+        return capsys.readouterr().out.splitlines()
+    said = run("--shard_size=1000000")
     assert sorted(p.name for p in out.glob("*.bin")) == ["val_000000.bin"]
-    assert "lower --shard_size (with --fresh)" in capsys.readouterr().out
+    assert any(line.startswith(f"{out}: ") and "--shard_size" in line and "--fresh" in line for line in said), said
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(SystemExit, match=r"different settings \(shard_size=1000000\): rerun with the same flags to "
-                                         r"resume, --fresh to start over"):
-        run("--shard_size=2000")
+    msg = _fw_exit(monkeypatch, fineweb, *argv, "--shard_size=2000")
+    _fw_says(msg, f"fineweb.py: {out}: ", "shard_size=1000000", "--fresh")
     old_vocab = (out / "tokenizer" / "vocab.json").stat().st_mtime_ns
-    run("--shard_size=2000", "--fresh")
-    assert "removed 1 shard(s) and the tokenizer trained there" in capsys.readouterr().out
+    said = run("--shard_size=2000", "--fresh")
+    assert any(line.startswith(f"{out}: ") and "1 shard" in line and "tokenizer" in line for line in said), said
     meta = json.loads((out / "meta.json").read_text())
     assert meta["config"]["shard_size"] == 2000 and len(meta["shards"]) > 2 and meta["complete"]
     assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["file"] for s in meta["shards"])
@@ -5257,45 +5376,50 @@ def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path,
 
 
 def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatch, _fw_bpe_dir):
-    # a rerun on the same --input finds its shards complete; after the file changed it is refused (it said
-    # "already complete" and kept the old text's shards, and a half-done run would have resumed into the new text)
+    # a rerun on the same --input finds its shards complete; once the file has changed (its size or modification
+    # time) it is refused, saying so: the shards hold the old text, and a half-done run would resume into the new one
     path, _ = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
-    argv = ["fineweb.py", f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}",
-            "--shard_size=500", "--num_workers=1"]
-    monkeypatch.setattr(sys, "argv", argv)
+    argv = [f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}", "--shard_size=500",
+            "--num_workers=1"]
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
     fineweb.main()
     fineweb.main()   # unchanged: reused
     path.write_text(path.read_text()[: len(path.read_text()) // 2], encoding="utf-8")
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-    with pytest.raises(SystemExit, match=rf"out: its shards were made from {re.escape(str(path.resolve()))} as it "
-                                         r"was before: the input has changed since"):
-        fineweb.main()
+    msg = _fw_exit(monkeypatch, fineweb, *argv)
+    _fw_says(msg, f"fineweb.py: {tmp_path / 'out'}: ", str(path.resolve()), "changed", "--fresh")
 
 
 @pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
-                                   ["--prepare_tinystories", "--corpus_bytes=-5"]])
+                                   ["--shuffle_buffer=0"], ["--bpe_train_bytes=-1"],
+                                   ["--prepare_tinystories", "--corpus_bytes=-5"],
+                                   ["--prepare_tinystories", "--corpus_bytes=1"]],
+                         ids=lambda flags: " ".join(flags))
 def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
     monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
     out = tmp_path / "out"
-    msg = _bad_exit(monkeypatch, fineweb, f"--input={_bad_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
-                    f"--out_dir={out}", *flags)
+    msg = _fw_exit(monkeypatch, fineweb, f"--input={_bpe_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
+                   f"--out_dir={out}", *flags)
     flag, value = flags[-1].split("=")
-    assert msg.startswith(f"fineweb.py: {flag} {value}: expected") and not out.exists()
+    _one_line_naming(msg, f"fineweb.py: {flag} {value}:")
+    assert not out.exists()
 
 
 def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
+    # the OS's error, one line naming the file, which stays as it is
     (tmp_path / "a_file").write_text("x")
     for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
-                  [f"--input={_bad_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
-        msg = _bad_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
-        assert msg == f"fineweb.py: [Errno 17] File exists: '{tmp_path / 'a_file'}'"
+                  [f"--input={_bpe_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
+        msg = _fw_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
+        _one_line_naming(msg, "fineweb.py: ", tmp_path / "a_file")
+    assert (tmp_path / "a_file").read_text() == "x"
 
 
 # ---- stories.py: seeded stories, and the corpus file of them
 
 
 def test_stories_deterministic_for_a_seed():
-    a, b, c = stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=4)
+    a, b, c = (stories.generate_stories(40, seed=s) for s in (3, 3, 4))
     assert a == b and a != c
     assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
 
@@ -5316,11 +5440,10 @@ def test_stories_write_corpus_size_and_separator(tmp_path):
     n, nbytes = stories.write_corpus(path, 50_000, seed=2)
     data = path.read_bytes()
     assert len(data) == nbytes
-    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by SEPARATOR
-    assert data.decode("utf-8") == "".join(d + stories.SEPARATOR for d in docs)
+    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by a separator
+    assert data.decode("utf-8") == "".join(d + "\n<|endoftext|>\n" for d in docs)   # as TinyStories-train.txt
     last = len((docs[-1] + stories.SEPARATOR).encode())
     assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
-    assert stories.SEPARATOR == "\n<|endoftext|>\n"
     stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
     assert (tmp_path / "t.txt").read_bytes() == data
 
@@ -5337,8 +5460,9 @@ def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tm
     one = (story + stories.SEPARATOR).encode()
     assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
     assert (tmp_path / "c.txt").read_bytes() == 3 * one
-    with pytest.raises(ValueError, match="num_bytes must be positive"):
+    with pytest.raises(ValueError) as e:
         stories.write_corpus(tmp_path / "d.txt", 0)
+    _one_line_naming(str(e.value), "stories.write_corpus: ", "num_bytes", "0")
     assert not (tmp_path / "d.txt").exists()
 
 
@@ -5366,12 +5490,14 @@ def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, ca
     assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
 
 
-@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
-                                        ("--seed", "-5"), ("--seed", "-1")])
+@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"),
+                                        ("--out", "DIR"), ("--seed", "-5"), ("--seed", "-1")])
 def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
+    # refused before anything is written or printed (random.Random(-5) is random.Random(5): two seeds, one corpus)
+    monkeypatch.setattr(stories, "write_corpus", _bpe_not_called)
     value = str(tmp_path) if value == "DIR" else value
-    msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
-    assert msg.startswith(f"stories.py: {flag} {value}: ") and "expected" in msg
+    msg = _fw_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
+    _one_line_naming(msg, f"stories.py: {flag} {value}:")
     assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
 
 
