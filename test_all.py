@@ -178,11 +178,86 @@ def _bpe_small_tokenizer(tmp_path, specials=(_BPE_EOT,), vocab_size=400):
     return bpe.Tokenizer(vocab, merges, list(specials))
 
 
-# pre-tokenisation and encoding against references
+def _bpe_byte_tokenizer(specials=(_BPE_EOT,)):
+    """A byte-level tokenizer without merges: ids 0-255 are the bytes, the special tokens come after them."""
+    return bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], list(specials))
+
+
+def _bpe_corpus(path, n=60, seed=0):
+    """n stories of stories.py, each followed by its separator: a corpus of n documents."""
+    path.write_text("".join(d + stories.SEPARATOR for d in stories.generate_stories(n, seed)), encoding="utf-8")
+    return path
+
+
+def _bpe_tok_dir(tmp_path, specials=(_BPE_EOT,)):
+    """A tokenizer folder (vocab 300) trained on _bpe_corpus(tmp_path / "corpus.txt")."""
+    vocab, merges = bpe.train_bpe(_bpe_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
+    bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
+    return tmp_path / "tok"
+
+
+def _bpe_chunkings(text, rng):
+    yield [text]
+    yield list(text)  # one character at a time
+    yield text.splitlines(keepends=True)
+    for _ in range(5):
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text), 40)))
+        yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+
+
+def _bpe_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "bpe.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def _bpe_exit(monkeypatch, *argv):
+    """The message bpe.main() exits with for this command line: a string, so exit status 1 with it on stderr."""
+    monkeypatch.setattr(sys, "argv", ["bpe.py", *map(str, argv)])
+    with pytest.raises(SystemExit) as e:
+        bpe.main()
+    assert isinstance(e.value.code, str), e.value.code
+    return e.value.code
+
+
+def _bpe_says(message, prefix, *named):
+    """_one_line_naming, with the named values looked for after the prefix (a path there may hold any word)."""
+    _one_line_naming(message, str(prefix))
+    _one_line_naming(message[len(str(prefix)):], "", *named)
+
+
+def _bpe_warning(err, path):
+    """The one line of stderr `err` that warns about `path`."""
+    lines = [line for line in err.splitlines() if str(path) in line]
+    assert len(lines) == 1, err
+    _one_line_naming(lines[0], "bpe.py: warning: ")
+    return lines[0]
+
+
+def _bpe_report_line(out, figure):
+    """The one line of bpe.py's printed report that gives `figure` (a word such as "merges" or "bytes/token")."""
+    lines = [line for line in out.splitlines() if figure in line]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def _bpe_not_called(*a, **k):
+    raise AssertionError("called, where it should not be (a refusal comes first, or the step is reused)")
+
+
+# ---- pre-tokenisation: the str.split fast path gives the GPT-2 regex's pre-tokens, special tokens split out first
+
+
+def test_bpe_whitespace_table_is_exactly_regex_backslash_s():
+    # the str.split fast path is exact only if its whitespace table is the regex module's \s, every character of it
+    ws = set(regex.findall(r"\s", "".join(map(chr, range(0x110000)))))   # every code point, one pass
+    assert set(bpe._WS_CHARS) == ws and set(bpe._NONSPACE_WS) == ws - {" "}
+
+
 def test_bpe_pieces_match_gpt2_regex():
     # the str.split fast path must give exactly the GPT-2 regex pre-tokens (reference: regex.findall)
     rng = random.Random(0)
-    alphabet = [" ", "  ", "\n", "\t", "\r\n", "\u00a0", "\u3000", "a", "Bc", "1", "'", "'s", "!", "é", "世", "🙂", "\x1c"]
+    alphabet = [" ", "  ", "\n", "\t", "\r\n", "\u00a0", "\u3000", "a", "Bc", "1", "'", "'s", "!", "é", "世", "🙂",
+                "\x1c"]
     texts = _BPE_EDGE_TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 25))) for _ in range(3000)]
     for text in texts:
         text = text.replace(_BPE_EOT, "")
@@ -205,69 +280,206 @@ def test_bpe_pretoken_counts_match_gpt2_regex_with_special_tokens():
             assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d)), repr(text)
 
 
+def test_bpe_special_tokens_made_of_letters_are_split_out(tmp_path):
+    # an all-letter special token ("END") must be split out like any other, in encoding and in training, even
+    # where a space precedes it or letters touch it (an all-letter word takes a fast path in both)
+    tok = _bpe_byte_tokenizer(["END"])
+    end = tok.special_to_id["END"]
+    for text in ["say END now", "END", "sayEND ENDing", "é END\n END"]:
+        pieces = regex.split("(END)", text)
+        want = [i for k, p in enumerate(pieces) for i in ([end] if k % 2 else list(p.encode()))]
+        assert tok.encode(text) == want, text
+        assert list(tok.encode_iterable(iter(text))) == want, text
+        counts, ref = {}, Counter()
+        bpe._count_pretokens(text, ["END"], counts)
+        for doc in pieces[::2]:
+            ref.update(regex.findall(bpe.GPT2_SPLIT_PATTERN, doc))
+        assert counts == dict(ref), text
+    (tmp_path / "c.txt").write_text("the END of the END and the end " * 50, encoding="utf-8")
+    vocab, _ = bpe.train_bpe(tmp_path / "c.txt", 300, ["END"], num_workers=1)
+    assert not any(b"END" in v for i, v in vocab.items() if i > 0)  # id 0 is the special token itself
+
+
 @needs_gpt2_files
-def test_bpe_gpt2_files_match_tiktoken_on_edge_cases():
+def test_bpe_gpt2_files_match_tiktoken_with_rare_whitespace():
+    # U+0085 (NEL), U+2028, U+3000 ... next to space runs: the fast path must cut these runs as the regex does
     import tiktoken
     enc = tiktoken.get_encoding("gpt2")
     tok = _bpe_gpt2()
-    assert tok.vocab_size == enc.n_vocab and tok.eot_id == enc.eot_token
-    for text in _BPE_EDGE_TEXTS:
-        ids = tok.encode(text)
-        assert ids == enc.encode(text, allowed_special="all"), repr(text)
-        assert tok.decode(ids) == text
-    assert tok.encode("<|endoftext|><|endoftext|>") == [50256, 50256]  # GPT-2 has no double token: two
-    # a lone surrogate (no UTF-8 bytes) becomes U+FFFD and a pair written as two halves is one character, as in
-    # tiktoken; encode_iterable (fineweb.py's path) agrees
-    for text in ["half \ud83d an emoji", "\ude00", "pair \ud83d\ude00 ok", "\ud83d\ud83d  \udfff<|endoftext|>x"]:
+    rng = random.Random(3)
+    rare = [c for c in bpe._WS_CHARS if c not in " \t\n"]
+    alphabet = [" ", "  ", "\n", "a", "Bc", "!", "\t"] + rare + ["\x85", "\u2028"]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(3000)]
+    for text in ["  \n\n\x85  a! "] + texts:
         assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
-        assert list(tok.encode_iterable([text], block_chars=4)) == tok.encode(text)
+        counts = Counter()
+        bpe._count_pretokens(text, [], counts)
+        assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text)), repr(text)
 
 
-@needs_gpt2_files
-def test_bpe_gpt2_files_match_tiktoken_fuzz():
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    tok = _bpe_gpt2()
-    rng = random.Random(1)
-    alphabet = [" ", "  ", "\n", "\t", "\r\n", "\u00a0", "a", "Bc", "1", "'", "'ll", "!", "é", "世", "🙂", _BPE_EOT, "<|", "\x1c"]
-    for _ in range(2000):
-        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
-        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
-    text = _bpe_synthetic_text(300, seed=2)
-    assert tok.encode(text) == enc.encode(text, allowed_special="all")
+# ---- reading a corpus: chunks cut at special tokens, streamed UTF-8 decoding, worker processes, bad input files
 
 
-@needs_data
-@needs_gpt2_files
-def test_bpe_gpt2_files_match_tiktoken_on_shared_corpora():
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    tok = _bpe_gpt2()
-    files = sorted(DATA.glob("*/*.txt"))
-    assert files
-    for f in files:
-        text = f.read_text(encoding="utf-8")[:150_000]
-        ids = tok.encode(text)
-        assert ids == enc.encode(text, allowed_special="all"), f.name
-        assert tok.decode(ids) == text
+def test_bpe_a_small_file_is_one_chunk_and_a_big_one_one_chunk_per_min_chunk_bytes(tmp_path):
+    # a file up to min_chunk_bytes is not worth another process: one chunk whatever the worker count; above it,
+    # at most one chunk per min_chunk_bytes (and never more than the workers, unless chunk_bytes asks for more)
+    path = tmp_path / "in.txt"
+    path.write_text("word " * 2000, encoding="utf-8")   # 10,000 bytes, cut points after every word
+    size = path.stat().st_size
+    assert bpe._chunk_ranges(path, size, 8, 1 << 21, 10_000, [_BPE_EOT]) == [(0, size)]
+    assert len(bpe._chunk_ranges(path, size, 8, 1 << 21, 2_500, [_BPE_EOT])) == 4
+    assert len(bpe._chunk_ranges(path, size, 2, 1 << 21, 1_000, [_BPE_EOT])) == 2
+    assert len(bpe._chunk_ranges(path, size, 2, 2_000, 1_000, [_BPE_EOT])) == 5
 
 
-@needs_gpt2_files
-def test_bpe_load_tokenizer_gpt2_and_dir(tmp_path):
-    g = bpe.load_tokenizer("gpt2")
-    assert (g.name, g.vocab_size, g.eot_id) == ("gpt2", 50257, 50256)
-    assert g.encode("hi<|endoftext|>") == [5303, 50256] and g.decode([5303, 50256]) == "hi<|endoftext|>"
-    text = "a  b\n\n c<|endoftext|><|endoftext|>\n  d " * 3
-    assert list(g.encode_iterable(list(text), block_chars=8)) == g.encode(text)
-    _bpe_gpt2().save_dir(tmp_path / "g")
-    t = bpe.load_tokenizer(str(tmp_path / "g"))
-    assert t.name == str(tmp_path / "g") and t.eot_id == 50256 and t.vocab_size == 50257
-    assert t.encode("Hello world<|endoftext|>") == g.encode("Hello world<|endoftext|>")
-    with pytest.raises(ValueError, match="tokenizer"):
-        bpe.load_tokenizer(str(tmp_path / "missing"))
+def test_bpe_chunk_boundaries_without_special_tokens(tmp_path):
+    # no special token in the file: cuts fall on pre-token boundaries and counts stay exact
+    path = tmp_path / "c.txt"
+    text = _bpe_synthetic_text(200, seed=5, special="\n")
+    path.write_text(text, encoding="utf-8")
+    stats = {}
+    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, chunk_bytes=3000, min_chunk_bytes=1000,
+                                      stats=stats)
+    assert stats["num_chunks"] > 2
+    assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text))
 
 
-# training
+def test_bpe_streamed_counting_matches_regex(tmp_path, monkeypatch):
+    # workers read their byte range in small blocks and count up to safe cut points: exact counts anyway,
+    # also with multi-byte characters split across blocks and a special token that contains a space
+    monkeypatch.setattr(bpe, "_READ_BLOCK", 37)
+    specials = [_BPE_EOT, "<|end of text|>"]
+    text = _bpe_synthetic_text(60, seed=12).replace("\n" + _BPE_EOT, "\n<|end of text|>", 20)
+    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
+    counts = bpe.count_pretokens_file(tmp_path / "c.txt", specials, num_workers=1)
+    docs = regex.split("|".join(regex.escape(t) for t in specials), text)
+    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+
+
+def test_bpe_truncated_utf8_at_the_end_of_the_file_is_replaced_and_counted(tmp_path, capsys):
+    # a file that ends inside a multi-byte character: the incremental decoder must be flushed (final=True), and
+    # the warning counts invalid BYTES (one U+FFFD here stands for two of them)
+    data = b"good text\n" + _BPE_EOT.encode() + b"\nthe end \xe2\x82"
+    (tmp_path / "t.txt").write_bytes(data)
+    for workers in (1, 2):
+        stats = {}
+        counts = bpe.count_pretokens_file(tmp_path / "t.txt", [_BPE_EOT], num_workers=workers, stats=stats,
+                                          min_chunk_bytes=8)
+        docs = data.decode("utf-8", "replace").split(_BPE_EOT)
+        assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+        assert counts[" \ufffd"] == 1 and stats["invalid_bytes"] == 2
+        assert "2 bytes" in _bpe_warning(capsys.readouterr().err, tmp_path / "t.txt")
+
+
+def test_bpe_train_replaces_invalid_utf8_and_warns_how_many_bytes(tmp_path, capsys):
+    # invalid UTF-8 does not stop training: each bad byte becomes U+FFFD (as errors="replace" decodes), the text so
+    # decoded is what is trained on, and one warning line names the file and the number of bytes replaced
+    data = b"good text \xff\xfe here and there\n<|endoftext|>\nmore \xc3 text\n"
+    (tmp_path / "bad.txt").write_bytes(data)
+    stats = {}
+    _, merges = bpe.train_bpe(tmp_path / "bad.txt", 300, [_BPE_EOT], num_workers=1, stats=stats)
+    assert stats["invalid_bytes"] == 3
+    assert "3 bytes" in _bpe_warning(capsys.readouterr().err, tmp_path / "bad.txt")
+    assert merges == _bpe_naive_train(data.decode("utf-8", "replace"), 300, [_BPE_EOT])
+
+
+def test_bpe_parallel_counting_with_spawned_workers(tmp_path, monkeypatch):
+    # macOS and Windows start workers with "spawn" (a fresh interpreter that imports bpe.py), not "fork"
+    path = tmp_path / "c.txt"
+    text = _bpe_synthetic_text(150, seed=8)
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sys, "platform", "darwin")
+    stats = {}
+    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
+    monkeypatch.undo()
+    assert stats["num_processes"] == 2 and stats["worker_peak_rss_kb"] > 0
+    docs = regex.split(regex.escape(_BPE_EOT), text)
+    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+
+
+def test_bpe_parallel_counting_adds_up_invalid_bytes_and_memory_over_the_processes(tmp_path):
+    # the main process counts its share while a forked worker counts the other: the invalid bytes add up over
+    # both, and the memory figures are filled in (the phase's peak counts the worker's on top of the main one's)
+    path = tmp_path / "c.txt"
+    half = _bpe_synthetic_text(100, seed=6).encode()
+    path.write_bytes(half + b"one bad \xff byte\n" + half + b"two \xfe\xfe bad bytes\n")
+    stats = {}
+    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
+    assert stats["num_processes"] == 2 and stats["invalid_bytes"] == 3
+    assert counts[" \ufffd"] == 1 and counts[" \ufffd\ufffd"] == 1
+    assert stats["pretokenize_peak_kb"] > stats["worker_peak_rss_kb"] > 0
+
+
+@pytest.mark.parametrize("how,named", [("raise", ("RuntimeError", "boom")), ("die", ("exit code 3",))],
+                         ids=["raises", "dies"])
+def test_bpe_a_counting_worker_that_fails_is_one_error_naming_the_file(tmp_path, monkeypatch, how, named):
+    # a worker that raises, or dies without a word (killed for memory), is one ValueError that starts with the
+    # file and says what happened to the worker, not a traceback from inside it or a wait for its result forever
+    path = tmp_path / "c.txt"
+    half = _bpe_synthetic_text(100, seed=6).encode()
+    path.write_bytes(half + half)
+    main_pid, real = os.getpid(), bpe._count_chunks
+
+    def count(*a, **k):
+        if os.getpid() != main_pid:  # in the forked worker only
+            if how == "raise":
+                raise RuntimeError("boom")
+            os._exit(3)
+        return real(*a, **k)
+    monkeypatch.setattr(bpe, "_count_chunks", count)
+    with pytest.raises(ValueError) as e:
+        bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000)
+    _bpe_says(str(e.value), f"{path}: ", *named)
+
+
+def test_bpe_worker_processes_leave_ctrl_c_to_the_parent(tmp_path):
+    # a terminal's Ctrl-C reaches every process of the group: the workers ignore it (else each prints a traceback)
+    # and the parent, which does not ignore it, stops them; the single-process path keeps Ctrl-C working
+    import multiprocessing as mp
+    import signal
+    text = tmp_path / "in.txt"
+    text.write_text("hello world <|endoftext|> hi\n", encoding="utf-8")
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        recv, send = mp.Pipe(duplex=False)
+        bpe._count_worker(send, str(text), [(0, text.stat().st_size)], ["<|endoftext|>"])
+        assert recv.recv()[3] is None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, before)
+        _bpe_byte_tokenizer().save_dir(tmp_path / "tok")
+        bpe._encode_worker_init(str(tmp_path / "tok"))
+        assert signal.getsignal(signal.SIGINT) is before
+        bpe._encode_worker_init(str(tmp_path / "tok"), True)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize("kind,named", [("missing", "no such file"), ("empty", "empty"), ("a folder", "directory")],
+                         ids=["missing", "empty", "a_folder"])
+def test_bpe_an_input_file_missing_empty_or_a_folder_is_refused_first(tmp_path, monkeypatch, capsys, kind, named):
+    # training and encoding check their input before anything else: one line that starts with the path and says
+    # what is wrong with it, from train_bpe and encode_file as from the command line, and nothing is written
+    path = tmp_path / "corpus.txt"
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "a folder":
+        path.mkdir()
+    _bpe_byte_tokenizer().save_dir(tmp_path / "tok")
+    for call in (lambda: bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=1),
+                 lambda: bpe.encode_file(path, str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)):
+        with pytest.raises(ValueError) as e:
+            call()
+        _bpe_says(str(e.value), f"{path}: ", named)
+    for argv in (["--input", path, "--vocab", 300, "--out", tmp_path / "t", "--workers", 1],
+                 ["--encode", path, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "o.bin", "--workers", 1]):
+        _bpe_says(_bpe_exit(monkeypatch, *argv), f"bpe.py: {path}: ", named)
+    assert capsys.readouterr() == ("", "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["tok"] + ["corpus.txt"] * (kind != "missing"))
+
+
+# ---- training: the merges against hand computation and a brute-force trainer
+
+
 def test_bpe_train_hand_computed_merges_with_tie(tmp_path):
     # pre-tokens: "abab", "ab", "ba" (the special token is removed, never merged).
     # pairs: (a,b)=3, (b,a)=2 -> merge 1: a+b.  Then (ab,ab)=1 and (b,a)=1 tie: the lexicographically
@@ -305,85 +517,105 @@ def test_bpe_train_matches_brute_force_reference(tmp_path):
     assert len(merges) == num_merges and len(vocab) == size and len(set(vocab.values())) == size
 
 
+@pytest.mark.parametrize("text,num_merges", [
+    ("ababab\n" * 10 + "aba " * 8 + "abab " * 3, 5),
+    ("aaaaaa\n" * 10 + " aaa" * 7 + " aaaaa" * 4, 5),
+    ("\n" * 3000 + "x yy", 8),
+    ("ab" * 600 + " abab ba\n" + "=" * 999, 8),
+], ids=["ababab", "aaaaaa", "3000_newlines", "ab_600_times"])
+def test_bpe_train_words_holding_a_pair_many_times_match_brute_force(tmp_path, text, num_merges):
+    # words with several sites of the merged pair ("ababab", "aaaaaa") take the rebuild path of the incremental
+    # update: the (new, new) pairs between adjacent sites count once, and no phantom (new, a) pair is left behind
+    # (too many) or taken away (too few); "aba" / " aaa" make (ab, a) / (aa, a) real pairs elsewhere. A word of
+    # 3,000 newlines (or "ab" 600 times) holds its pair thousands of times: the index of the words holding a pair
+    # lists it once, not once per occurrence (each of which a merge would scan it for)
+    path = tmp_path / "o.txt"
+    path.write_text(text, encoding="utf-8")
+    _, merges = bpe.train_bpe(path, 256 + num_merges, [], num_workers=1)
+    assert merges == _bpe_naive_train(text, 256 + num_merges, []) and len(merges) == num_merges
+
+
 def test_bpe_train_same_merges_for_any_worker_count(tmp_path):
     path = tmp_path / "c.txt"
     path.write_text(_bpe_synthetic_text(400, seed=4), encoding="utf-8")
     results, chunks = [], []
     for w in (1, 2, 3):
         stats = {}
-        results.append(bpe.train_bpe(path, 600, [_BPE_EOT], num_workers=w, stats=stats, chunk_bytes=8000, min_chunk_bytes=1000))
+        results.append(bpe.train_bpe(path, 600, [_BPE_EOT], num_workers=w, stats=stats, chunk_bytes=8000,
+                                     min_chunk_bytes=1000))
         chunks.append(stats["num_chunks"])
     assert results[0] == results[1] == results[2]
     assert min(chunks) > 1  # really split into chunks
 
 
-def test_bpe_streamed_counting_matches_regex(tmp_path, monkeypatch):
-    # workers read their byte range in small blocks and count up to safe cut points: exact counts anyway,
-    # also with multi-byte characters split across blocks and a special token that contains a space
-    monkeypatch.setattr(bpe, "_READ_BLOCK", 37)
-    specials = [_BPE_EOT, "<|end of text|>"]
-    text = _bpe_synthetic_text(60, seed=12).replace("\n" + _BPE_EOT, "\n<|end of text|>", 20)
-    (tmp_path / "c.txt").write_text(text, encoding="utf-8")
-    counts = bpe.count_pretokens_file(tmp_path / "c.txt", specials, num_workers=1)
-    docs = regex.split("|".join(regex.escape(t) for t in specials), text)
-    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+def test_bpe_train_refuses_a_vocabulary_below_the_bytes_and_special_tokens_and_an_empty_special(tmp_path, monkeypatch):
+    # a byte-level vocabulary holds at least the 256 bytes and the special tokens (257 here: no merge at all); a
+    # special token must be a non-empty string
+    (tmp_path / "a.txt").write_text("hello")
+    with pytest.raises(ValueError) as e:
+        bpe.train_bpe(tmp_path / "a.txt", 256, [_BPE_EOT])
+    _one_line_naming(str(e.value), "vocab_size=256 ", "256 bytes", "1 special")
+    vocab, merges = bpe.train_bpe(tmp_path / "a.txt", 257, [_BPE_EOT], num_workers=1)
+    assert len(vocab) == 257 and merges == []
+    with pytest.raises(ValueError) as e:
+        bpe.train_bpe(tmp_path / "a.txt", 300, [_BPE_EOT, ""])
+    _one_line_naming(str(e.value), "special_tokens ", repr([_BPE_EOT, ""]))
+    msg = _bpe_exit(monkeypatch, "--vocab", 100, "--input", tmp_path / "a.txt", "--out", tmp_path / "t")
+    _one_line_naming(msg, "bpe.py: vocab_size=100 ")
+    assert not (tmp_path / "t").exists()
 
 
-def test_bpe_chunk_boundaries_without_special_tokens(tmp_path):
-    # no special token in the file: cuts fall on pre-token boundaries and counts stay exact
-    path = tmp_path / "c.txt"
-    text = _bpe_synthetic_text(200, seed=5, special="\n")
-    path.write_text(text, encoding="utf-8")
-    stats = {}
-    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, chunk_bytes=3000, min_chunk_bytes=1000, stats=stats)
-    assert stats["num_chunks"] > 2
-    assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text))
+# ---- the Tokenizer: GPT-2's files encode as tiktoken does; special tokens, ids and decoding
 
 
-def test_bpe_parallel_counting_with_spawned_workers(tmp_path, monkeypatch):
-    # macOS and Windows start workers with "spawn" (a fresh interpreter that imports bpe.py), not "fork"
-    path = tmp_path / "c.txt"
-    text = _bpe_synthetic_text(150, seed=8)
-    path.write_text(text, encoding="utf-8")
-    monkeypatch.setattr(sys, "platform", "darwin")
-    stats = {}
-    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
-    monkeypatch.undo()
-    assert stats["num_processes"] == 2 and stats["worker_peak_rss_kb"] > 0
-    docs = regex.split(regex.escape(_BPE_EOT), text)
-    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_on_edge_cases():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    assert tok.vocab_size == enc.n_vocab and tok.eot_id == enc.eot_token
+    for text in _BPE_EDGE_TEXTS:
+        ids = tok.encode(text)
+        assert ids == enc.encode(text, allowed_special="all"), repr(text)
+        assert tok.decode(ids) == text
+    assert tok.encode("<|endoftext|><|endoftext|>") == [50256, 50256]  # GPT-2 has no double token: two
+    # a lone surrogate (no UTF-8 bytes) becomes U+FFFD and a pair written as two halves is one character, as in
+    # tiktoken; encode_iterable (fineweb.py's path) agrees
+    for text in ["half \ud83d an emoji", "\ude00", "pair \ud83d\ude00 ok", "\ud83d\ud83d  \udfff<|endoftext|>x"]:
+        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
+        assert list(tok.encode_iterable([text], block_chars=4)) == tok.encode(text)
 
 
-def test_bpe_parallel_counting_stats_and_worker_failures(tmp_path, monkeypatch):
-    # the main process counts its share while a forked worker counts the other: invalid bytes add up over
-    # both, the memory figures are filled in, and a worker that raises or dies is one ValueError naming the file
-    path = tmp_path / "c.txt"
-    half = _bpe_synthetic_text(100, seed=6).encode()
-    path.write_bytes(half + b"one bad \xff byte\n" + half + b"two \xfe\xfe bad bytes\n")
-    stats = {}
-    counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
-    assert stats["num_processes"] == 2 and stats["invalid_bytes"] == 3
-    assert counts[" \ufffd"] == 1 and counts[" \ufffd\ufffd"] == 1
-    assert stats["pretokenize_peak_kb"] > stats["worker_peak_rss_kb"] > 0
-    main_pid, real = os.getpid(), bpe._count_chunks
-
-    def failing(how):
-        def count(*a, **k):
-            if os.getpid() != main_pid:  # in the forked worker only
-                if how == "raise":
-                    raise RuntimeError("boom")
-                os._exit(3)
-            return real(*a, **k)
-        return count
-    monkeypatch.setattr(bpe, "_count_chunks", failing("raise"))
-    with pytest.raises(ValueError, match=r"c\.txt: pre-tokenisation failed: RuntimeError: boom"):
-        bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000)
-    monkeypatch.setattr(bpe, "_count_chunks", failing("die"))
-    with pytest.raises(ValueError, match=r"c\.txt: a pre-tokenisation worker died \(exit code 3\)"):
-        bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000)
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_fuzz():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    rng = random.Random(1)
+    alphabet = [" ", "  ", "\n", "\t", "\r\n", "\u00a0", "a", "Bc", "1", "'", "'ll", "!", "é", "世", "🙂", _BPE_EOT,
+                "<|", "\x1c"]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
+    text = _bpe_synthetic_text(300, seed=2)
+    assert tok.encode(text) == enc.encode(text, allowed_special="all")
 
 
-# tokenizer behaviour
+@needs_data
+@needs_gpt2_files
+def test_bpe_gpt2_files_match_tiktoken_on_shared_corpora():
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    tok = _bpe_gpt2()
+    files = sorted(DATA.glob("*/*.txt"))
+    assert files
+    for f in files:
+        text = f.read_text(encoding="utf-8")[:150_000]
+        ids = tok.encode(text)
+        assert ids == enc.encode(text, allowed_special="all"), f.name
+        assert tok.decode(ids) == text
+
+
 def test_bpe_roundtrip_and_special_tokens(tmp_path):
     tok = _bpe_small_tokenizer(tmp_path)
     for text in _BPE_EDGE_TEXTS:
@@ -398,58 +630,6 @@ def test_bpe_roundtrip_and_special_tokens(tmp_path):
     assert double.decode(double.encode(_BPE_EOT * 3)) == _BPE_EOT * 3
 
 
-def test_bpe_special_tokens_made_of_letters_are_split_out(tmp_path):
-    # an all-letter special token ("END") must be split out like any other, in encoding and in training, even
-    # where a space precedes it or letters touch it (an all-letter word takes a fast path in both)
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], ["END"])
-    end = tok.special_to_id["END"]
-    for text in ["say END now", "END", "sayEND ENDing", "é END\n END"]:
-        pieces = regex.split("(END)", text)
-        want = [i for k, p in enumerate(pieces) for i in ([end] if k % 2 else list(p.encode()))]
-        assert tok.encode(text) == want, text
-        assert list(tok.encode_iterable(iter(text))) == want, text
-        counts, ref = {}, Counter()
-        bpe._count_pretokens(text, ["END"], counts)
-        for doc in pieces[::2]:
-            ref.update(regex.findall(bpe.GPT2_SPLIT_PATTERN, doc))
-        assert counts == dict(ref), text
-    (tmp_path / "c.txt").write_text("the END of the END and the end " * 50, encoding="utf-8")
-    vocab, _ = bpe.train_bpe(tmp_path / "c.txt", 300, ["END"], num_workers=1)
-    assert not any(b"END" in v for i, v in vocab.items() if i > 0)  # id 0 is the special token itself
-
-
-def test_bpe_encode_file_never_cuts_inside_a_longer_special_token(tmp_path):
-    # '<|endoftext|>' and '<|endoftext|><|endoftext|>' both special: a chunk cut found at the second half of the
-    # double token must move to its start, so every chunk size gives encode()'s ids
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT, _BPE_EOT * 2])
-    tok.save_dir(tmp_path / "tok")
-    text = "a b " * 20 + _BPE_EOT * 2 + " c d" * 20 + _BPE_EOT * 3 + "e"
-    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
-    want = tok.encode(text)
-    assert want.count(257) == 2 and want.count(256) == 1
-    for chunk_bytes in range(10, 130, 3):
-        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1,
-                        chunk_bytes=chunk_bytes, min_chunk_bytes=1)
-        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == want, chunk_bytes
-
-
-@pytest.mark.parametrize("layout", ["after_each", "between", "leading", "blank_docs"])
-def test_bpe_encode_file_counts_documents_not_separators(tmp_path, layout):
-    # num_docs counts the pieces between end-of-text tokens that hold text: stories.py and TinyStories put a
-    # separator (with newlines around it) after every story, which is no extra document
-    docs = ["One day a cat sat.", "The dog ran home.", "A bird sang."]
-    sep = "\n" + _BPE_EOT + "\n"
-    text = {"after_each": "".join(d + sep for d in docs), "between": sep.join(docs),
-            "leading": "".join(sep + d for d in docs), "blank_docs": sep + " \n" + sep.join(docs) + sep + sep}[layout]
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
-    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
-    for chunk_bytes in (12, 40, 1 << 21):  # documents split across chunks are counted once
-        meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1,
-                               chunk_bytes=chunk_bytes, min_chunk_bytes=1)
-        assert meta["num_docs"] == 3, chunk_bytes
-
-
 def test_bpe_special_tokens_missing_from_vocab_are_appended(tmp_path):
     tok = _bpe_small_tokenizer(tmp_path, specials=())
     n = tok.vocab_size
@@ -461,16 +641,61 @@ def test_bpe_special_tokens_missing_from_vocab_are_appended(tmp_path):
     assert t3.vocab_size == n + 2 and t3.encode("<|bot|>") == [n + 1]
 
 
-def test_bpe_decode_invalid_utf8_and_bad_ids(tmp_path):
+def test_bpe_appended_special_token_gets_an_unused_id_when_the_vocab_has_a_hole():
+    # ids 0-255 and 257 (no 256): "appended with new ids" means past the largest id, never onto a taken one
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[257] = b"ab"
+    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], ["<|x|>"])
+    assert tok.special_to_id["<|x|>"] == 258 and tok.vocab_size == 259 and tok.vocab[257] == b"ab"
+    assert tok.encode("ab<|x|>") == [257, 258] and tok.decode([257, 258]) == "ab<|x|>"
+
+
+def test_bpe_eot_id_of_a_vocabulary_holding_endoftext_without_declaring_it_special(tmp_path):
+    # GPT-2's vocab.json read by from_files with no special tokens named still has "<|endoftext|>" (id 50256 there):
+    # eot_id points at it, so sampling can start from it and stop at it; in text it stays plain characters
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab[256] = _BPE_EOT.encode()
+    tok = bpe.Tokenizer(vocab, [])
+    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    for t in (tok, bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")):
+        assert t.special_tokens == [] and t.eot_id == 256 and t.encode("<|") == [ord("<"), ord("|")]
+    assert bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).eot_id is None
+
+
+def test_bpe_a_pretoken_that_is_a_token_is_that_token_as_tiktoken_does():
+    # b"abc" is in the vocabulary but no merge list reaches it: tiktoken (the reference) takes a pre-token that is a
+    # token whole, and so must encode(); elsewhere (" abc", "xabc", "abcabc" are other pre-tokens) the bytes stay
+    import tiktoken
+    ranks = {bytes([b]): b for b in range(256)}
+    ref = tiktoken.Encoding("abc-test", pat_str=bpe.GPT2_SPLIT_PATTERN, mergeable_ranks={**ranks, b"abc": 256},
+                            special_tokens={})
+    tok = bpe.Tokenizer({**{i: b for b, i in ranks.items()}, 256: b"abc"}, [])
+    for text in ["abc", "abc abc", "xabc", "abcabc", "abc!", "(abc)"]:
+        assert tok.encode(text) == ref.encode(text), text
+    assert tok.encode("abc") == [256]
+
+
+def test_bpe_decode_replaces_invalid_utf8(tmp_path):
     tok = _bpe_small_tokenizer(tmp_path)
-    b = tok.encode("é")  # two byte tokens or one merged token; take the first byte alone
-    first_byte = tok.token_to_id[bytes([0xC3])]
+    first_byte = tok.token_to_id[bytes([0xC3])]  # the first of the two bytes of "é", alone
     assert tok.decode([first_byte]) == "\ufffd"
-    assert tok.decode(b) == "é"
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        tok.decode([tok.vocab_size])
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        tok.decode([-1])
+    assert tok.decode(tok.encode("é")) == "é"
+
+
+@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
+def test_bpe_decode_refuses_ids_outside_the_vocabulary(tmp_path, which):
+    # an id past the vocabulary, or a negative one (which a list index would take from the end), is one error
+    # naming the id and the vocabulary's range, for bpe.py's tokenizer as for tiktoken's GPT-2
+    tok = _bpe_small_tokenizer(tmp_path) if which == "bpe" else bpe.load_tokenizer("gpt2")
+    ids = tok.encode("hello")
+    assert tok.decode(ids) == "hello"
+    for bad in (tok.vocab_size, -1, 1 << 40):
+        with pytest.raises(ValueError) as e:
+            tok.decode(ids + [bad])
+        _one_line_naming(str(e.value), "decode: ", f"id {bad} ", f"[0, {tok.vocab_size})")
+
+
+# ---- tokenizer files: vocab.json and merges.txt in GPT-2's format (HF tokenizers reads them), special_tokens.json
 
 
 def test_bpe_save_and_from_files_roundtrip(tmp_path):
@@ -494,42 +719,99 @@ def test_bpe_saved_files_load_in_hf_tokenizers(tmp_path):
     import tokenizers  # the independent reference (requirements-dev.txt)
     tok = _bpe_small_tokenizer(tmp_path)
     tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"),
+                                                              str(tmp_path / "merges.txt")))
     hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     text = _bpe_synthetic_text(20, seed=6).replace(_BPE_EOT, "")
     assert hf.encode(text).ids == tok.encode(text)
 
 
-def test_bpe_merges_file_not_matching_vocab(tmp_path):
-    tok = _bpe_small_tokenizer(tmp_path)
+def test_bpe_a_merge_of_hash_signs_survives_the_merges_file_round_trip(tmp_path):
+    # only the FIRST line of merges.txt may be the "#version" header: a merge of "#" and "#" is the line "# #"
+    import tokenizers  # the independent reference (requirements-dev.txt)
+    tok = bpe.Tokenizer({**{i: bytes([i]) for i in range(256)}, 256: b"##", 257: b"###"}, [(b"#", b"#"), (b"##", b"#")])
     tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    with open(tmp_path / "merges.txt", "a", encoding="utf-8") as f:
-        f.write("zq xw\n")  # merged token "zqxw" is not in the vocabulary
-    with pytest.raises(ValueError, match="merges.txt.*does not match the vocabulary"):
-        bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt", [_BPE_EOT])
+    assert (tmp_path / "merges.txt").read_text(encoding="utf-8") == "#version: 0.2\n# #\n## #\n"
+    again = bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert again.merges == tok.merges and again.encode("#####") == tok.encode("#####") == [256, 257]
+    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"),
+                                                              str(tmp_path / "merges.txt")))
+    assert hf.encode("#####").ids == [256, 257]
 
 
-# encode_iterable
-def _bpe_chunkings(text, rng):
-    yield [text]
-    yield list(text)  # one character at a time
-    yield text.splitlines(keepends=True)
-    for _ in range(5):
-        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text), 40)))
-        yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_load_back(tmp_path):
+    # vocab.json stores special tokens as their own text, not in the bytes-to-unicode alphabet: reading them back
+    # must not push them through that alphabet (" " is not a GPT-2 byte character; "ü" stands for byte 0xFC there)
+    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
+    tok = _bpe_byte_tokenizer(specials)
+    tok.save_dir(tmp_path / "d")
+    for again in (bpe.Tokenizer.from_dir(tmp_path / "d"),
+                  bpe.Tokenizer.from_files(tmp_path / "d" / "vocab.json", tmp_path / "d" / "merges.txt", specials)):
+        assert again.vocab == tok.vocab
+        assert again.special_to_id == {specials[0]: 256, specials[1]: 257, specials[2]: 258}
+        text = "a<|end of text|>ü<|ü|>b" + _BPE_EOT
+        assert again.encode(text) == tok.encode(text) == [97, 257, 0xC3, 0xBC, 258, 98, 256]
 
 
-def test_bpe_a_pretoken_that_is_a_token_is_that_token_as_tiktoken_does():
-    # b"abc" is in the vocabulary but no merge list reaches it: tiktoken (the reference) takes a pre-token that is a
-    # token whole, and so must encode(); elsewhere (" abc", "xabc", "abcabc" are other pre-tokens) the bytes stay
-    import tiktoken
-    ranks = {bytes([b]): b for b in range(256)}
-    ref = tiktoken.Encoding("abc-test", pat_str=bpe.GPT2_SPLIT_PATTERN, mergeable_ranks={**ranks, b"abc": 256},
-                            special_tokens={})
-    tok = bpe.Tokenizer({**{i: b for b, i in ranks.items()}, 256: b"abc"}, [])
-    for text in ["abc", "abc abc", "xabc", "abcabc", "abc!", "(abc)"]:
-        assert tok.encode(text) == ref.encode(text), text
-    assert tok.encode("abc") == [256]
+def test_bpe_vocab_json_holds_special_tokens_as_their_text_as_hf_tokenizers_reads_them(tmp_path):
+    # GPT-2's vocab.json has "<|endoftext|>" as it is; a special with a space or a non-ASCII letter must be stored the
+    # same way (not in the bytes-to-unicode alphabet, where " " is "Ġ" and "ü" is "Ã¼"), or HF finds no such token
+    import tokenizers  # the independent reference (requirements-dev.txt)
+    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
+    _bpe_byte_tokenizer(specials).save_dir(tmp_path / "d")
+    vocab = json.loads((tmp_path / "d" / "vocab.json").read_text(encoding="utf-8"))
+    assert {t: vocab.get(t) for t in specials} == {_BPE_EOT: 256, "<|end of text|>": 257, "<|ü|>": 258}
+    hf = tokenizers.models.BPE.from_file(str(tmp_path / "d" / "vocab.json"), str(tmp_path / "d" / "merges.txt"))
+    assert [hf.token_to_id(t) for t in specials] == [256, 257, 258]
+
+
+def _bpe_append(path, text):
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+
+
+_BPE_BROKEN_FOLDERS = {  # how a tokenizer folder is broken: (what to do to it, the file at fault, what the error names)
+    "no files": (lambda d: [(d / n).unlink() for n in ("vocab.json", "merges.txt", "special_tokens.json")], "",
+                 ("vocab.json",)),
+    "no special_tokens.json": (lambda d: (d / "special_tokens.json").unlink(), "", ("special_tokens.json",)),
+    "special_tokens.json not JSON": (lambda d: (d / "special_tokens.json").write_text("[oops"), "special_tokens.json",
+                                     ("JSON",)),
+    "an empty special token": (lambda d: (d / "special_tokens.json").write_text(json.dumps([_BPE_EOT, ""])),
+                               "special_tokens.json", ("non-empty",)),
+    "a special token not in vocab.json": (
+        lambda d: (d / "special_tokens.json").write_text(json.dumps([_BPE_EOT, "<|pad|>"])), "special_tokens.json",
+        ("'<|pad|>'", "vocab.json")),
+    "vocab.json not UTF-8": (lambda d: (d / "vocab.json").write_bytes(b'{"\x97": 0}'), "vocab.json", ("JSON",)),
+    "merges.txt not UTF-8": (lambda d: (d / "merges.txt").write_bytes(b"#version: 0.2\n\x97\xff \x80\n"), "merges.txt",
+                             ("UTF-8",)),
+    "a merge of tokens not in vocab.json": (lambda d: _bpe_append(d / "merges.txt", "zq xw\n"), "merges.txt",
+                                            ("'zq'", "'xw'")),
+    "a merge line of three tokens": (lambda d: _bpe_append(d / "merges.txt", "a b c\n"), "merges.txt",
+                                     ("'a b c'",)),
+}
+
+
+@pytest.mark.parametrize("broken", list(_BPE_BROKEN_FOLDERS))
+def test_bpe_a_broken_tokenizer_folder_is_refused_in_one_line_naming_the_file(tmp_path, monkeypatch, broken):
+    # load_tokenizer, Tokenizer.from_dir and bpe.py --encode refuse it before anything is written: one line that
+    # starts with the file at fault (the folder, when a file is missing) and names what is wrong with it; a special
+    # token listed in special_tokens.json is refused when vocab.json lacks it (save_dir writes it there), where
+    # Tokenizer(...) and from_files alone would append it
+    d = _bpe_tok_dir(tmp_path)
+    breaks, name, named = _BPE_BROKEN_FOLDERS[broken]
+    breaks(d)
+    at_fault = d / name if name else d
+    for load in (bpe.load_tokenizer, bpe.Tokenizer.from_dir):
+        with pytest.raises(ValueError) as e:
+            load(str(d))
+        _bpe_says(str(e.value), f"{at_fault}:", *named)
+    out = tmp_path / "out" / "x.bin"
+    msg = _bpe_exit(monkeypatch, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
+    _bpe_says(msg, f"bpe.py: {at_fault}:", *named)
+    assert not out.parent.exists()
+
+
+# ---- encoding a stream (encode_iterable): encode()'s ids however the text is cut, in bounded memory
 
 
 def test_bpe_encode_iterable_equals_encode_for_any_chunking(tmp_path):
@@ -577,7 +859,59 @@ def test_bpe_encode_iterable_memory_is_bounded(tmp_path):
     assert peak < 500_000, peak  # the text alone is 1.1 MB and its ids list would be > 1.6 MB
 
 
-# encode_file and the CLI
+def test_bpe_encode_iterable_looks_for_a_cut_point_a_logarithmic_number_of_times(tmp_path, monkeypatch):
+    # text that arrives a character (or a line) at a time with no cut point for a long stretch: each look joins and
+    # scans the whole buffer, so a look at every chunk would be quadratic in the stretch; looking again only once
+    # the buffer has doubled keeps it linear, with the same ids
+    tok = _bpe_small_tokenizer(tmp_path)
+    looks = []
+    cut = bpe._safe_cut
+    monkeypatch.setattr(bpe, "_safe_cut", lambda buf, *a: looks.append(len(buf)) or cut(buf, *a))
+    text = "x" + "\n" * 5_000 + "the end"
+    assert list(tok.encode_iterable(iter(text), block_chars=64)) == tok.encode(text)
+    assert len(looks) < 16, len(looks)   # (looking at every chunk: 5,000)
+
+
+# ---- tokenizer references: 'gpt2' (tiktoken) or a folder, told apart by a fingerprint
+
+
+@needs_gpt2_files
+def test_bpe_load_tokenizer_gpt2_and_dir(tmp_path):
+    g = bpe.load_tokenizer("gpt2")
+    assert (g.name, g.vocab_size, g.eot_id) == ("gpt2", 50257, 50256)
+    assert g.encode("hi<|endoftext|>") == [5303, 50256] and g.decode([5303, 50256]) == "hi<|endoftext|>"
+    text = "a  b\n\n c<|endoftext|><|endoftext|>\n  d " * 3
+    assert list(g.encode_iterable(list(text), block_chars=8)) == g.encode(text)
+    _bpe_gpt2().save_dir(tmp_path / "g")
+    t = bpe.load_tokenizer(str(tmp_path / "g"))
+    assert t.name == str(tmp_path / "g") and t.eot_id == 50256 and t.vocab_size == 50257
+    assert t.encode("Hello world<|endoftext|>") == g.encode("Hello world<|endoftext|>")
+
+
+def test_bpe_load_tokenizer_of_a_path_that_is_no_folder_says_what_it_expects(tmp_path):
+    # anything but "gpt2" names a tokenizer folder: a path that is missing, or a file, is one line naming it
+    (tmp_path / "a_file").write_text("x")
+    for ref in (tmp_path / "missing", tmp_path / "a_file"):
+        with pytest.raises(ValueError) as e:
+            bpe.load_tokenizer(ref)
+        _bpe_says(str(e.value), "tokenizer ", ref, "gpt2", "directory")
+
+
+def test_bpe_tokenizer_fingerprint_changes_with_the_special_tokens_alone(tmp_path):
+    # the same vocab.json and merges.txt read with another special_tokens.json encode "<|endoftext|>" otherwise
+    # (one id, or its bytes as text): data encoded with one is not data encoded with the other
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
+    tok.save_dir(tmp_path / "d")
+    before = bpe.tokenizer_fingerprint(tmp_path / "d")
+    assert bpe.tokenizer_fingerprint(str(tmp_path / "d")) == before and len(before) == 16
+    (tmp_path / "d" / "special_tokens.json").write_text("[]", encoding="utf-8")
+    assert bpe.Tokenizer.from_dir(tmp_path / "d").encode(_BPE_EOT) != tok.encode(_BPE_EOT)
+    assert bpe.tokenizer_fingerprint(tmp_path / "d") != before
+
+
+# ---- encode_file: a text file to a token file and its sidecar, on all cores
+
+
 def test_bpe_encode_file_matches_encode_and_writes_sidecar(tmp_path):
     tok = _bpe_small_tokenizer(tmp_path)
     tok.save_dir(tmp_path / "tok")
@@ -592,6 +926,92 @@ def test_bpe_encode_file_matches_encode_and_writes_sidecar(tmp_path):
                     "num_docs": 300, "tokenizer": str(tmp_path / "tok"),
                     "tokenizer_fingerprint": bpe.tokenizer_fingerprint(tmp_path / "tok"), "eot_id": 0}
     assert meta["num_tokens"] == len(ids)
+
+
+@needs_gpt2_files
+def test_bpe_encode_file_with_gpt2_ref_matches_tiktoken(tmp_path):
+    import tiktoken
+    text = _bpe_synthetic_text(200, seed=13)
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    meta = bpe.encode_file(tmp_path / "in.txt", "gpt2", tmp_path / "o.bin", num_workers=2, chunk_bytes=3000,
+                           min_chunk_bytes=1000)
+    ids = np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist()
+    assert ids == tiktoken.get_encoding("gpt2").encode(text, allowed_special="all")
+    assert (meta["tokenizer"], meta["eot_id"], meta["num_docs"], meta["vocab_size"]) == ("gpt2", 50256, 200, 50257)
+
+
+def test_bpe_encode_file_never_cuts_inside_a_longer_special_token(tmp_path):
+    # '<|endoftext|>' and '<|endoftext|><|endoftext|>' both special: a chunk cut found at the second half of the
+    # double token must move to its start, so every chunk size gives encode()'s ids
+    tok = _bpe_byte_tokenizer([_BPE_EOT, _BPE_EOT * 2])
+    tok.save_dir(tmp_path / "tok")
+    text = "a b " * 20 + _BPE_EOT * 2 + " c d" * 20 + _BPE_EOT * 3 + "e"
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    want = tok.encode(text)
+    assert want.count(257) == 2 and want.count(256) == 1
+    for chunk_bytes in range(10, 130, 3):
+        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1,
+                        chunk_bytes=chunk_bytes, min_chunk_bytes=1)
+        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == want, chunk_bytes
+
+
+@pytest.mark.parametrize("layout", ["after_each", "between", "leading", "blank_docs"])
+def test_bpe_encode_file_counts_documents_not_separators(tmp_path, layout):
+    # num_docs counts the pieces between end-of-text tokens that hold text: stories.py and TinyStories put a
+    # separator (with newlines around it) after every story, which is no extra document
+    docs = ["One day a cat sat.", "The dog ran home.", "A bird sang."]
+    sep = "\n" + _BPE_EOT + "\n"
+    text = {"after_each": "".join(d + sep for d in docs), "between": sep.join(docs),
+            "leading": "".join(sep + d for d in docs), "blank_docs": sep + " \n" + sep.join(docs) + sep + sep}[layout]
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    for chunk_bytes in (12, 40, 1 << 21):  # documents split across chunks are counted once
+        meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1,
+                               chunk_bytes=chunk_bytes, min_chunk_bytes=1)
+        assert meta["num_docs"] == 3, chunk_bytes
+
+
+@pytest.mark.parametrize("n_vocab,dtype", [(65536, np.uint16), (65537, np.uint32), (70_001, np.uint32)])
+def test_bpe_encode_file_writes_uint16_up_to_65536_ids_and_uint32_above(tmp_path, n_vocab, dtype):
+    # ids up to 65535 fit uint16; a vocabulary of 65537 has id 65536, which would wrap to 0 in uint16
+    vocab = {i: bytes([i]) for i in range(256)}
+    vocab.update({i: f"<f{i}>".encode() for i in range(256, n_vocab - 1)})
+    bpe.Tokenizer(vocab, [], [_BPE_EOT]).save_dir(tmp_path / "tok")   # the special token takes the last id
+    (tmp_path / "in.txt").write_text("hi<|endoftext|>yo", encoding="utf-8")
+    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    assert (meta["vocab_size"], meta["eot_id"], meta["num_docs"]) == (n_vocab, n_vocab - 1, 2)
+    assert meta["dtype"] == np.dtype(dtype).name
+    assert np.fromfile(tmp_path / "o.bin", dtype=dtype).tolist() == [104, 105, n_vocab - 1, 121, 111]
+
+
+def test_bpe_encode_file_invalid_utf8_is_replaced_and_its_bytes_counted_in_a_warning(tmp_path, capsys):
+    # --encode decodes each chunk with U+FFFD replacement as training does, and says how many bytes it replaced
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    data = b"good text \xff\xfe here\n" + _BPE_EOT.encode() + b"\nmore \xe2\x82 text\n"
+    (tmp_path / "bad.txt").write_bytes(data)
+    capsys.readouterr()
+    for workers in (1, 2):
+        bpe.encode_file(tmp_path / "bad.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=workers,
+                        min_chunk_bytes=8)
+        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == tok.encode(data.decode("utf-8", "replace"))
+        assert "4 bytes" in _bpe_warning(capsys.readouterr().err, tmp_path / "bad.txt")
+
+
+def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_as_nothing(tmp_path, monkeypatch):
+    # a chunk that fails to encode must stop the run with its error, never leave its ids out of the file in silence
+    tok = _bpe_small_tokenizer(tmp_path)
+    tok.save_dir(tmp_path / "tok")
+    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
+
+    def broken(self, text):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(bpe.Tokenizer, "_encode", broken)
+    with pytest.raises(ValueError) as e:
+        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
+    _bpe_says(str(e.value), f"{tmp_path / 'in.txt'}: ", "RuntimeError", "boom")
+    assert not list(tmp_path.glob("o.bin*"))
 
 
 def test_bpe_encode_file_cut_short_keeps_the_old_pair_and_no_temp(tmp_path, monkeypatch):
@@ -610,338 +1030,12 @@ def test_bpe_encode_file_cut_short_keeps_the_old_pair_and_no_temp(tmp_path, monk
         calls.append(task)
         return (b"", 0, 0, 0, "simulated failure") if len(calls) == 3 else real(task)
     monkeypatch.setattr(bpe, "_encode_chunk", fails_on_the_third_chunk)
-    with pytest.raises(ValueError, match="simulated failure"):
+    with pytest.raises(ValueError) as e:
         bpe.encode_file(tmp_path / "b.txt", str(tmp_path / "tok"), tmp_path / "out.bin", **kw)
+    _bpe_says(str(e.value), f"{tmp_path / 'b.txt'}: ", "simulated failure")
     assert {p.name: p.read_bytes() for p in tmp_path.glob("out.bin*")} == old and len(old) == 2
 
 
-def test_bpe_encode_file_uint32_above_65536(tmp_path):
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab.update({i: f"<filler{i}>".encode() for i in range(256, 70_000)})
-    bpe.Tokenizer(vocab, [], [_BPE_EOT]).save_dir(tmp_path / "big")
-    (tmp_path / "in.txt").write_text("hi<|endoftext|>yo", encoding="utf-8")
-    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "big"), tmp_path / "o.bin", num_workers=1)
-    assert meta["dtype"] == "uint32" and meta["eot_id"] == 70_000 and meta["num_docs"] == 2
-    assert np.fromfile(tmp_path / "o.bin", dtype=np.uint32).tolist() == [ord("h"), ord("i"), 70_000, ord("y"), ord("o")]
-
-
-def _bpe_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / "bpe.py"), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
-
-
-def test_bpe_cli_trains_saves_and_encodes(tmp_path):
-    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(200, seed=11), encoding="utf-8")
-    r = _bpe_cli("--vocab", 400, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1)
-    assert r.returncode == 0, r.stderr
-    for key in ("wall time", "pre-tokenisation", "merging", "peak RSS", "longest token", "bytes/token"):
-        assert key in r.stdout
-    assert {p.name for p in (tmp_path / "tok").iterdir()} == {"vocab.json", "merges.txt", "special_tokens.json"}
-    r = _bpe_cli("--encode", tmp_path / "in.txt", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "in.bin")
-    assert r.returncode == 0, r.stderr
-    assert "MB/s" in r.stdout and (tmp_path / "in.bin.json").is_file()
-
-
-def test_bpe_bad_inputs_give_one_clear_line(tmp_path):
-    with pytest.raises(ValueError, match="no such file"):
-        bpe.train_bpe(tmp_path / "missing.txt", 300, [])
-    (tmp_path / "empty.txt").write_text("")
-    with pytest.raises(ValueError, match="empty"):
-        bpe.train_bpe(tmp_path / "empty.txt", 300, [])
-    (tmp_path / "a.txt").write_text("hello")
-    with pytest.raises(ValueError, match="smaller than 256"):
-        bpe.train_bpe(tmp_path / "a.txt", 256, [_BPE_EOT])
-    with pytest.raises(ValueError, match="empty"):
-        bpe.encode_file(tmp_path / "empty.txt", "gpt2", tmp_path / "e.bin")
-    r = _bpe_cli("--vocab", 300, "--input", tmp_path / "missing.txt", "--out", tmp_path / "t")
-    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("bpe.py:"), r.stderr
-    assert "missing.txt" in r.stderr and "Traceback" not in r.stderr
-    r = _bpe_cli("--vocab", 100, "--input", tmp_path / "a.txt", "--out", tmp_path / "t")
-    assert r.returncode != 0 and "vocab_size=100" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_bpe_invalid_utf8_is_replaced_with_a_warning(tmp_path, capsys):
-    (tmp_path / "bad.txt").write_bytes(b"good text \xff\xfe here and there\n<|endoftext|>\nmore \xc3 text\n")
-    vocab, merges = bpe.train_bpe(tmp_path / "bad.txt", 300, [_BPE_EOT], num_workers=1)
-    err = capsys.readouterr().err
-    assert "3 bytes of invalid UTF-8 replaced" in err and "bad.txt" in err
-    assert any(b"\xef\xbf\xbd" in v for v in vocab.values()) or len(merges) > 0
-
-
-@needs_gpt2_files
-def test_bpe_encode_file_with_gpt2_ref_matches_tiktoken(tmp_path):
-    import tiktoken
-    text = _bpe_synthetic_text(200, seed=13)
-    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
-    meta = bpe.encode_file(tmp_path / "in.txt", "gpt2", tmp_path / "o.bin", num_workers=2, chunk_bytes=3000, min_chunk_bytes=1000)
-    ids = np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist()
-    assert ids == tiktoken.get_encoding("gpt2").encode(text, allowed_special="all")
-    assert (meta["tokenizer"], meta["eot_id"], meta["num_docs"], meta["vocab_size"]) == ("gpt2", 50256, 200, 50257)
-
-
-def test_bpe_cli_refuses_a_bad_sample_docs_before_training(tmp_path):
-    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
-    r = _bpe_cli("--vocab", 300, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--sample_docs", -1)
-    assert r.returncode == 1 and r.stderr.strip() == "bpe.py: --sample_docs -1: expected a positive number of documents"
-    assert not (tmp_path / "tok").exists()
-
-
-def test_bpe_special_token_not_in_vocab_is_refused_at_load(tmp_path, monkeypatch):
-    d = _bad_tok_dir(tmp_path)
-    (d / "special_tokens.json").write_text(json.dumps([BAD_EOT, "<|pad|>"]))
-    want = f"{d / 'special_tokens.json'}: special token '<|pad|>' is not in vocab.json"
-    for load in (bpe.load_tokenizer, bpe.Tokenizer.from_dir):
-        with pytest.raises(ValueError) as e:
-            load(str(d))
-        assert str(e.value) == want
-    out = tmp_path / "out" / "x.bin"
-    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
-    assert msg == f"bpe.py: {want}" and not out.parent.exists()
-
-
-def test_bpe_tokenizer_dir_without_special_tokens_json_is_refused(tmp_path, monkeypatch):
-    d = _bad_tok_dir(tmp_path)
-    (d / "special_tokens.json").unlink()
-    with pytest.raises(ValueError, match="not a tokenizer directory \\(missing special_tokens.json\\)"):
-        bpe.load_tokenizer(str(d))
-    out = tmp_path / "out" / "x.bin"
-    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", out)
-    assert msg == f"bpe.py: {d}: not a tokenizer directory (missing special_tokens.json)" and not out.parent.exists()
-
-
-def test_bpe_tokenizer_without_special_tokens_still_loads_and_says_no_doc_count(tmp_path, monkeypatch, capsys):
-    d = _bad_tok_dir(tmp_path, specials=())
-    assert json.loads((d / "special_tokens.json").read_text()) == [] and bpe.load_tokenizer(str(d)).eot_id is None
-    out = tmp_path / "x.bin"
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(tmp_path / "corpus.txt"), "--tokenizer", str(d),
-                                      "--out", str(out), "--workers", "1"])
-    bpe.main()
-    said = capsys.readouterr().out
-    assert "None" not in said and "no <|endoftext|> token" in said
-    assert json.loads(Path(f"{out}.json").read_text())["eot_id"] is None
-
-
-def test_bpe_input_directory_says_it_is_a_directory(tmp_path, monkeypatch):
-    (tmp_path / "dir").mkdir()
-    with pytest.raises(ValueError, match="dir: is a directory, expected a text file"):
-        bpe.train_bpe(str(tmp_path / "dir"), 300, [BAD_EOT], num_workers=1)
-    msg = _bad_exit(monkeypatch, bpe, "--input", tmp_path / "dir", "--vocab", "300", "--out", tmp_path / "t")
-    assert msg == f"bpe.py: {tmp_path / 'dir'}: is a directory, expected a text file" and not (tmp_path / "t").exists()
-    msg = _bad_exit(monkeypatch, bpe, "--encode", tmp_path / "dir", "--out", tmp_path / "x.bin")
-    assert "is a directory" in msg and not (tmp_path / "x.bin").exists()
-
-
-def test_bpe_binary_vocab_or_merges_file_is_named(tmp_path):
-    d = _bad_tok_dir(tmp_path)
-    (d / "merges.txt").write_bytes(b"#version: 0.2\n\x97\xff \x80\n")
-    with pytest.raises(ValueError) as e:
-        bpe.load_tokenizer(str(d))
-    assert str(e.value) == f"{d / 'merges.txt'}: not UTF-8 text (expected one merge per line)"
-    (d / "vocab.json").write_bytes(b'{"\x97": 0}')
-    with pytest.raises(ValueError, match=f"^{re.escape(str(d / 'vocab.json'))}: cannot read a JSON vocabulary: "):
-        bpe.load_tokenizer(str(d))
-
-
-def test_bpe_output_paths_that_cannot_be_written_give_one_line(tmp_path, monkeypatch):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    (tmp_path / "a_file").write_text("x")
-    for out in (tmp_path / "a_file", tmp_path / "a_file" / "sub"):   # refused before training, not after
-        msg = _bad_exit(monkeypatch, bpe, "--input", corpus, "--vocab", "300", "--out", out, "--workers", "1")
-        assert msg == f"bpe.py: --out {out}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
-    d = _bad_tok_dir(tmp_path)
-    (tmp_path / "a_dir").mkdir()
-    for out in (tmp_path / "a_dir", tmp_path / "a_file" / "x.bin"):   # the OS's reason, naming the path
-        msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", d, "--out", out, "--workers", "1")
-        assert re.match(rf"^bpe.py: \[Errno \d+\] [\w ]+: '{re.escape(str(tmp_path))}/a_(dir|file)", msg), msg
-
-
-def test_bpe_whitespace_table_is_exactly_regex_backslash_s():
-    # the str.split fast path is exact only if its whitespace table is the regex module's \s, every character of it
-    ws = set(regex.findall(r"\s", "".join(map(chr, range(0x110000)))))   # every code point, one pass
-    assert set(bpe._WS_CHARS) == ws and set(bpe._NONSPACE_WS) == ws - {" "}
-
-
-@needs_gpt2_files
-def test_bpe_gpt2_files_match_tiktoken_with_rare_whitespace():
-    # U+0085 (NEL), U+2028, U+3000 ... next to space runs: the fast path must cut these runs as the regex does
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    tok = _bpe_gpt2()
-    rng = random.Random(3)
-    alphabet = [" ", "  ", "\n", "a", "Bc", "!", "\t"] + [c for c in bpe._WS_CHARS if c not in " \t\n"] + ["\x85", "\u2028"]
-    for text in ["  \n\n\x85  a! "] + ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(3000)]:
-        assert tok.encode(text) == enc.encode(text, allowed_special="all"), repr(text)
-        counts = Counter()
-        bpe._count_pretokens(text, [], counts)
-        assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text)), repr(text)
-
-
-def test_bpe_truncated_utf8_at_the_end_of_the_file_is_replaced_and_counted(tmp_path, capsys):
-    # a file that ends inside a multi-byte character: the incremental decoder must be flushed (final=True), and
-    # the warning counts invalid BYTES (one U+FFFD here stands for two of them)
-    data = b"good text\n" + _BPE_EOT.encode() + b"\nthe end \xe2\x82"
-    (tmp_path / "t.txt").write_bytes(data)
-    for workers in (1, 2):
-        stats = {}
-        counts = bpe.count_pretokens_file(tmp_path / "t.txt", [_BPE_EOT], num_workers=workers, stats=stats,
-                                          min_chunk_bytes=8)
-        docs = data.decode("utf-8", "replace").split(_BPE_EOT)
-        assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
-        assert counts[" \ufffd"] == 1 and stats["invalid_bytes"] == 2
-    assert "2 bytes of invalid UTF-8 replaced" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("n_vocab,dtype", [(65536, np.uint16), (65537, np.uint32)])
-def test_bpe_encode_file_dtype_at_the_uint16_boundary(tmp_path, n_vocab, dtype):
-    # ids up to 65535 fit uint16; a vocabulary of 65537 has id 65536, which would wrap to 0 in uint16
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab.update({i: f"<f{i}>".encode() for i in range(256, n_vocab - 1)})
-    bpe.Tokenizer(vocab, [], [_BPE_EOT]).save_dir(tmp_path / "tok")   # the special token takes the last id
-    (tmp_path / "in.txt").write_text("hi<|endoftext|>yo", encoding="utf-8")
-    meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
-    assert meta["vocab_size"] == n_vocab and meta["eot_id"] == n_vocab - 1
-    assert meta["dtype"] == np.dtype(dtype).name
-    assert np.fromfile(tmp_path / "o.bin", dtype=dtype).tolist() == [104, 105, n_vocab - 1, 121, 111]
-
-
-def test_bpe_train_repeated_overlapping_pairs_match_brute_force(tmp_path):
-    # words with several sites of the merged pair ("ababab", "aaaaaa") take the rebuild path of the incremental
-    # update: the (new, new) pairs between adjacent sites must be counted once, with no phantom (new, a) pair
-    # left behind (too many) or taken away (too few); "aba" / " aaa" make (ab, a) / (aa, a) real pairs elsewhere
-    for text in ["ababab\n" * 10 + "aba " * 8 + "abab " * 3, "aaaaaa\n" * 10 + " aaa" * 7 + " aaaaa" * 4]:
-        path = tmp_path / "o.txt"
-        path.write_text(text, encoding="utf-8")
-        _, merges = bpe.train_bpe(path, 256 + 5, [], num_workers=1)
-        assert merges == _bpe_naive_train(text, 256 + 5, []), text
-        assert len(merges) == 5
-
-
-def test_bpe_train_long_repetitive_words_match_brute_force(tmp_path):
-    # one word of 3,000 newlines (or "ab" 600 times) holds its pair thousands of times: the index now lists each
-    # word once per pair, not once per occurrence (40,000 newlines took 19 s to train, now 0.07 s); the merges must
-    # stay the reference's
-    for text in ["\n" * 3000 + "x yy", "ab" * 600 + " abab ba\n" + "=" * 999]:
-        path = tmp_path / "o.txt"
-        path.write_text(text, encoding="utf-8")
-        _, merges = bpe.train_bpe(path, 256 + 8, [], num_workers=1)
-        assert merges == _bpe_naive_train(text, 256 + 8, []) and len(merges) == 8, text[:20]
-
-
-def test_bpe_encode_iterable_looks_for_a_cut_point_a_logarithmic_number_of_times(tmp_path, monkeypatch):
-    # text that arrives a character (or a line) at a time with no cut point for a long stretch: each look joins and
-    # scans the whole buffer, so looking at every chunk was quadratic (70,000 newlines in 31 s); looking again
-    # only once the buffer has doubled keeps it linear, with the same ids
-    tok = _bpe_small_tokenizer(tmp_path)
-    looks = []
-    cut = bpe._safe_cut
-    monkeypatch.setattr(bpe, "_safe_cut", lambda buf, *a: looks.append(len(buf)) or cut(buf, *a))
-    text = "x" + "\n" * 5_000 + "the end"
-    assert list(tok.encode_iterable(iter(text), block_chars=64)) == tok.encode(text)
-    assert len(looks) < 16, len(looks)   # (looking at every chunk: 5,000)
-
-
-def test_bpe_appended_special_token_gets_an_unused_id_when_the_vocab_has_a_hole():
-    # ids 0-255 and 257 (no 256): "appended with new ids" means past the largest id, never onto a taken one
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab[257] = b"ab"
-    tok = bpe.Tokenizer(vocab, [(b"a", b"b")], ["<|x|>"])
-    assert tok.special_to_id["<|x|>"] == 258 and tok.vocab_size == 259 and tok.vocab[257] == b"ab"
-    assert tok.encode("ab<|x|>") == [257, 258] and tok.decode([257, 258]) == "ab<|x|>"
-
-
-def test_bpe_cli_reports_the_true_compression_ratio_and_longest_token(tmp_path):
-    # the printed figures, recomputed from the saved tokenizer: with --sample_docs above the number of documents
-    # every document is sampled, so bytes/token is all the documents' UTF-8 bytes over their tokens
-    text = _bpe_synthetic_text(30, seed=14)
-    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
-    r = _bpe_cli("--vocab", 350, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1,
-                 "--sample_docs", 1000)
-    assert r.returncode == 0, r.stderr
-    tok = bpe.load_tokenizer(tmp_path / "tok")
-    docs = [d for d in text.split(_BPE_EOT) if d.strip()]
-    ratio = sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
-    assert f"compression on {len(docs)} sampled documents: {ratio:.2f} bytes/token" in r.stdout
-    longest = max(len(v) for i, v in tok.vocab.items() if i != tok.eot_id)
-    assert longest > 3 and f"longest token ({longest} bytes): " in r.stdout
-
-
-def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_load_back(tmp_path):
-    # vocab.json stores special tokens as their own text, not in the bytes-to-unicode alphabet: reading them back
-    # must not push them through that alphabet (" " is not a GPT-2 byte character; "ü" stands for byte 0xFC there)
-    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials)
-    tok.save_dir(tmp_path / "d")
-    for again in (bpe.Tokenizer.from_dir(tmp_path / "d"),
-                  bpe.Tokenizer.from_files(tmp_path / "d" / "vocab.json", tmp_path / "d" / "merges.txt", specials)):
-        assert again.vocab == tok.vocab and again.special_to_id == {specials[0]: 256, specials[1]: 257, specials[2]: 258}
-        text = "a<|end of text|>ü<|ü|>b" + _BPE_EOT
-        assert again.encode(text) == tok.encode(text) == [97, 257, 0xC3, 0xBC, 258, 98, 256]
-
-
-def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, capsys):
-    # --help: training writes tokenizers/<input stem>-<vocab> by default; the lines printed by training and by
-    # --encode give the vocabulary, merge, token and document counts and the dtype of the .bin
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "300", "--workers", "1"])
-    bpe.main()
-    out = Path("tokenizers") / "corpus-300"
-    tok = bpe.load_tokenizer(out)
-    assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 - 1
-    assert f"trained 300 tokens (43 merges) on {corpus} -> {out}\n" in capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(corpus), "--tokenizer", str(out), "--out", "c.bin",
-                                      "--workers", "1"])
-    bpe.main()
-    meta = json.loads(Path("c.bin.json").read_text())
-    assert meta["dtype"] == "uint16" and meta["num_docs"] == 60 and meta["tokenizer"] == str(out)
-    assert capsys.readouterr().out.startswith(f"wrote c.bin: {meta['num_tokens']:,} tokens (uint16), 60 docs, ")
-
-
-def test_bpe_cli_encode_without_out_is_one_line(tmp_path, monkeypatch):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    assert _bad_exit(monkeypatch, bpe, "--encode", corpus) == "bpe.py: --encode needs --out FILE.bin"
-
-
-def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
-    text = tmp_path / "in.txt"
-    text.write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
-
-    def ctrl_c(*a, **k):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(bpe, "train_bpe", ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(text), "--vocab", "300", "--out", str(tmp_path / "tok")])
-    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; nothing written to .*tok$"):
-        bpe.main()
-    assert not (tmp_path / "tok").exists()
-    monkeypatch.setattr(bpe, "encode_file", ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(text), "--tokenizer", "gpt2", "--out", str(tmp_path / "x.bin")])
-    with pytest.raises(SystemExit, match=r"^\nbpe\.py: interrupted; .*x\.bin not written$"):
-        bpe.main()
-
-
-def test_bpe_worker_processes_leave_ctrl_c_to_the_parent(tmp_path):
-    # a terminal's Ctrl-C reaches every process of the group: the workers ignore it (else each prints a traceback)
-    # and the parent, which does not ignore it, stops them; the single-process path keeps Ctrl-C working
-    import multiprocessing as mp
-    import signal
-    text = tmp_path / "in.txt"
-    text.write_text("hello world <|endoftext|> hi\n", encoding="utf-8")
-    before = signal.getsignal(signal.SIGINT)
-    try:
-        recv, send = mp.Pipe(duplex=False)
-        bpe._count_worker(send, str(text), [(0, text.stat().st_size)], ["<|endoftext|>"])
-        assert recv.recv()[3] is None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        signal.signal(signal.SIGINT, before)
-        tok = _sample_byte_tokenizer(tmp_path)
-        bpe._encode_worker_init(tok)
-        assert signal.getsignal(signal.SIGINT) is before
-        bpe._encode_worker_init(tok, True)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
-# bpe.py I/O and sample.py's command line: what a mutation audit found unpinned
 def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_beside_new_ids(tmp_path, monkeypatch):
     # the new ids replace out.bin before the sidecar is written: the old sidecar must be gone by then, so a run that
     # dies writing it leaves ids without a sidecar (refused by train.py), never new ids under the old counts, and no
@@ -955,160 +1049,158 @@ def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_besi
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(bpe.json, "dump", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError) as e:
         bpe.encode_file(tmp_path / "b.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
+    assert e.value.errno == 28   # the disk's error itself, not another one raised while cleaning up
     ids = np.fromfile(tmp_path / "out.bin", dtype=np.uint16).tolist()
     assert ids == tok.encode((tmp_path / "b.txt").read_text(encoding="utf-8"))
     assert sorted(p.name for p in tmp_path.glob("out.bin*")) == ["out.bin"]
 
 
-def test_bpe_encode_file_a_small_file_is_one_chunk_and_a_big_one_one_chunk_per_min_chunk_bytes(tmp_path):
-    # a file up to min_chunk_bytes is not worth another process: one chunk whatever the worker count; above it,
-    # at most one chunk per min_chunk_bytes (and never more than the workers, unless chunk_bytes asks for more)
-    path = tmp_path / "in.txt"
-    path.write_text("word " * 2000, encoding="utf-8")   # 10,000 bytes, cut points after every word
-    size = path.stat().st_size
-    assert bpe._chunk_ranges(path, size, 8, 1 << 21, 10_000, [_BPE_EOT]) == [(0, size)]
-    assert len(bpe._chunk_ranges(path, size, 8, 1 << 21, 2_500, [_BPE_EOT])) == 4
-    assert len(bpe._chunk_ranges(path, size, 2, 1 << 21, 1_000, [_BPE_EOT])) == 2
-    assert len(bpe._chunk_ranges(path, size, 2, 2_000, 1_000, [_BPE_EOT])) == 5
+# ---- the command line: train and report, encode; a bad flag or path is one line and nothing is written
 
 
-def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_as_nothing(tmp_path, monkeypatch):
-    # a chunk that fails to encode must stop the run with its error, never leave its ids out of the file in silence
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
-    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
-
-    def broken(self, text):
-        raise RuntimeError("boom")
-    monkeypatch.setattr(bpe.Tokenizer, "_encode", broken)
-    with pytest.raises(ValueError, match=r"in\.txt: encoding failed: RuntimeError: boom"):
-        bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
-    assert not list(tmp_path.glob("o.bin*"))
-
-
-def test_bpe_encode_file_invalid_utf8_is_replaced_and_its_bytes_counted_in_a_warning(tmp_path, capsys):
-    # --encode decodes each chunk with U+FFFD replacement as training does, and says how many bytes it replaced
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
-    data = b"good text \xff\xfe here\n" + _BPE_EOT.encode() + b"\nmore \xe2\x82 text\n"
-    (tmp_path / "bad.txt").write_bytes(data)
-    capsys.readouterr()
-    for workers in (1, 2):
-        bpe.encode_file(tmp_path / "bad.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=workers,
-                        min_chunk_bytes=8)
-        assert np.fromfile(tmp_path / "o.bin", dtype=np.uint16).tolist() == tok.encode(data.decode("utf-8", "replace"))
-        err = capsys.readouterr().err
-        assert "bad.txt: 4 bytes of invalid UTF-8 replaced by U+FFFD" in err, err
+def test_bpe_cli_trains_saves_and_encodes(tmp_path):
+    # the report of a training gives its wall time split into its phases, the peak memory, the longest token and
+    # the compression in bytes per token; an encoding gives its speed
+    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(200, seed=11), encoding="utf-8")
+    r = _bpe_cli("--vocab", 400, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1)
+    assert r.returncode == 0, r.stderr
+    for figure in ("wall time", "pre-tokenisation", "merging", "peak RSS", "longest token", "bytes/token"):
+        assert figure in r.stdout
+    assert {p.name for p in (tmp_path / "tok").iterdir()} == {"vocab.json", "merges.txt", "special_tokens.json"}
+    r = _bpe_cli("--encode", tmp_path / "in.txt", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "in.bin")
+    assert r.returncode == 0, r.stderr
+    assert "MB/s" in r.stdout and (tmp_path / "in.bin.json").is_file()
 
 
-def test_bpe_vocab_json_holds_special_tokens_as_their_text_as_hf_tokenizers_reads_them(tmp_path):
-    # GPT-2's vocab.json has "<|endoftext|>" as it is; a special with a space or a non-ASCII letter must be stored the
-    # same way (not in the bytes-to-unicode alphabet, where " " is "Ġ" and "ü" is "Ã¼"), or HF finds no such token
-    import tokenizers  # the independent reference (requirements-dev.txt)
-    specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], specials).save_dir(tmp_path / "d")
-    vocab = json.loads((tmp_path / "d" / "vocab.json").read_text(encoding="utf-8"))
-    assert {t: vocab.get(t) for t in specials} == {_BPE_EOT: 256, "<|end of text|>": 257, "<|ü|>": 258}
-    hf = tokenizers.models.BPE.from_file(str(tmp_path / "d" / "vocab.json"), str(tmp_path / "d" / "merges.txt"))
-    assert [hf.token_to_id(t) for t in specials] == [256, 257, 258]
+def test_bpe_cli_reports_the_true_compression_ratio_and_longest_token(tmp_path):
+    # the printed figures, recomputed from the saved tokenizer: with --sample_docs above the number of documents
+    # every document is sampled, so bytes/token is all the documents' UTF-8 bytes over their tokens
+    text = _bpe_synthetic_text(30, seed=14)
+    (tmp_path / "in.txt").write_text(text, encoding="utf-8")
+    r = _bpe_cli("--vocab", 350, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1,
+                 "--sample_docs", 1000)
+    assert r.returncode == 0, r.stderr
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    docs = [d for d in text.split(_BPE_EOT) if d.strip()]
+    ratio = sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
+    line = _bpe_report_line(r.stdout, "bytes/token")
+    assert f"{ratio:.2f} bytes/token" in line and f" {len(docs)} " in line
+    longest = max(len(v) for i, v in tok.vocab.items() if i != tok.eot_id)
+    assert longest > 3 and f"{longest} bytes" in _bpe_report_line(r.stdout, "longest")
 
 
-def test_bpe_tokenizer_fingerprint_changes_with_the_special_tokens_alone(tmp_path):
-    # the same vocab.json and merges.txt read with another special_tokens.json encode "<|endoftext|>" otherwise
-    # (one id, or its bytes as text): data encoded with one is not data encoded with the other
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
-    tok.save_dir(tmp_path / "d")
-    before = bpe.tokenizer_fingerprint(tmp_path / "d")
-    assert bpe.tokenizer_fingerprint(str(tmp_path / "d")) == before and len(before) == 16
-    (tmp_path / "d" / "special_tokens.json").write_text("[]", encoding="utf-8")
-    assert bpe.Tokenizer.from_dir(tmp_path / "d").encode(_BPE_EOT) != tok.encode(_BPE_EOT)
-    assert bpe.tokenizer_fingerprint(tmp_path / "d") != before
+def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, capsys):
+    # --help: training writes tokenizers/<input stem>-<vocab> by default; the lines printed by training and by
+    # --encode give the vocabulary, merge, token and document counts and the dtype of the .bin
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "300", "--workers", "1"])
+    bpe.main()
+    out = Path("tokenizers") / "corpus-300"
+    tok = bpe.load_tokenizer(out)
+    assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 - 1
+    line = _bpe_report_line(capsys.readouterr().out, "merges")
+    assert all(figure in line for figure in ("300 tokens", "43 merges", str(corpus), str(out))), line
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(corpus), "--tokenizer", str(out), "--out", "c.bin",
+                                      "--workers", "1"])
+    bpe.main()
+    meta = json.loads(Path("c.bin.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["num_docs"] == 60 and meta["tokenizer"] == str(out)
+    line = _bpe_report_line(capsys.readouterr().out, "c.bin")
+    assert all(figure in line for figure in (f"{meta['num_tokens']:,} tokens", "uint16", "60 docs")), line
 
 
-def test_bpe_cli_workers_below_one_is_refused_and_an_empty_special_means_none(tmp_path, monkeypatch, capsys):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
-    for n in (0, -2):
-        assert _bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "x.bin", "--workers", n) == \
-            f"bpe.py: --workers {n}: expected a positive number"
-    assert not list(tmp_path.glob("x.bin*"))
-    # --special "" is how the help says to train without special tokens: no empty special token is made
+def test_bpe_cli_an_empty_special_trains_without_special_tokens(tmp_path, monkeypatch):
+    # --special "" is how --help says to train without special tokens: no empty special token is made, and
+    # "<|endoftext|>" in a text is plain characters
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
     monkeypatch.setattr(sys, "argv", ["bpe.py", "--vocab", "300", "--input", str(corpus), "--out", str(tmp_path / "d"),
                                       "--special", "", "--workers", "1", "--sample_docs", "2"])
     bpe.main()
     assert json.loads((tmp_path / "d" / "special_tokens.json").read_text()) == []
     tok = bpe.load_tokenizer(tmp_path / "d")
-    assert tok.vocab_size == 300 and tok.eot_id is None and tok.decode(tok.encode(_BPE_EOT)) == _BPE_EOT
-    assert "trained 300 tokens (44 merges)" in capsys.readouterr().out
+    assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 and tok.eot_id is None
+    assert tok.decode(tok.encode(_BPE_EOT)) == _BPE_EOT
 
 
-def test_bpe_cli_an_out_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
-    corpus = _bad_corpus(tmp_path / "corpus.txt")
+def test_bpe_tokenizer_without_special_tokens_still_loads_and_says_no_doc_count(tmp_path, monkeypatch, capsys):
+    # without <|endoftext|> there are no documents to count: the sidecar says None and the report says why,
+    # never "None docs"
+    d = _bpe_tok_dir(tmp_path, specials=())
+    assert json.loads((d / "special_tokens.json").read_text()) == [] and bpe.load_tokenizer(str(d)).eot_id is None
+    out = tmp_path / "x.bin"
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(tmp_path / "corpus.txt"), "--tokenizer", str(d),
+                                      "--out", str(out), "--workers", "1"])
+    bpe.main()
+    said = capsys.readouterr().out
+    assert "None" not in said and _BPE_EOT in said
+    side = json.loads(Path(f"{out}.json").read_text())
+    assert side["eot_id"] is None and side["num_docs"] is None
+
+
+@pytest.mark.parametrize("flag,value", [("--workers", 0), ("--workers", -2), ("--sample_docs", 0),
+                                        ("--sample_docs", -1)])
+@pytest.mark.parametrize("job", ["train", "encode"])
+def test_bpe_cli_a_count_below_one_is_refused_before_any_work(tmp_path, monkeypatch, capsys, job, flag, value):
+    # --workers counts processes and --sample_docs documents, for training as for --encode: below one is refused
+    # before any training or encoding, with nothing printed or written
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    monkeypatch.setattr(bpe, "encode_file", _bpe_not_called)
+    argv = ["--input", corpus, "--vocab", 300, "--out", tmp_path / "tok"] if job == "train" else \
+        ["--encode", corpus, "--out", tmp_path / "x.bin"]
+    _one_line_naming(_bpe_exit(monkeypatch, *argv, flag, value), f"bpe.py: {flag} {value}:")
+    assert capsys.readouterr() == ("", "") and [p.name for p in tmp_path.iterdir()] == ["corpus.txt"]
+
+
+def test_bpe_cli_encode_without_out_is_one_line(tmp_path, monkeypatch):
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
+    _one_line_naming(_bpe_exit(monkeypatch, "--encode", corpus), "bpe.py: --encode ", "--out")
+
+
+@pytest.mark.parametrize("out", ["a_file", "a_file/sub"])
+def test_bpe_cli_a_training_out_that_is_or_lies_in_a_file_is_refused_before_training(tmp_path, monkeypatch, out):
+    # the tokenizer is saved as a folder, which a file cannot be or hold: refused before the training, not after it
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
     (tmp_path / "a_file").write_text("x")
-    # training: refused before any training, as a file cannot hold the tokenizer folder
-    msg = _bad_exit(monkeypatch, bpe, "--vocab", 300, "--input", corpus, "--out", tmp_path / "a_file" / "tok")
-    assert msg == f"bpe.py: --out {tmp_path / 'a_file' / 'tok'}: {tmp_path / 'a_file'} is a file; the tokenizer is saved as a folder"
-    # --encode into a folder: the OSError is one line too, and no temp file is left behind (a local tokenizer: GPT-2's
-    # files are not on every machine)
-    (tmp_path / "folder").mkdir()
-    (tmp_path / "t").mkdir()
-    tok = _bad_tok_dir(tmp_path / "t")
-    msg = _bad_exit(monkeypatch, bpe, "--encode", corpus, "--tokenizer", tok, "--out", tmp_path / "folder", "--workers", 1)
-    assert msg.startswith("bpe.py: ") and "folder" in msg
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "corpus.txt", "folder", "t"]
-    assert not list((tmp_path / "folder").iterdir())
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    out = tmp_path / out
+    msg = _bpe_exit(monkeypatch, "--input", corpus, "--vocab", "300", "--out", out, "--workers", "1")
+    _one_line_naming(msg, f"bpe.py: --out {out}: ", tmp_path / "a_file")
+    assert (tmp_path / "a_file").read_text() == "x"
 
 
-def test_bpe_an_empty_input_file_is_refused_by_training_and_encoding(tmp_path):
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT])
-    tok.save_dir(tmp_path / "tok")
-    (tmp_path / "empty.txt").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
-        bpe.encode_file(tmp_path / "empty.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1)
-    with pytest.raises(ValueError, match=r"empty\.txt: file is empty"):
-        bpe.train_bpe(tmp_path / "empty.txt", 300, [_BPE_EOT], num_workers=1)
-    assert not list(tmp_path.glob("o.bin*"))
+@pytest.mark.parametrize("out", ["a_dir", "a_file/x.bin"])
+def test_bpe_cli_an_encode_out_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, out):
+    # a folder, or a path under a file: the OS's error as one line naming the path, and no temp file left behind
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
+    _bpe_byte_tokenizer().save_dir(tmp_path / "tok")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_dir").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    msg = _bpe_exit(monkeypatch, "--encode", corpus, "--tokenizer", tmp_path / "tok", "--out", tmp_path / out,
+                    "--workers", 1)
+    _one_line_naming(msg, "bpe.py: ", tmp_path / out.split("/")[0])
+    assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "a_file").read_text() == "x"
 
 
-def test_bpe_eot_id_of_a_vocabulary_holding_endoftext_without_declaring_it_special(tmp_path):
-    # GPT-2's vocab.json read by from_files with no special tokens named still has "<|endoftext|>" (id 50256 there):
-    # eot_id points at it, so sampling can start from it and stop at it; in text it stays plain characters
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab[256] = _BPE_EOT.encode()
-    tok = bpe.Tokenizer(vocab, [])
-    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    for t in (tok, bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")):
-        assert t.special_tokens == [] and t.eot_id == 256 and t.encode("<|") == [ord("<"), ord("|")]
-    assert bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).eot_id is None
+def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
+    # the message starts on a line of its own (after the progress display) and says what was not written
+    text = tmp_path / "in.txt"
+    text.write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
 
-
-def test_bpe_special_tokens_json_with_an_empty_token_is_refused(tmp_path):
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], [_BPE_EOT]).save_dir(tmp_path / "d")
-    (tmp_path / "d" / "special_tokens.json").write_text(json.dumps([_BPE_EOT, ""]), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"special_tokens\.json: expected a JSON list of non-empty strings"):
-        bpe.load_tokenizer(tmp_path / "d")
-
-
-@needs_gpt2_files
-def test_bpe_gpt2_tokenizer_refuses_ids_outside_its_vocabulary():
-    tok = bpe.load_tokenizer("gpt2")
-    assert tok.decode([50256, 31373]) == "<|endoftext|>hello"
-    for bad in (50257, -1, 1 << 40):
-        with pytest.raises(ValueError, match=rf"decode: token id {bad} is outside the vocabulary \[0, 50257\)"):
-            tok.decode([31373, bad])
-
-
-def test_bpe_a_merge_of_hash_signs_survives_the_merges_file_round_trip(tmp_path):
-    # only the FIRST line of merges.txt may be the "#version" header: a merge of "#" and "#" is the line "# #"
-    import tokenizers  # the independent reference (requirements-dev.txt)
-    tok = bpe.Tokenizer({**{i: bytes([i]) for i in range(256)}, 256: b"##", 257: b"###"}, [(b"#", b"#"), (b"##", b"#")])
-    tok.save(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    assert (tmp_path / "merges.txt").read_text(encoding="utf-8") == "#version: 0.2\n# #\n## #\n"
-    again = bpe.Tokenizer.from_files(tmp_path / "vocab.json", tmp_path / "merges.txt")
-    assert again.merges == tok.merges and again.encode("#####") == tok.encode("#####") == [256, 257]
-    hf = tokenizers.Tokenizer(tokenizers.models.BPE.from_file(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
-    assert hf.encode("#####").ids == [256, 257]
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bpe, "train_bpe", ctrl_c)
+    monkeypatch.setattr(bpe, "encode_file", ctrl_c)
+    for argv, out in ((["--input", text, "--vocab", 300, "--out", tmp_path / "tok"], tmp_path / "tok"),
+                      (["--encode", text, "--tokenizer", "gpt2", "--out", tmp_path / "x.bin"], tmp_path / "x.bin")):
+        msg = _bpe_exit(monkeypatch, *argv)
+        assert msg[0] == "\n", msg
+        _one_line_naming(msg[1:], "bpe.py: ", "interrupted", out)
+        assert not out.exists()
 
 
 # ====================================================================================================================
@@ -4295,35 +4387,6 @@ def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
 # ====================================================================================================================
 
 
-def _fw_hub_probe():
-    ok, reason = fineweb.hub_reachable()
-    assert ok is False or reason in ("", "behind a proxy: not probed", "HF_ENDPOINT not understood: not probed")
-    assert (reason == "") == (ok and "not probed" not in reason)  # a connection made, or why not
-    return ok
-
-
-def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks model.py's hub_reachable
-    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443
-    import socket
-    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
-                "HF_DATASETS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(1)
-        port = server.getsockname()[1]
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-        assert _fw_hub_probe() is True
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")  # closed now
-    assert _fw_hub_probe() is False
-    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
-    assert _fw_hub_probe() is True
-    monkeypatch.delenv("HTTP_PROXY")
-    for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
-        monkeypatch.setenv("HF_ENDPOINT", bad)
-        assert _fw_hub_probe() is True
-
-
 _FW_EOT = "<|endoftext|>"
 
 
@@ -4353,81 +4416,373 @@ def _fw_bpe_dir(tmp_path_factory):
     return str(tmp / "tok")
 
 
-def test_stories_deterministic_for_a_seed():
-    a, b, c = stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=3), stories.generate_stories(40, seed=4)
-    assert a == b and a != c
-    assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
+def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
+    import types
+
+    def load_dataset(path, name=None, split=None, streaming=False):
+        calls.append(dict(path=path, name=name, split=split, streaming=streaming))
+        if fail:
+            raise fail
+        return iter({"text": t} for t in rows_by_split[split])
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
 
 
-def test_stories_write_corpus_size_and_separator(tmp_path):
-    path = tmp_path / "s.txt"
-    n, nbytes = stories.write_corpus(path, 50_000, seed=2)
-    data = path.read_bytes()
-    assert len(data) == nbytes
-    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by SEPARATOR
-    assert data.decode("utf-8") == "".join(d + stories.SEPARATOR for d in docs)
-    last = len((docs[-1] + stories.SEPARATOR).encode())
-    assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
-    assert stories.SEPARATOR == "\n<|endoftext|>\n"
-    stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
-    assert (tmp_path / "t.txt").read_bytes() == data
+_fw_says = _bpe_says   # one line that starts with the prefix and names the values after it (see bpe.py's tests)
 
 
-def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tmp_path, monkeypatch):
-    # a size met exactly by k stories gets those k (no extra story); sizes count UTF-8 bytes, not characters
-    # (stories.py's own stories are ASCII, so a story with accents stands in); a size of 0 is refused
-    docs = stories.generate_stories(5, seed=7)
-    exact = len("".join(d + stories.SEPARATOR for d in docs).encode())
-    assert stories.write_corpus(tmp_path / "a.txt", exact, seed=7) == (5, exact)
-    assert stories.write_corpus(tmp_path / "b.txt", exact + 1, seed=7)[0] == 6
-    story = "Zo\u00eb ate cr\u00e8me br\u00fbl\u00e9e."  # 21 characters, 25 bytes
-    monkeypatch.setattr(stories, "make_story", lambda r: story)
-    one = (story + stories.SEPARATOR).encode()
-    assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
-    assert (tmp_path / "c.txt").read_bytes() == 3 * one
-    with pytest.raises(ValueError, match="num_bytes must be positive"):
-        stories.write_corpus(tmp_path / "d.txt", 0)
-    assert not (tmp_path / "d.txt").exists()
+def _fw_exit(monkeypatch, script, *argv):
+    """The message fineweb.main() or stories.main() exits with: a string, so exit status 1 with it on stderr."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    assert isinstance(e.value.code, str), e.value.code
+    return e.value.code
 
 
-def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
-    # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
-    calls = []
-
-    def story_then_ctrl_c(r):
-        calls.append(1)
-        if len(calls) == 50:
-            raise KeyboardInterrupt
-        return "Tom had a red ball."
-    monkeypatch.setattr(stories, "make_story", story_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        stories.write_corpus(tmp_path / "s.txt", 50_000, seed=2)
-    assert list(tmp_path.iterdir()) == []
+def _fw_crashing(docs, n):
+    """The document stream dying after n documents, as a killed job's does."""
+    yield from docs[:n]
+    raise RuntimeError("simulated interruption")
 
 
-def test_stories_variety_and_well_formed():
-    docs = stories.generate_stories(3000, seed=0)
-    assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
-    for d in docs:
-        assert "{" not in d and "}" not in d, d  # no unfilled template fields
-        assert d.count('"') % 2 == 0, d  # every quote closes
-        assert d[0].isupper() and d.rstrip()[-1] in '.!?"', d
-    openers = {d.split("\n")[1].split()[0] for d in docs}
-    assert len(openers) > 20  # the plots and their phrasings all occur
+def _fw_steps(monkeypatch):
+    """The steps prepare_tinystories runs rather than reuses, in order: "corpus" (stories.py's, once per split),
+    "tokenizer", "tokens" (once per split)."""
+    steps = []
+
+    def spy(module, name, step):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: steps.append(step) or real(*a, **k))
+    spy(stories, "write_corpus", "corpus")
+    spy(bpe, "train_bpe", "tokenizer")
+    spy(fineweb, "write_token_file", "tokens")
+    return steps
+
+
+def _fw_bpe_training_sizes(monkeypatch):
+    """The size in bytes of the text each bpe.train_bpe call trains on."""
+    sizes, real = [], bpe.train_bpe
+    monkeypatch.setattr(bpe, "train_bpe",
+                        lambda path, *a, **k: sizes.append(os.path.getsize(path)) or real(path, *a, **k))
+    return sizes
+
+
+# ---- fineweb.py: the token dtype
+
+
+@pytest.mark.parametrize("vocab_size,asked,dtype", [(65536, None, "uint16"), (65536, "auto", "uint16"),
+                                                    (65537, None, "uint32"), (65536, "uint16", "uint16"),
+                                                    (65537, "uint32", "uint32"), (300, "uint32", "uint32")])
+def test_fw_choose_dtype_uint16_holds_exactly_65536_ids(vocab_size, asked, dtype):
+    assert fineweb.choose_dtype(vocab_size, asked) == dtype   # ids 0..65535; auto (or None): uint16 if they fit
+
+
+@pytest.mark.parametrize("vocab_size,asked,named", [(65537, "uint16", ("65537 ids", "uint32")),
+                                                    (100_000, "uint16", ("100000 ids", "uint32")),
+                                                    (300, "int8", ("'int8'", "uint16", "uint32"))])
+def test_fw_choose_dtype_refuses_a_dtype_that_cannot_hold_the_ids(vocab_size, asked, named):
+    with pytest.raises(ValueError) as e:
+        fineweb.choose_dtype(vocab_size, asked)
+    _one_line_naming(str(e.value), "", *named)
+
+
+# ---- fineweb.py: documents from a local file (separated by <|endoftext|>) or folder (one per file)
 
 
 def test_fw_file_docs_splits_at_separators_across_any_chunking(tmp_path):
     # separators cut across chunk boundaries, half separators, CRLF, a BOM, long documents over many chunks:
     # the same documents as splitting the whole text at once
     rng = random.Random(0)
-    pieces = [_BPE_EOT, "<|", "endoftext|>", "a", "bc ", " ", "\n", "\r\n", "é", "<", "|>", "x" * 40]
+    pieces = [_FW_EOT, "<|", "endoftext|>", "a", "bc ", " ", "\n", "\r\n", "é", "<", "|>", "x" * 40]
     path = tmp_path / "t.txt"
     for i in range(300):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
         path.write_bytes((b"\xef\xbb\xbf" if i % 7 == 0 else b"") + text.encode("utf-8"))
-        want = [d.strip() for d in text.split(_BPE_EOT) if d.strip()]
+        want = [d.strip() for d in text.split(_FW_EOT) if d.strip()]
         chunk = rng.randint(1, 14)
         assert list(fineweb.file_docs(path, chunk_chars=chunk)) == want, (text, chunk)
+
+
+def test_fw_file_docs_streams_across_chunk_boundaries_and_drops_blank_documents(tmp_path):
+    # the file is read in chunks: a document (or a separator) cut by a chunk boundary is joined again, the last
+    # document needs no separator after it, and whitespace-only documents are dropped
+    text = (f"  first doc \n{_FW_EOT}\n \n\t{_FW_EOT}second{_FW_EOT}a third one, longer than any chunk below"
+            f"{_FW_EOT}{_FW_EOT}  last, without a separator after it \n")
+    path = tmp_path / "c.txt"
+    path.write_text(text, encoding="utf-8")
+    want = ["first doc", "second", "a third one, longer than any chunk below", "last, without a separator after it"]
+    for chunk_chars in (1, 3, 7, 16, 1 << 20):
+        assert list(fineweb.file_docs(path, chunk_chars=chunk_chars)) == want, chunk_chars
+
+
+def test_fw_folder_docs_skips_hidden_files_and_folders(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "a.txt").write_text("Doc A\n")
+    (tmp_path / "sub" / "b.txt").write_text("  Doc B ")
+    (tmp_path / "empty.txt").write_text(" \n")
+    (tmp_path / ".hidden.txt").write_text("secret")
+    (tmp_path / ".git" / "config").write_text("[core]")
+    assert list(fineweb.folder_docs(tmp_path)) == ["Doc A", "Doc B"]
+
+
+def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path):
+    # an edit that keeps the size (a word for another as long) must still change the stamp, or a rerun would resume
+    # (or reuse) shards of the old text
+    path = tmp_path / "c.txt"
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a red ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18))
+    before = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert [fineweb.input_stamp(path), fineweb.input_stamp(folder)] == before   # the same file: the same stamp
+    for p in (path, folder / "a.txt"):
+        p.write_text("Tom had a big ball.", encoding="utf-8")
+        os.utime(p, ns=(10**18, 10**18 + 10**9))
+    after = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
+    assert after[0] != before[0] and after[1] != before[1]
+
+
+def test_fw_an_input_that_cannot_be_read_is_one_error_naming_the_file(tmp_path, monkeypatch):
+    # a missing --input (refused by the command line before anything is written), a file that is not UTF-8, a
+    # folder with a file that is not, and a folder with no files: one line that starts with the path at fault
+    missing = tmp_path / "missing.txt"
+    with pytest.raises(ValueError) as e:
+        fineweb.check_input(missing)
+    _fw_says(str(e.value), f"{missing}: ", "no such file")
+    msg = _fw_exit(monkeypatch, fineweb, "--input", missing, "--out_dir", tmp_path / "x")
+    _fw_says(msg, f"fineweb.py: {missing}: ", "no such file")
+    assert not (tmp_path / "x").exists()
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    with pytest.raises(ValueError) as e:
+        list(fineweb.file_docs(bad))
+    _fw_says(str(e.value), f"{bad}: ", "UTF-8")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(bad, tmp_path / "docs" / "a.txt")
+    with pytest.raises(ValueError) as e:
+        list(fineweb.folder_docs(tmp_path / "docs"))
+    _fw_says(str(e.value), f"{tmp_path / 'docs' / 'a.txt'}: ", "UTF-8")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError) as e:
+        list(fineweb.folder_docs(tmp_path / "empty"))
+    _fw_says(str(e.value), f"{tmp_path / 'empty'}: ", "no files")
+
+
+# ---- fineweb.py: documents streamed from the Hugging Face hub
+
+
+def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks model.py's hub_reachable
+    # a mirror on another port (HF_ENDPOINT=http://host:port) is probed there, not on 443: (True, "") once a
+    # connection is made, (False, why) when none can be; behind a proxy, or with an HF_ENDPOINT it cannot read, it
+    # does not probe (a direct connection would prove nothing) and says so, leaving the hub client to explain
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
+                "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert fineweb.hub_reachable() == (True, "")
+    ok, why = fineweb.hub_reachable()   # closed now
+    assert not ok and "127.0.0.1" in why
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")   # an http endpoint behind an http proxy
+    ok, why = fineweb.hub_reachable()
+    assert ok and "not probed" in why
+    monkeypatch.delenv("HTTP_PROXY")
+    for bad in ("https://host:99999", "hf-mirror.com"):  # malformed: left to huggingface_hub to explain
+        monkeypatch.setenv("HF_ENDPOINT", bad)
+        ok, why = fineweb.hub_reachable()
+        assert ok and "not probed" in why
+
+
+def test_fw_hub_offline_is_detected_at_once(monkeypatch):
+    # HF_HUB_OFFLINE=1: no connection is tried, and a dataset is refused in one line that says why and what to use
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket, "create_connection", _bpe_not_called)
+    ok, why = fineweb.hub_reachable()
+    assert not ok and "HF_HUB_OFFLINE" in why
+    with pytest.raises(ValueError) as e:
+        fineweb.hf_docs("fineweb-edu")
+    _one_line_naming(str(e.value), "--dataset fineweb-edu", "HF_HUB_OFFLINE", "--input")
+
+
+def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
+    calls = []
+    _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
+    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
+    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
+
+
+def test_fw_an_unknown_dataset_is_refused_naming_the_ones_there_are(tmp_path, monkeypatch):
+    monkeypatch.setattr(socket, "create_connection", _bpe_not_called)   # refused before the hub is asked
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        fineweb.hf_docs("no-such-corpus")
+    _one_line_naming(str(e.value), "--dataset ", "no-such-corpus", *fineweb.DATASETS)
+    _one_line_naming(_fw_exit(monkeypatch, fineweb, "--dataset", "nope"), "fineweb.py: --dataset ", "nope",
+                     *fineweb.DATASETS)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- fineweb.py: shuffling documents through a buffer
+
+
+@pytest.mark.parametrize("n", [500, 40], ids=["longer_than_the_buffer", "shorter_than_the_buffer"])
+def test_fw_buffer_shuffle_is_a_seeded_permutation(n):
+    # every document once, in an order that depends on the seed alone, also for a stream the buffer holds whole
+    docs = [f"doc {i}" for i in range(n)]
+    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert sorted(a) == sorted(docs) and a != docs
+    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
+    assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
+
+
+def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
+    # a shuffle buffer that always evicted the same slot would keep the stream in order (doc i, i+1, ...) and start
+    # every seed with doc 0: the "unshuffled documents" weakness the spec names
+    docs = list(range(1000))
+    out = list(fineweb.buffer_shuffle(iter(docs), 64, seed=0))
+    assert sorted(out) == docs
+    in_order = sum(b == a + 1 for a, b in zip(out, out[1:]))
+    assert in_order < 60, in_order                       # ~1000/64 expected; an in-order stream gives ~1000
+    firsts = {next(iter(fineweb.buffer_shuffle(iter(docs), 64, seed=s))) for s in range(10)}
+    assert len(firsts) > 5
+
+
+def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
+    # a buffer of 1 keeps the order; with a buffer of 2, the document in the second slot leaves long before the end
+    # (never evicting one slot would hold its document back to the final flush)
+    docs = list(range(200))
+    assert list(fineweb.buffer_shuffle(iter(docs), 1, seed=3)) == docs
+    out = list(fineweb.buffer_shuffle(iter(docs), 2, seed=3))
+    assert sorted(out) == docs and out.index(1) < 50
+
+
+# ---- fineweb.py: tokenising documents (an eot before each) on worker processes, the progress line
+
+
+@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
+def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
+    # a page that mentions "<|endoftext|>" is encoded as ordinary text: the only eot ids are the separators
+    ref = _fw_bpe_dir if which == "bpe" else "gpt2"
+    tok = bpe.load_tokenizer(ref)
+    docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
+    folder = tmp_path / "pages"
+    folder.mkdir()
+    for i, d in enumerate(docs):
+        (folder / f"{i}.txt").write_text(d, encoding="utf-8")
+    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "out", ref, shard_size=10**6, num_workers=1,
+                         progress=False, log=lambda *a: None)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert int((ids == tok.eot_id).sum()) == 2 == meta["num_docs"]  # only the two separators
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+
+
+def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
+    # documents are separated by <|endoftext|>, so a tokenizer without it is refused: by write_token_file before any
+    # work, and by encode_docs at the first batch (a pool restarts a worker whose start-up fails, forever, so the
+    # worker keeps its error for the first batch); run in a child process, so that a hang fails on the timeout
+    # instead of blocking the suite
+    d = _bpe_tok_dir(tmp_path, specials=())
+    code = f"""
+import fineweb, sys
+for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
+                                               {str(d)!r}, num_workers=2),
+             lambda: list(fineweb.encode_docs(iter(["hello world"]), {str(d)!r}, "uint16", num_workers=2))):
+    try:
+        call()
+    except ValueError as e:
+        print("ValueError:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stderr[-2000:]
+    for line in lines:
+        _fw_says(line, f"ValueError: {d}: ", _FW_EOT)
+    assert not list(tmp_path.glob("x.bin*"))
+
+
+def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
+    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput (2,000,000
+    # new tokens in 2 s are 1.00 M tok/s, where all 5,000,000 would give 2.50)
+    now = [100.0]
+    monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
+    bar = fineweb.Progress(True, start_tokens=3_000_000)
+    now[0] += 2.0
+    bar.update(10, 5_000_000, force=True)
+    err = capsys.readouterr().err
+    assert "1.00 M tok/s" in err and "5,000,000" in err, err
+
+
+# ---- fineweb.py: token files written whole or not at all: one file and its sidecar (write_token_file)
+
+
+@needs_gpt2_files
+def test_fw_token_file_holds_the_stream_and_names_gpt2s_eot_id(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path, n=30)
+    side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
+    one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert one.tolist() == [i for d in docs for i in [enc.eot_token] + enc.encode_ordinary(d)]
+    assert side["num_docs"] == 30 and side["num_tokens"] == len(one)
+    assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_dir):
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=8)
+    side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
+    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
+                    "num_docs": 20, "tokenizer": _fw_bpe_dir,
+                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
+    assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
+    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
+
+
+def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
+    # one line that starts with what is empty (the source of the stream, the token file), and no file written
+    kw = dict(num_workers=1)
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
+                             log=lambda *a: None, source="file:c.txt", **kw)
+    _fw_says(str(e.value), "file:c.txt: ", "no documents")
+    assert not list((tmp_path / "shards").glob("*.bin"))
+    blank = tmp_path / "blank.txt"
+    blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
+    with pytest.raises(ValueError) as e:
+        fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
+    _fw_says(str(e.value), f"{tmp_path / 'one.bin'}: ", "no documents")
+    assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
+
+
+def test_fw_shards_sidecars_and_meta_are_renamed_into_place(tmp_path, monkeypatch, _fw_bpe_dir):
+    # "written to a .tmp file and renamed": a kill mid-write never leaves a file that looks complete
+    real, renamed = os.replace, []
+    monkeypatch.setattr(fineweb.os, "replace", lambda src, dst: (renamed.append((str(src), str(dst))), real(src, dst)))
+    _, docs = _fw_corpus(tmp_path, n=30, seed=1)
+    out = tmp_path / "out"
+    meta = fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=1500, num_workers=1, progress=False,
+                                log=lambda *a: None)
+    files = [s["file"] for s in meta["shards"]]
+    assert len(files) >= 2
+    for name in files + [f"{f}.json" for f in files] + ["meta.json"]:
+        assert (f"{out / name}.tmp", str(out / name)) in renamed, name
+    renamed.clear()
+    fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
+    for name in ("one.bin", "one.bin.json"):
+        assert (f"{tmp_path / name}.tmp", str(tmp_path / name)) in renamed, name
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+# ---- fineweb.py: shards and meta.json (write_shards): the stream cut exactly, resumed, refused when not the same
 
 
 @needs_gpt2_files
@@ -4437,7 +4792,8 @@ def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
     path, docs = _fw_corpus(tmp_path)
     assert list(fineweb.file_docs(path)) == docs
     out = tmp_path / "shards"
-    fineweb.write_shards(fineweb.file_docs(path), out, "gpt2", shard_size=5000, num_workers=2, progress=False, log=lambda *a: None)
+    fineweb.write_shards(fineweb.file_docs(path), out, "gpt2", shard_size=5000, num_workers=2, progress=False,
+                         log=lambda *a: None)
     ids, arrays, meta = _fw_read_shards(out)
     # independent reference: tiktoken on each document, eot before each
     ref = []
@@ -4452,7 +4808,8 @@ def test_fw_round_trip_gpt2_shards_and_metadata(tmp_path):
     assert len(arrays) == -(-len(ref) // 5000)
     # metadata: directory record and tokens-v1 sidecars
     assert meta["complete"] and meta["num_tokens"] == len(ref) and meta["num_docs"] == len(docs)
-    assert meta["config"]["tokenizer"] == "gpt2" and meta["config"]["vocab_size"] == 50257 and meta["config"]["dtype"] == "uint16"
+    config = meta["config"]
+    assert (config["tokenizer"], config["vocab_size"], config["dtype"]) == ("gpt2", 50257, "uint16")
     for s, a in zip(meta["shards"], arrays):
         side = json.loads((out / f"{s['file']}.json").read_text())
         assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 50257, "num_tokens": len(a),
@@ -4485,69 +4842,6 @@ def test_fw_round_trip_bpe_tokenizer_file_and_folder(tmp_path, _fw_bpe_dir):
     assert len(arrays) == 1 and tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs[:12])
 
 
-@pytest.mark.parametrize("which", ["bpe", pytest.param("gpt2", marks=needs_gpt2_files)])
-def test_fw_literal_endoftext_inside_a_document_stays_text(tmp_path, _fw_bpe_dir, which):
-    ref = _fw_bpe_dir if which == "bpe" else "gpt2"
-    tok = bpe.load_tokenizer(ref)
-    docs = ["A web page that mentions <|endoftext|> in its text.", "Second page."]
-    folder = tmp_path / "pages"
-    folder.mkdir()
-    for i, d in enumerate(docs):
-        (folder / f"{i}.txt").write_text(d, encoding="utf-8")
-    fineweb.write_shards(fineweb.folder_docs(folder), tmp_path / "out", ref, shard_size=10**6, num_workers=1,
-                         progress=False, log=lambda *a: None)
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert int((ids == tok.eot_id).sum()) == 2 == meta["num_docs"]  # only the two separators
-    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-
-
-@needs_gpt2_files
-def test_fw_uint32_and_token_file(tmp_path):
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
-    path, docs = _fw_corpus(tmp_path, n=30)
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
-                         num_workers=1, progress=False, log=lambda *a: None)
-    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
-    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
-    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-    side = fineweb.write_token_file(fineweb.file_docs(path), tmp_path / "one.bin", "gpt2", num_workers=2)
-    one = np.fromfile(tmp_path / "one.bin", dtype="<u2")
-    assert one.tolist() == ids.tolist() and side["num_docs"] == 30 and side["num_tokens"] == len(one)
-    assert side["eot_id"] == enc.eot_token == 50256 and side["tokenizer"] == "gpt2"   # GPT-2's eot, not a bpe.py 0
-    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
-
-
-@needs_gpt2_files
-def test_fw_resume_after_interruption(tmp_path):
-    path, docs = _fw_corpus(tmp_path, n=150)
-    kw = dict(tokenizer="gpt2", shard_size=4000, progress=False, log=lambda *a: None, batch_chars=3000)
-    fineweb.write_shards(iter(docs), tmp_path / "clean", num_workers=1, **kw)
-
-    def crashing(n):  # the corpus stream dies after n documents, as a killed job would
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    out = tmp_path / "resumed"
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(100), out, num_workers=2, **kw)
-    meta = json.loads((out / "meta.json").read_text())
-    assert not meta["complete"] and len(meta["shards"]) >= 2
-    done = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in meta["shards"]}
-    logs = []
-    fineweb.write_shards(iter(docs), out, num_workers=2, **{**kw, "log": logs.append})
-    assert any("resuming after shard" in line for line in logs)
-    assert {f: (out / f).stat().st_mtime_ns for f in done} == done  # complete shards were not rewritten
-    a, _, meta_a = _fw_read_shards(tmp_path / "clean")
-    b, _, meta_b = _fw_read_shards(out)
-    assert np.array_equal(a, b) and meta_a["shards"] == meta_b["shards"]
-    for f in (tmp_path / "clean").glob("*.bin"):
-        assert f.read_bytes() == (out / f.name).read_bytes()
-    logs.clear()
-    fineweb.write_shards(iter(docs), out, num_workers=1, **{**kw, "log": logs.append})
-    assert "already complete" in logs[0]
-
-
 @needs_data
 @needs_gpt2_files
 def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
@@ -4557,7 +4851,8 @@ def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
     folder = tmp_path / "real"
     folder.mkdir()
     (folder / "a.txt").write_bytes((DATA / "tinystories/cs336_tinystories_sample.txt").read_bytes())
-    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"), ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
+    for name, src in [("b.txt", "books/pg1342_pride_and_prejudice.txt"),
+                      ("c.txt", "webtext/wikipedia_taylorswift.txt")]:
         data = (DATA / src).read_bytes()
         (folder / name).write_bytes(data[:data.rindex(b"\n", 0, 60_000) + 1])  # cut at a line end, not mid-character
     docs = list(fineweb.folder_docs(folder))
@@ -4574,525 +4869,25 @@ def test_fw_round_trip_on_real_text(tmp_path, _fw_bpe_dir):
             assert ids.tolist() == [i for d in docs for i in [eot] + enc.encode_ordinary(d)]
 
 
-def test_fw_shuffle_docs_is_a_seeded_permutation():
-    docs = [f"doc {i}" for i in range(500)]
-    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert sorted(a) == sorted(docs) and a != docs
-    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert a != list(fineweb.buffer_shuffle(iter(docs), 64, seed=2))
-
-
-def test_fw_bad_input_errors(tmp_path):
-    with pytest.raises(ValueError, match="no such file"):
-        fineweb.check_input(tmp_path / "missing.txt")
-    bad = tmp_path / "latin1.txt"
-    bad.write_bytes("caf\xe9 au lait".encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt: not UTF-8"):
-        list(fineweb.file_docs(bad))
-    with pytest.raises(ValueError, match="unknown"):
-        fineweb.hf_docs("no-such-corpus")
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(100_000, "uint16")
-    assert fineweb.choose_dtype(65536) == "uint16" and fineweb.choose_dtype(65537) == "uint32"
-    with pytest.raises(ValueError, match="not a tokenizer directory"):
-        bpe.load_tokenizer(str(tmp_path))
-    # the CLI turns these into one line naming the flag or file
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--input", str(tmp_path / "missing.txt"), "--out_dir",
-                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith("fineweb.py: ") and "missing.txt" in r.stderr
-    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), "--dataset", "nope"], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "--dataset 'nope': unknown" in r.stderr
-
-
 @needs_gpt2_files
-def test_fw_refuses_an_out_dir_from_another_tokenizer(tmp_path, _fw_bpe_dir, monkeypatch):
-    path, docs = _fw_corpus(tmp_path, n=20)
-    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
-    fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    with pytest.raises(ValueError, match="tokenizer 'gpt2'"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, **kw)
-    with pytest.raises(ValueError, match="different settings"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **{**kw, "shard_size": 100})
-    # the same tokenizer folder spelled another way (trailing slash) is the same tokenizer: no refusal
-    fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir, **kw)
-    assert fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir + "/", **kw)["complete"]
-    # ... but a folder named gpt2 stays that folder, not tiktoken's GPT-2
-    import shutil
-    shutil.copytree(_fw_bpe_dir, tmp_path / "gpt2")
-    monkeypatch.chdir(tmp_path)
-    meta = fineweb.write_shards(iter(docs), tmp_path / "local", "./gpt2", **kw)
-    assert meta["config"]["tokenizer"] == "./gpt2" and meta["config"]["vocab_size"] == 300
-    # token files from elsewhere (no meta.json)
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other/train.bin").write_bytes(b"\0\0")
-    with pytest.raises(ValueError, match="no meta.json"):
-        fineweb.write_shards(iter(docs), tmp_path / "other", "gpt2", **kw)
-    # a meta.json that is not JSON, or not fineweb.py's, is named
-    good = (tmp_path / "out/meta.json").read_text()
-    for broken, problem in [("{oops", "not valid JSON"), ("[1]", "not a fineweb.py meta.json"),
-                            ('{"complete": false}', "not a fineweb.py meta.json")]:
-        (tmp_path / "out/meta.json").write_text(broken)
-        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'out/meta.json'))}: {problem}.*: "
-                                             "empty the directory and start again$"):
-            fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    (tmp_path / "out/meta.json").write_text(good)
-    # a listed shard that was truncated afterwards is not silently trusted
-    (tmp_path / "out/meta.json").write_text((tmp_path / "out/meta.json").read_text().replace('"complete": true', '"complete": false'))
-    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0")
-    with pytest.raises(ValueError, match="wrong size"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-    # ... nor one that grew (one token longer than listed)
-    listed = json.loads((tmp_path / "out/meta.json").read_text())["shards"][0]["num_tokens"]
-    (tmp_path / "out/val_000000.bin").write_bytes(b"\0\0" * (listed + 1))
-    with pytest.raises(ValueError, match="wrong size"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
-
-
-def test_fw_prepare_tinystories_offline_and_reuse(tmp_path):
-    import bpe
-    logs = []
-    kw = dict(vocab_size=320, allow_download=False, log=logs.append, corpus_bytes=40_000, num_workers=2)
-    got = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
-    d = Path(got["data_dir"])
-    assert got["tokenizer"] == str(d / "tokenizer") and "stories.py" in got["source"]
-    assert any("downloads disabled" in line for line in logs)
-    tok = bpe.load_tokenizer(got["tokenizer"])
-    assert tok.vocab_size == 320 and tok.eot_id is not None
-    for split in ("train", "val"):
-        side = json.loads((d / f"{split}.bin.json").read_text())
-        ids = np.fromfile(d / f"{split}.bin", dtype="<u2")
-        docs = list(fineweb.file_docs(d / f"{split}.txt"))
-        assert side["format"] == "tokens-v1" and side["num_tokens"] == len(ids) == got[f"{split}_tokens"]
-        assert side["num_docs"] == len(docs) and side["tokenizer"] == got["tokenizer"] and side["vocab_size"] == 320
-        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
-    assert 36_000 <= (d / "train.txt").stat().st_size and 1_000 <= (d / "val.txt").stat().st_size
-    # the second call reuses every step and rewrites nothing
-    stamps = {p: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
-    logs.clear()
-    again = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
-    assert again == got and sum("reusing" in line for line in logs) == 3
-    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    # a different vocabulary keeps the corpus, retrains the tokenizer and re-encodes
-    logs.clear()
-    other = fineweb.prepare_tinystories(tmp_path / "ts", **{**kw, "vocab_size": 300})
-    assert bpe.load_tokenizer(other["tokenizer"]).vocab_size == 300 and "reusing" in logs[0] and "trained BPE" in logs[1]
-    # fresh=True redoes everything (the generated corpus is the same for the same seed)
-    logs.clear()
-    fineweb.prepare_tinystories(tmp_path / "ts", fresh=True, **kw)
-    assert not any("reusing" in line for line in logs)
-    assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
-    # a prepared.json that is not JSON, or not an object, is a record that cannot be trusted: prepared again
-    for broken in ("{oops", "[1]"):
-        (d / "prepared.json").write_text(broken)
-        logs.clear()
-        assert fineweb.prepare_tinystories(tmp_path / "ts", **kw) == got
-        assert logs[0] == f"{d / 'prepared.json'}: unreadable, so the data is prepared again"
-        assert not any("reusing" in line for line in logs)
-
-
-def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
-    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error, nothing written,
-    # and no "using the generated corpus" line first
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
-    logs = []
-    for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
-        with pytest.raises(ValueError, match=rf"^all of TinyStories .*needs the download \({why}.*--corpus_bytes 4000000"):
-            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
-    assert logs == [] and not (tmp_path / "all").exists()
-    # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
-    fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
-    before = sorted(p.name for p in (tmp_path / "ts").iterdir())
-    with pytest.raises(ValueError, match="^all of TinyStories"):
-        fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
-    assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--prepare_tinystories", "--corpus_bytes=0",
-                                      f"--out_dir={tmp_path / 'cli'}"])
-    with pytest.raises(SystemExit, match=r"^fineweb.py: all of TinyStories \(--corpus_bytes 0"):
-        fineweb.main()
-    assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
-
-
-def _fw_fake_datasets(monkeypatch, rows_by_split, calls, fail=None):
-    import types
-
-    def load_dataset(path, name=None, split=None, streaming=False):
-        calls.append(dict(path=path, name=name, split=split, streaming=streaming))
-        if fail:
-            raise fail
-        return iter({"text": t} for t in rows_by_split[split])
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda timeout=3.0: (True, ""))
-
-
-def test_fw_hub_offline_is_detected_at_once(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert fineweb.hub_reachable() == (False, "HF_HUB_OFFLINE is set")
-    with pytest.raises(ValueError, match="unreachable.*--input PATH"):
-        fineweb.hf_docs("fineweb-edu")
-
-
-def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
-    calls = []
-    _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
-    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
-    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
-
-
-def test_fw_prepare_tinystories_download_and_failed_download(tmp_path, monkeypatch):
-    calls, logs = [], []
-    rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)], "validation": [f"Val story {i}." for i in range(50)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
-    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
-    assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
-    assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
-    train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
-    assert train_docs == rows["train"][:len(train_docs)] and 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
-    assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
-    # a failing download: one line saying so, then the generated corpus
-    logs.clear()
-    _fw_fake_datasets(monkeypatch, rows, calls, fail=ConnectionError("no route to host"))
-    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000, num_workers=1)
-    assert "stories.py" in got["source"]
-    assert logs[0].startswith("TinyStories download failed (ConnectionError: no route to host)")
-    assert not list((tmp_path / "fail").glob("*.tmp"))
-
-
-def test_fw_train_tokenizer_on_docs_then_shard(tmp_path):
-    import bpe
-    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
-    logs = []
-    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tmp_path / "out/tokenizer", num_workers=1, log=logs.append)
-    tok = bpe.load_tokenizer(ref)
-    assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
-    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tmp_path / "out/tokenizer", log=logs.append) == ref
-    assert "reusing" in logs[-1]
-    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1, progress=False, log=logs.append)
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
-    # asked for another size (or another amount of training text): refused, never a silent reuse
-    for size, max_bytes in [(300, None), (290, 5000)]:
-        with pytest.raises(ValueError, match=r"tokenizer: holds a tokenizer trained with vocab_size 290, "
-                                             r"bpe_train_bytes 0, not .*: choose another --out_dir"):
-            fineweb.train_tokenizer_on_docs(iter([]), size, tmp_path / "out/tokenizer", max_bytes, log=logs.append)
-
-
-def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch, capsys):
-    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", "--max_docs=5", "--vocab_size=280",
-                                      f"--out_dir={tmp_path / 'out'}", "--shard_size=500", "--num_workers=1"])
-    fineweb.main()
-    first5 = sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])
-    assert f"on {first5:,} bytes" in capsys.readouterr().out
-    ids, _, meta = _fw_read_shards(tmp_path / "out")
-    assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
-    # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
-    monkeypatch.setattr(sys, "argv", [a.replace("--max_docs=5", "--max_docs=6") for a in sys.argv])
-    with pytest.raises(SystemExit, match=r"tokenizer: holds a tokenizer trained with vocab_size 280, bpe_train_bytes "
-                                         r"\d+ on file:.*\[:5\], not vocab_size 280, bpe_train_bytes \d+ on file:.*\[:6\]: "
-                                         r"choose another --out_dir"):
-        fineweb.main()
-
-
-def test_fw_tokenizer_without_eot_is_an_error_with_worker_processes_too(tmp_path):
-    # a worker whose start-up fails used to be restarted by the pool forever (a hang, tracebacks without end): the
-    # error now reaches the caller, from write_token_file before any work and from encode_docs at the first batch
-    # (run in a child process, so a regression fails on its timeout instead of hanging the suite)
-    d = _bad_tok_dir(tmp_path, specials=())
-    code = f"""
-import fineweb, sys
-for call in (lambda: fineweb.write_token_file(iter(["hello world", "second doc"]), {str(tmp_path / "x.bin")!r},
-                                               {str(d)!r}, num_workers=2),
-             lambda: list(fineweb.encode_docs(iter(["hello world"]), {str(d)!r}, "uint16", num_workers=2))):
-    try:
-        call()
-    except ValueError as e:
-        print("ValueError:", e)
-"""
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    want = f"ValueError: {d}: the tokenizer has no <|endoftext|> special token, needed to separate documents"
-    assert r.stdout.splitlines() == [want, want], r.stderr[-2000:]
-    assert not list(tmp_path.glob("x.bin*"))
-
-
-def test_fw_progress_rate_counts_this_runs_tokens_only(monkeypatch, capsys):
-    # a resumed write_shards starts with the tokens already on disk: they are not this run's throughput
-    now = [100.0]
-    monkeypatch.setattr(fineweb.time, "time", lambda: now[0])
-    bar = fineweb.Progress(True, start_tokens=3_000_000)
-    now[0] += 2.0
-    bar.update(10, 5_000_000, force=True)
-    assert "5,000,000 tokens | 1.00 M tok/s" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "DIR"),
-                                        ("--seed", "-5"), ("--seed", "-1")])
-def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
-    value = str(tmp_path) if value == "DIR" else value
-    msg = _bad_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
-    assert msg.startswith(f"stories.py: {flag} {value}: ") and "expected" in msg
-    assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
-
-
-@pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
-                                   ["--prepare_tinystories", "--corpus_bytes=-5"]])
-def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
-    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
-    out = tmp_path / "out"
-    msg = _bad_exit(monkeypatch, fineweb, f"--input={_bad_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
-                    f"--out_dir={out}", *flags)
-    flag, value = flags[-1].split("=")
-    assert msg.startswith(f"fineweb.py: {flag} {value}: expected") and not out.exists()
-
-
-def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
-    with pytest.raises(ValueError, match="corpus_bytes must be at least 2.*got -5"):
-        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
-    assert not (tmp_path / "d").exists()
-
-
-def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
-    (tmp_path / "a_file").write_text("x")
-    for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
-                  [f"--input={_bad_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
-        msg = _bad_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
-        assert msg == f"fineweb.py: [Errno 17] File exists: '{tmp_path / 'a_file'}'"
-
-
-def test_fw_choose_dtype_uint16_holds_exactly_65536_ids():
-    assert fineweb.choose_dtype(65536, "uint16") == "uint16"  # ids 0..65535
-    with pytest.raises(ValueError, match="does not fit uint16"):
-        fineweb.choose_dtype(65537, "uint16")
-    assert fineweb.choose_dtype(65537, "uint32") == "uint32"
-
-
-def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
-    got = fineweb.prepare_tinystories(tmp_path / "ts", vocab_size=280, allow_download=False, log=lambda *a: None,
-                                      corpus_bytes=20_000, num_workers=1)
-    d = Path(got["data_dir"])
-    train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
-    assert len(val_docs) >= 1 and len(train_docs) > 10
-    assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
-
-
-def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path):
-    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says
-    docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
-    per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
-    assert per_doc[0] == 20 * 41 + 2 + 15
-    logs = []
-    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1, log=logs.append)
-    assert f"on {sum(per_doc[:4]):,} bytes" in logs[-1]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
-    # a budget met exactly by 3 documents stops there: no 4th
-    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
-                                    log=logs.append)
-    assert f"on {sum(per_doc[:3]):,} bytes" in logs[-1]
-
-
-def test_fw_shuffle_docs_shuffles_a_stream_shorter_than_the_buffer():
-    docs = [f"doc {i}" for i in range(40)]
-    a = list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-    assert sorted(a) == sorted(docs) and a != docs
-    assert a == list(fineweb.buffer_shuffle(iter(docs), 64, seed=1))
-
-
-def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_dir):
-    # a bpe.py tokenizer's <|endoftext|> is id 0, not the last id as in GPT-2: every shard's sidecar must say so
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    _, docs = _fw_corpus(tmp_path, n=40, seed=3)
-    out = tmp_path / "out"
-    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=2000, num_workers=1, progress=False,
-                         log=lambda *a: None)
-    _, arrays, meta = _fw_read_shards(out)
-    assert len(arrays) > 1 and tok.eot_id == 0 != tok.vocab_size - 1
-    for s, a in zip(meta["shards"], arrays):
-        side = json.loads((out / f"{s['file']}.json").read_text())
-        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
-                        "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
-                        "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
-
-
-def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
-    # after an interruption meta.json counts every document with tokens on disk, the last one split by the
-    # shard boundary included: the sum of the listed shards' document counts
-    _, docs = _fw_corpus(tmp_path, n=80, seed=4)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
-                             log=lambda *a: None, batch_chars=2000)
-    meta = json.loads((out / "meta.json").read_text())
-    last = meta["shards"][-1]
-    assert not meta["complete"] and len(meta["shards"]) >= 2 and last["end_offset"] > 0  # a document cut in two
-    assert meta["num_docs"] == sum(s["num_docs"] for s in meta["shards"]) == last["end_doc"] + 1
-    assert meta["num_tokens"] == sum(s["num_tokens"] for s in meta["shards"])
-
-
-def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
-    # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
-    _, docs = _fw_corpus(tmp_path, n=60, seed=6)
-    kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
-
-    def crashing(n):
-        yield from docs[:n]
-        raise RuntimeError("simulated interruption")
-
-    with pytest.raises(RuntimeError, match="simulated"):
-        fineweb.write_shards(crashing(40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
-    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
-    meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
-    clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
-    assert meta["complete"] and meta["shards"] == clean["shards"]
-    shuffled = fineweb.write_shards(iter(docs), tmp_path / "shuf", _fw_bpe_dir, shuffle_docs=True, seed=7, **kw)
-    assert shuffled["config"]["seed"] == 7
-
-
-def test_fw_token_file_sidecar_names_a_bpe_tokenizers_eot_id(tmp_path, _fw_bpe_dir):
-    import bpe
-    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
-    _, docs = _fw_corpus(tmp_path, n=20, seed=8)
-    side = fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
-    ids = np.fromfile(tmp_path / "one.bin", dtype="<u2")
-    assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(ids),
-                    "num_docs": 20, "tokenizer": _fw_bpe_dir,
-                    "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
-    assert tok.eot_id == 0 and int((ids == 0).sum()) == 20
-    assert json.loads((tmp_path / "one.bin.json").read_text()) == side
-
-
-def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
-    # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
-    import shutil
-    tok_dir = tmp_path / "tok"
-    shutil.copytree(_fw_bpe_dir, tok_dir)
-    _, docs = _fw_corpus(tmp_path, n=20, seed=2)
-    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
-    fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
-    old = bpe.tokenizer_fingerprint(str(tok_dir))
-    merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
-    new = bpe.tokenizer_fingerprint(str(tok_dir))
-    assert new != old
-    with pytest.raises(ValueError, match=f"holds shards made with tokenizer .*fingerprint {old}.*{new}"):
-        fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
-
-
-def test_fw_buffer_shuffle_moves_documents_away_from_their_neighbours():
-    # a shuffle buffer that always evicted the same slot would keep the stream in order (doc i, i+1, ...) and start
-    # every seed with doc 0: the "unshuffled documents" weakness the spec names
-    docs = list(range(1000))
-    out = list(fineweb.buffer_shuffle(iter(docs), 64, seed=0))
-    assert sorted(out) == docs
-    in_order = sum(b == a + 1 for a, b in zip(out, out[1:]))
-    assert in_order < 60, in_order                       # ~1000/64 expected; an in-order stream gives ~1000
-    firsts = {next(iter(fineweb.buffer_shuffle(iter(docs), 64, seed=s))) for s in range(10)}
-    assert len(firsts) > 5
-
-
-def test_fw_shards_sidecars_and_meta_are_renamed_into_place(tmp_path, monkeypatch, _fw_bpe_dir):
-    # "written to a .tmp file and renamed": a kill mid-write never leaves a file that looks complete
-    real, renamed = os.replace, []
-    monkeypatch.setattr(fineweb.os, "replace", lambda src, dst: (renamed.append((str(src), str(dst))), real(src, dst)))
-    _, docs = _fw_corpus(tmp_path, n=30, seed=1)
-    out = tmp_path / "out"
-    meta = fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=1500, num_workers=1, progress=False,
-                                log=lambda *a: None)
-    files = [s["file"] for s in meta["shards"]]
-    assert len(files) >= 2
-    for name in files + [f"{f}.json" for f in files] + ["meta.json"]:
-        assert (f"{out / name}.tmp", str(out / name)) in renamed, name
-    renamed.clear()
-    fineweb.write_token_file(iter(docs), tmp_path / "one.bin", _fw_bpe_dir, num_workers=1)
-    for name in ("one.bin", "one.bin.json"):
-        assert (f"{tmp_path / name}.tmp", str(tmp_path / name)) in renamed, name
-    assert not list(tmp_path.rglob("*.tmp"))
-
-
-def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
-    kw = dict(num_workers=1)
-    with pytest.raises(ValueError, match="no documents to tokenise"):
-        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
-                             log=lambda *a: None, **kw)
-    assert not list((tmp_path / "shards").glob("*.bin"))
-    blank = tmp_path / "blank.txt"
-    blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
-    with pytest.raises(ValueError, match="one.bin: no documents to tokenise"):
-        fineweb.write_token_file(fineweb.file_docs(blank), tmp_path / "one.bin", _fw_bpe_dir, **kw)
-    assert not (tmp_path / "one.bin").exists() and not (tmp_path / "one.bin.tmp").exists()
-
-
-def test_fw_file_docs_streams_across_chunk_boundaries_and_drops_blank_documents(tmp_path):
-    # the file is read in chunks: a document (or a separator) cut by a chunk boundary is joined again, the last
-    # document needs no separator after it, and whitespace-only documents are dropped
-    text = (f"  first doc \n{_FW_EOT}\n \n\t{_FW_EOT}second{_FW_EOT}a third one, longer than any chunk below"
-            f"{_FW_EOT}{_FW_EOT}  last, without a separator after it \n")
-    path = tmp_path / "c.txt"
-    path.write_text(text, encoding="utf-8")
-    want = ["first doc", "second", "a third one, longer than any chunk below", "last, without a separator after it"]
-    for chunk_chars in (1, 3, 7, 16, 1 << 20):
-        assert list(fineweb.file_docs(path, chunk_chars=chunk_chars)) == want, chunk_chars
-
-
-def test_fw_folder_docs_skips_hidden_files_and_folders(tmp_path):
-    (tmp_path / "sub").mkdir()
-    (tmp_path / ".git").mkdir()
-    (tmp_path / "a.txt").write_text("Doc A\n")
-    (tmp_path / "sub" / "b.txt").write_text("  Doc B ")
-    (tmp_path / "empty.txt").write_text(" \n")
-    (tmp_path / ".hidden.txt").write_text("secret")
-    (tmp_path / ".git" / "config").write_text("[core]")
-    assert list(fineweb.folder_docs(tmp_path)) == ["Doc A", "Doc B"]
-
-
-def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path):
-    logs = []
-    kw = dict(vocab_size=280, allow_download=False, log=logs.append, num_workers=1)
-    d = tmp_path / "ts"
-    fineweb.prepare_tinystories(d, corpus_bytes=12_000, **kw)
-    small = (d / "train.txt").read_bytes()
-    # another corpus size: a new corpus, not the old one reused
-    logs.clear()
-    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert not any(line.startswith("corpus: reusing") for line in logs)
-    assert (d / "train.txt").stat().st_size > 1.5 * len(small)
-    big = (d / "train.txt").read_bytes()
-    # a corpus file edited (or cut short) after it was recorded: made again, not trusted
-    (d / "train.txt").write_bytes(big[:5000])
-    logs.clear()
-    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert not any(line.startswith("corpus: reusing") for line in logs)
-    assert (d / "train.txt").read_bytes() == big
-    # a tokenizer changed on disk after it was recorded: trained again, and the tokens encoded again
-    merges = (d / "tokenizer" / "merges.txt").read_text(encoding="utf-8").splitlines()
-    (d / "tokenizer" / "merges.txt").write_text("\n".join(merges[:-5]) + "\n", encoding="utf-8")
-    logs.clear()
-    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
-    assert logs[0].startswith("corpus: reusing") and logs[1].startswith("tokenizer: trained BPE")
-    assert logs[2].startswith("tokens: ") and "reusing" not in logs[2]
-
-
-def test_fw_prepare_tinystories_download_stops_at_a_split_size_met_exactly(tmp_path, monkeypatch):
-    # every row is 15 characters, 30 bytes with its separator: 5700 and 300 bytes are 190 and 10 rows exactly, and
-    # a download that has reached its size stops there (one more row would overshoot by a whole story)
-    calls = []
-    rows = {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]}
-    _fw_fake_datasets(monkeypatch, rows, calls)
-    fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
-    for split, path, n in (("train", "train.txt", 190), ("validation", "val.txt", 10)):
-        text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
-        assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n]) and len(text) == 30 * n
-
-
-def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, _fw_bpe_dir):
+def test_fw_shards_in_uint32_hold_the_same_stream_in_4_bytes_a_token(tmp_path):
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    path, docs = _fw_corpus(tmp_path, n=30)
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "u32", "gpt2", shard_size=2000, dtype="uint32",
+                         num_workers=1, progress=False, log=lambda *a: None)
+    ids, arrays, meta = _fw_read_shards(tmp_path / "u32")
+    assert meta["config"]["dtype"] == "uint32" and (tmp_path / "u32/val_000000.bin").stat().st_size == 4 * 2000
+    assert enc.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    assert ids.tolist() == [i for d in docs for i in [enc.eot_token] + enc.encode_ordinary(d)]
+
+
+def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path, monkeypatch, _fw_bpe_dir):
     # a short stream (eot before each of 4 documents) sharded at every size from 1 token to past its length: the
     # shards are full but the last (a last shard of 1 token included) and hold the stream exactly; meta.json records
     # after each shard the documents complete and the tokens of the next one written (a document ending exactly at
     # the boundary is complete: offset 0), and each shard counts the documents that start in it
-    import bpe
+    monkeypatch.setattr(os, "fsync", lambda fd: None)   # ~250 small folders: what is written matters here, not when
     tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
     docs = ["Tom had a red ball.", "Sue ran.", "The cat sat on the mat and looked at the dog.", "Mom smiled."]
     pieces = [[tok.eot_id] + tok.encode(d) for d in docs]
@@ -5116,87 +4911,385 @@ def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path,
             assert meta["num_docs"] == len(docs) and meta["num_tokens"] == n and meta["complete"]
 
 
-def test_fw_input_stamp_sees_a_same_size_edit_by_its_modification_time(tmp_path):
-    # an edit that keeps the size (a word for another as long) must still change the stamp, or a rerun would resume
-    # (or reuse) shards of the old text
-    path = tmp_path / "c.txt"
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for p in (path, folder / "a.txt"):
-        p.write_text("Tom had a red ball.", encoding="utf-8")
-        os.utime(p, ns=(10**18, 10**18))
-    before = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
-    assert [fineweb.input_stamp(path), fineweb.input_stamp(folder)] == before   # the same file: the same stamp
-    for p in (path, folder / "a.txt"):
-        p.write_text("Tom had a big ball.", encoding="utf-8")
-        os.utime(p, ns=(10**18, 10**18 + 10**9))
-    after = [fineweb.input_stamp(path), fineweb.input_stamp(folder)]
-    assert after[0] != before[0] and after[1] != before[1]
+def test_fw_bpe_shard_sidecars_name_the_tokenizers_own_eot_id(tmp_path, _fw_bpe_dir):
+    # a bpe.py tokenizer's <|endoftext|> is id 0, not the last id as in GPT-2: every shard's sidecar must say so
+    import bpe
+    tok = bpe.Tokenizer.from_dir(_fw_bpe_dir)
+    _, docs = _fw_corpus(tmp_path, n=40, seed=3)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, shard_size=2000, num_workers=1, progress=False,
+                         log=lambda *a: None)
+    _, arrays, meta = _fw_read_shards(out)
+    assert len(arrays) > 1 and tok.eot_id == 0 != tok.vocab_size - 1
+    for s, a in zip(meta["shards"], arrays):
+        side = json.loads((out / f"{s['file']}.json").read_text())
+        assert side == {"format": "tokens-v1", "dtype": "uint16", "vocab_size": 300, "num_tokens": len(a),
+                        "num_docs": int((a == tok.eot_id).sum()), "tokenizer": str(Path(_fw_bpe_dir)),
+                        "tokenizer_fingerprint": bpe.tokenizer_fingerprint(_fw_bpe_dir), "eot_id": tok.eot_id}
 
 
-def test_fw_buffer_shuffle_draws_from_every_slot_of_the_buffer():
-    # a buffer of 1 keeps the order; with a buffer of 2, the document in the second slot leaves long before the end
-    # (never evicting one slot would hold its document back to the final flush)
-    docs = list(range(200))
-    assert list(fineweb.buffer_shuffle(iter(docs), 1, seed=3)) == docs
-    out = list(fineweb.buffer_shuffle(iter(docs), 2, seed=3))
-    assert sorted(out) == docs and out.index(1) < 50
+@needs_gpt2_files
+def test_fw_resume_after_interruption(tmp_path, monkeypatch):
+    # a rerun after the stream died goes on after the last complete shard: the shards listed stay as they are, the
+    # documents they hold are read again but not tokenised again, and the result is the uninterrupted run's, byte
+    # for byte; the rerun says where it resumes; a rerun of a complete folder tokenises nothing
+    path, docs = _fw_corpus(tmp_path, n=150)
+    kw = dict(tokenizer="gpt2", shard_size=4000, progress=False, log=lambda *a: None, batch_chars=3000)
+    fineweb.write_shards(iter(docs), tmp_path / "clean", num_workers=1, **kw)
+    out = tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(_fw_crashing(docs, 100), out, num_workers=2, **kw)
+    meta = json.loads((out / "meta.json").read_text())
+    assert not meta["complete"] and len(meta["shards"]) >= 2
+    done = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in meta["shards"]}
+    tokenised, real = [], fineweb.encode_docs
+
+    def encode_docs(docs, *a, **k):
+        docs = list(docs)
+        tokenised.append(len(docs))
+        return real(iter(docs), *a, **k)
+    monkeypatch.setattr(fineweb, "encode_docs", encode_docs)
+    logs = []
+    fineweb.write_shards(iter(docs), out, num_workers=2, **{**kw, "log": logs.append})
+    start = meta["shards"][-1]["end_doc"]
+    assert tokenised == [len(docs) - start] and f"{start:,}" in logs[0]
+    assert {f: (out / f).stat().st_mtime_ns for f in done} == done  # complete shards were not rewritten
+    a, _, meta_a = _fw_read_shards(tmp_path / "clean")
+    b, _, meta_b = _fw_read_shards(out)
+    assert np.array_equal(a, b) and meta_a["shards"] == meta_b["shards"]
+    for f in (tmp_path / "clean").glob("*.bin"):
+        assert f.read_bytes() == (out / f.name).read_bytes()
+    tokenised.clear()
+    assert fineweb.write_shards(iter(docs), out, num_workers=1, **kw) == meta_b and tokenised == []
 
 
-def test_fw_prepare_tinystories_download_writes_both_splits_at_their_sizes(tmp_path, monkeypatch):
-    calls = []
+def test_fw_interrupted_run_meta_counts_the_documents_its_shards_hold(tmp_path, _fw_bpe_dir):
+    # after an interruption meta.json counts every document with tokens on disk, the last one split by the
+    # shard boundary included: the sum of the listed shards' document counts
+    _, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(_fw_crashing(docs, 60), out, _fw_bpe_dir, shard_size=1999, num_workers=1, progress=False,
+                             log=lambda *a: None, batch_chars=2000)
+    meta = json.loads((out / "meta.json").read_text())
+    last = meta["shards"][-1]
+    assert not meta["complete"] and len(meta["shards"]) >= 2 and last["end_offset"] > 0  # a document cut in two
+    assert meta["num_docs"] == sum(s["num_docs"] for s in meta["shards"]) == last["end_doc"] + 1
+    assert meta["num_tokens"] == sum(s["num_tokens"] for s in meta["shards"])
+
+
+def test_fw_seed_matters_only_when_shuffling(tmp_path, _fw_bpe_dir):
+    # without --shuffle_docs the seed changes nothing, so it is not recorded and a rerun with another seed resumes
+    _, docs = _fw_corpus(tmp_path, n=60, seed=6)
+    kw = dict(shard_size=2000, num_workers=1, progress=False, log=lambda *a: None, batch_chars=2000)
+    with pytest.raises(RuntimeError, match="simulated"):
+        fineweb.write_shards(_fw_crashing(docs, 40), tmp_path / "out", _fw_bpe_dir, seed=1, **kw)
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["config"]["seed"] is None
+    meta = fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, seed=2, **kw)
+    clean = fineweb.write_shards(iter(docs), tmp_path / "clean", _fw_bpe_dir, **kw)
+    assert meta["complete"] and meta["shards"] == clean["shards"]
+    shuffled = fineweb.write_shards(iter(docs), tmp_path / "shuf", _fw_bpe_dir, shuffle_docs=True, seed=7, **kw)
+    assert shuffled["config"]["seed"] == 7
+
+
+@needs_gpt2_files
+def test_fw_refuses_an_out_dir_of_another_tokenizer_but_not_the_same_one_spelled_otherwise(tmp_path, _fw_bpe_dir,
+                                                                                            monkeypatch):
+    # shards of one tokenizer never get another's continued after them: one line naming both tokenizers
+    _, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", "gpt2", **kw)
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, **kw)
+    _fw_says(str(e.value), f"{tmp_path / 'out'}: ", "'gpt2'", repr(_fw_bpe_dir), bpe.tokenizer_fingerprint(_fw_bpe_dir),
+             "--fresh")
+    # the same tokenizer folder spelled another way (trailing slash) is the same tokenizer: no refusal
+    fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir, **kw)
+    assert fineweb.write_shards(iter(docs), tmp_path / "bpe", _fw_bpe_dir + "/", **kw)["complete"]
+    # ... but a folder named gpt2 stays that folder, not tiktoken's GPT-2
+    shutil.copytree(_fw_bpe_dir, tmp_path / "gpt2")
+    monkeypatch.chdir(tmp_path)
+    meta = fineweb.write_shards(iter(docs), tmp_path / "local", "./gpt2", **kw)
+    assert meta["config"]["tokenizer"] == "./gpt2" and meta["config"]["vocab_size"] == 300
+
+
+def test_fw_refuses_an_out_dir_written_with_other_settings(tmp_path, _fw_bpe_dir):
+    _, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, shard_size=10**6, **kw)
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, shard_size=100, **kw)
+    _fw_says(str(e.value), f"{tmp_path / 'out'}: ", "shard_size=1000000", "--fresh")
+
+
+@pytest.mark.parametrize("sidecar,named", [(None, ()), ({"tokenizer": "tok/elsewhere"}, ("'tok/elsewhere'",))],
+                         ids=["without_sidecar", "with_sidecar"])
+def test_fw_refuses_an_out_dir_holding_token_files_it_did_not_write(tmp_path, _fw_bpe_dir, sidecar, named):
+    # token files from elsewhere, with no meta.json of fineweb.py's: never mixed with new shards, nor overwritten
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "train.bin").write_bytes(b"\0\0")
+    if sidecar:
+        (other / "train.bin.json").write_text(json.dumps(sidecar))
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(["a doc"]), other, _fw_bpe_dir, shard_size=100, num_workers=1, progress=False,
+                             log=lambda *a: None)
+    _fw_says(str(e.value), f"{other}: ", "meta.json", *named)
+    assert sorted(p.name for p in other.iterdir()) == ["train.bin"] + ["train.bin.json"] * bool(sidecar)
+
+
+@pytest.mark.parametrize("broken", ["{oops", "[1]", '{"complete": false}'], ids=["not_json", "a_list", "no_config"])
+def test_fw_a_meta_json_that_is_not_json_or_not_fineweb_s_is_named(tmp_path, _fw_bpe_dir, broken):
+    # a meta.json that is not JSON, or not the record fineweb.py writes, is refused in one line naming it, and the
+    # folder is left as it is
+    _, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    (out / "meta.json").write_text(broken)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    _fw_says(str(e.value), f"{out / 'meta.json'}: ")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("change", ["truncated", "one_token_longer", "missing"])
+def test_fw_a_listed_shard_of_the_wrong_size_is_not_trusted(tmp_path, _fw_bpe_dir, change):
+    # every shard meta.json lists must be there with the size of its tokens, or a resume would be silently wrong
+    _, docs = _fw_corpus(tmp_path, n=20)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    out = tmp_path / "out"
+    fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "complete": False}))   # as if the run had been interrupted
+    listed = meta["shards"][0]["num_tokens"]
+    shard = out / "val_000000.bin"
+    if change == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(b"\0\0" * (1 if change == "truncated" else listed + 1))
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), out, _fw_bpe_dir, **kw)
+    _fw_says(str(e.value), f"{shard}: ", f"{listed:,} tokens")
+
+
+def test_fw_refuses_shards_of_a_tokenizer_retrained_in_the_same_folder(tmp_path, _fw_bpe_dir):
+    # the same folder name with other files inside is another tokenizer: the refusal names the fingerprints
+    tok_dir = tmp_path / "tok"
+    shutil.copytree(_fw_bpe_dir, tok_dir)
+    _, docs = _fw_corpus(tmp_path, n=20, seed=2)
+    kw = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: None)
+    fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+    old = bpe.tokenizer_fingerprint(str(tok_dir))
+    merges = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tok_dir / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")  # "retrained": one merge fewer
+    new = bpe.tokenizer_fingerprint(str(tok_dir))
+    assert new != old
+    with pytest.raises(ValueError) as e:
+        fineweb.write_shards(iter(docs), tmp_path / "out", tok_dir, **kw)
+    _fw_says(str(e.value), f"{tmp_path / 'out'}: ", old, new)
+
+
+# ---- fineweb.py: the main job's data (prepare_tinystories): corpus, tokenizer, tokens, each step reused or redone
+
+
+def test_fw_prepare_tinystories_offline_and_reuse(tmp_path, monkeypatch):
+    # offline: the generated corpus, a tokenizer trained on it, and the stories encoded with an eot before each; a
+    # second call reuses every step and rewrites nothing; another vocabulary keeps the corpus and redoes the rest;
+    # fresh=True, or a prepared.json that cannot be read (said first), redoes everything, to the same result
+    logs = []
+    steps = _fw_steps(monkeypatch)
+    kw = dict(vocab_size=320, allow_download=False, log=logs.append, corpus_bytes=40_000, num_workers=2)
+    got = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
+    d = Path(got["data_dir"])
+    assert got["tokenizer"] == str(d / "tokenizer") and "stories.py" in got["source"]
+    assert any("downloads disabled" in line for line in logs)
+    assert steps == ["corpus", "corpus", "tokenizer", "tokens", "tokens"]
+    tok = bpe.load_tokenizer(got["tokenizer"])
+    assert tok.vocab_size == 320 and tok.eot_id is not None
+    for split in ("train", "val"):
+        side = json.loads((d / f"{split}.bin.json").read_text())
+        ids = np.fromfile(d / f"{split}.bin", dtype="<u2")
+        docs = list(fineweb.file_docs(d / f"{split}.txt"))
+        assert side["format"] == "tokens-v1" and side["num_tokens"] == len(ids) == got[f"{split}_tokens"]
+        assert side["num_docs"] == len(docs) and side["tokenizer"] == got["tokenizer"] and side["vocab_size"] == 320
+        assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
+    assert 36_000 <= (d / "train.txt").stat().st_size and 1_000 <= (d / "val.txt").stat().st_size
+    stamps = {p: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
+    steps.clear()
+    again = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
+    assert again == got and steps == []
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    steps.clear()
+    other = fineweb.prepare_tinystories(tmp_path / "ts", **{**kw, "vocab_size": 300})
+    assert bpe.load_tokenizer(other["tokenizer"]).vocab_size == 300 and steps == ["tokenizer", "tokens", "tokens"]
+    steps.clear()
+    fineweb.prepare_tinystories(tmp_path / "ts", fresh=True, **kw)
+    assert steps == ["corpus", "corpus", "tokenizer", "tokens", "tokens"]
+    assert json.loads((d / "train.bin.json").read_text())["num_tokens"] == got["train_tokens"]
+    for broken in ("{oops", "[1]"):
+        (d / "prepared.json").write_text(broken)
+        logs.clear()
+        steps.clear()
+        assert fineweb.prepare_tinystories(tmp_path / "ts", **kw) == got
+        _fw_says(logs[0], f"{d / 'prepared.json'}: ")
+        assert steps == ["corpus", "corpus", "tokenizer", "tokens", "tokens"]
+
+
+def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
+    got = fineweb.prepare_tinystories(tmp_path / "ts", vocab_size=280, allow_download=False, log=lambda *a: None,
+                                      corpus_bytes=20_000, num_workers=1)
+    d = Path(got["data_dir"])
+    train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
+    assert len(val_docs) >= 1 and len(train_docs) > 10
+    assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
+
+
+def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path, monkeypatch):
+    steps = _fw_steps(monkeypatch)
+    kw = dict(vocab_size=280, allow_download=False, log=lambda *a: None, num_workers=1)
+    d = tmp_path / "ts"
+    fineweb.prepare_tinystories(d, corpus_bytes=12_000, **kw)
+    small = (d / "train.txt").read_bytes()
+    # another corpus size: a new corpus, not the old one reused
+    steps.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert steps[:2] == ["corpus", "corpus"]
+    assert (d / "train.txt").stat().st_size > 1.5 * len(small)
+    big = (d / "train.txt").read_bytes()
+    # a corpus file edited (or cut short) after it was recorded: made again, not trusted
+    (d / "train.txt").write_bytes(big[:5000])
+    steps.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert steps[:2] == ["corpus", "corpus"]
+    assert (d / "train.txt").read_bytes() == big
+    # a tokenizer changed on disk after it was recorded: trained again, and the tokens encoded again
+    merges = (d / "tokenizer" / "merges.txt").read_text(encoding="utf-8").splitlines()
+    (d / "tokenizer" / "merges.txt").write_text("\n".join(merges[:-5]) + "\n", encoding="utf-8")
+    steps.clear()
+    fineweb.prepare_tinystories(d, corpus_bytes=24_000, **kw)
+    assert steps == ["tokenizer", "tokens", "tokens"]
+
+
+def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
+    with pytest.raises(ValueError) as e:
+        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
+    _one_line_naming(str(e.value), "corpus_bytes ", "-5")
+    assert not (tmp_path / "d").exists()
+
+
+def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, monkeypatch, capsys):
+    # all of TinyStories cannot fall back to the generated corpus (it has no size): one error saying why and what
+    # size to give instead, nothing written, and no "using the generated corpus" line first
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    logs = []
+    for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
+        with pytest.raises(ValueError) as e:
+            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
+        _one_line_naming(str(e.value), "all of TinyStories", "--corpus_bytes 0", why, "--corpus_bytes 4000000")
+    assert logs == [] and not (tmp_path / "all").exists()
+    # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
+    fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
+    before = sorted(p.name for p in (tmp_path / "ts").iterdir())
+    with pytest.raises(ValueError) as e:
+        fineweb.prepare_tinystories(tmp_path / "ts", 280, fresh=True, corpus_bytes=None, log=logs.append)
+    _one_line_naming(str(e.value), "all of TinyStories", "--corpus_bytes 0")
+    assert sorted(p.name for p in (tmp_path / "ts").iterdir()) == before
+    capsys.readouterr()
+    msg = _fw_exit(monkeypatch, fineweb, "--prepare_tinystories", "--corpus_bytes=0", f"--out_dir={tmp_path / 'cli'}")
+    _one_line_naming(msg, "fineweb.py: all of TinyStories", "--corpus_bytes 0")
+    assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
+
+
+def test_fw_prepare_tinystories_downloads_both_splits_of_tinystories(tmp_path, monkeypatch):
+    calls, logs = [], []
     rows = {"train": [f"Train story {i}. The cat sat." for i in range(400)],
-            "validation": [f"Val story {i}." for i in range(200)]}
+            "validation": [f"Val story {i}." for i in range(50)]}
     _fw_fake_datasets(monkeypatch, rows, calls)
+    got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=logs.append, corpus_bytes=6000,
+                                      num_workers=1)
+    assert got["source"].startswith("TinyStories") and {c["split"] for c in calls} == {"train", "validation"}
+    assert all(c["path"] == "roneneldan/TinyStories" and c["streaming"] for c in calls)
+    train_docs = list(fineweb.file_docs(tmp_path / "dl/train.txt"))
+    assert train_docs == rows["train"][:len(train_docs)]
+    assert 5700 <= (tmp_path / "dl/train.txt").stat().st_size < 5760  # 95% of 6000 bytes
+    assert list(fineweb.file_docs(tmp_path / "dl/val.txt"))[0] == "Val story 0."
+
+
+def test_fw_prepare_tinystories_falls_back_to_the_generated_corpus_when_the_download_fails(tmp_path, monkeypatch):
+    # a failing download: one line naming the error, then stories.py's corpus, and no half-downloaded file left
+    logs = []
+    _fw_fake_datasets(monkeypatch, {}, [], fail=ConnectionError("no route to host"))
+    got = fineweb.prepare_tinystories(tmp_path / "fail", vocab_size=280, log=logs.append, corpus_bytes=6000,
+                                      num_workers=1)
+    assert "stories.py" in got["source"]
+    _one_line_naming(logs[0], "TinyStories ", "ConnectionError", "no route to host")
+    assert not list((tmp_path / "fail").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("rows", [
+    {"train": [f"Train story {i}. The cat sat." for i in range(400)],
+     "validation": [f"Val story {i}." for i in range(200)]},
+    {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]},
+], ids=["rows_of_any_length", "rows_of_30_bytes"])
+def test_fw_prepare_tinystories_download_stops_at_the_first_story_that_reaches_each_size(tmp_path, monkeypatch, rows):
+    # train.txt and val.txt get 95 % and 5 % of corpus_bytes: each story followed by the separator, up to the first
+    # story that reaches the size; with rows of 30 bytes (with their separator) 5700 and 300 bytes are 190 and 10 rows
+    # exactly, and there it stops (one more row would overshoot by a whole story)
+    _fw_fake_datasets(monkeypatch, rows, [])
     fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000, num_workers=1)
     for split, path, limit in (("train", "train.txt", 5700), ("validation", "val.txt", 300)):
         text = (tmp_path / "dl" / path).read_text(encoding="utf-8")
         n = len(list(fineweb.file_docs(tmp_path / "dl" / path)))
         assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
         last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
-        assert limit <= len(text.encode()) < limit + last, (split, len(text))      # 95 % / 5 % of corpus_bytes
+        assert limit <= len(text.encode()) < limit + last, (split, len(text))
 
 
-def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
-    # the README's way on: a shard size too large for the corpus leaves only the validation shard; the same folder
-    # with a smaller --shard_size is refused (other settings), and with --fresh it is rebuilt, the tokenizer trained
-    # there included, while a file fineweb.py did not write stays
-    path, _ = _fw_corpus(tmp_path, n=60, seed=1)
-    out = tmp_path / "out"
+# ---- fineweb.py: a tokenizer trained on the corpus first (train_tokenizer_on_docs)
 
-    def run(*argv):
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", f"--input={path}", f"--out_dir={out}", "--vocab_size=300",
-                                          "--num_workers=1", *argv])
-        fineweb.main()
-    run("--shard_size=1000000")
-    assert sorted(p.name for p in out.glob("*.bin")) == ["val_000000.bin"]
-    assert "lower --shard_size (with --fresh)" in capsys.readouterr().out
-    (out / "notes.txt").write_text("mine")
-    with pytest.raises(SystemExit, match=r"different settings \(shard_size=1000000\): rerun with the same flags to "
-                                         r"resume, --fresh to start over"):
-        run("--shard_size=2000")
-    old_vocab = (out / "tokenizer" / "vocab.json").stat().st_mtime_ns
-    run("--shard_size=2000", "--fresh")
-    assert "removed 1 shard(s) and the tokenizer trained there" in capsys.readouterr().out
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["config"]["shard_size"] == 2000 and len(meta["shards"]) > 2 and meta["complete"]
-    assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["file"] for s in meta["shards"])
-    assert (out / "tokenizer" / "vocab.json").stat().st_mtime_ns != old_vocab and (out / "notes.txt").exists()
-    other = tmp_path / "other"   # a folder fineweb.py did not write (no meta.json of its own): --fresh removes nothing
-    other.mkdir()
-    (other / "meta.json").write_text('{"format": "mine"}')
-    (other / "train_000001.bin").write_bytes(b"\0\0")
-    fineweb.clear_shards(other)
-    assert sorted(p.name for p in other.iterdir()) == ["meta.json", "train_000001.bin"]
-    # a folder fineweb.py wrote whose tokenizer/ it did not train (no request.json: the user's own, given with
-    # --tokenizer OUT/tokenizer): --fresh removes the shards and meta.json but never that tokenizer
-    mine = tmp_path / "mine"
-    shutil.copytree(out / "tokenizer", mine / "tokenizer")
-    (mine / "tokenizer" / "request.json").unlink()
-    shutil.copy(out / "meta.json", mine / "meta.json")
-    (mine / "val_000000.bin").write_bytes(b"\0\0")
-    fineweb.clear_shards(mine, log=lambda *a: None)
-    assert sorted(p.name for p in mine.iterdir()) == ["tokenizer"] and (mine / "tokenizer" / "vocab.json").is_file()
+
+def test_fw_train_tokenizer_on_docs_then_shard(tmp_path, monkeypatch):
+    # the tokenizer is trained once and reused for the same request (a resumed run shards with the same one);
+    # asked for another size or another amount of training text, it is refused in one line naming both requests,
+    # never reused in silence
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    logs = []
+    tok_dir = tmp_path / "out/tokenizer"
+    ref = fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 290, tok_dir, num_workers=1, log=logs.append)
+    tok = bpe.load_tokenizer(ref)
+    assert tok.vocab_size == 290 and tok.eot_id == 0 and not (tmp_path / "out/bpe_train.txt.tmp").exists()
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    assert fineweb.train_tokenizer_on_docs(iter([]), 290, tok_dir, log=logs.append) == ref
+    fineweb.write_shards(fineweb.file_docs(path), tmp_path / "out", ref, shard_size=2000, num_workers=1,
+                         progress=False, log=logs.append)
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs) and meta["config"]["tokenizer"] == ref
+    for size, max_bytes in [(300, None), (290, 5000)]:
+        with pytest.raises(ValueError) as e:
+            fineweb.train_tokenizer_on_docs(iter([]), size, tok_dir, max_bytes, log=logs.append)
+        _fw_says(str(e.value), f"{tok_dir}: ", "vocab_size 290, bpe_train_bytes 0",
+                 f"vocab_size {size}, bpe_train_bytes {max_bytes or 0}", "--out_dir")
+
+
+def test_fw_tokenizer_training_budget_counts_utf8_bytes(tmp_path, monkeypatch):
+    # 41 UTF-8 bytes but 36 characters per phrase: the budget is in bytes, as --bpe_train_bytes says, and the text
+    # trained on ends with the first document that reaches it
+    docs = ["Café crème brûlée, s'il vous plaît. " * 20 + str(i) for i in range(10, 40)]
+    per_doc = [len(d.encode("utf-8")) + len(_FW_EOT) + 2 for d in docs]
+    assert per_doc[0] == 20 * 41 + 2 + 15
+    sizes = _fw_bpe_training_sizes(monkeypatch)
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok", max_bytes=3000, num_workers=1,
+                                    log=lambda *a: None)
+    assert sizes == [sum(per_doc[:4])]  # 3 docs are 2511 bytes, 4 docs the first >= 3000
+    # a budget met exactly by 3 documents stops there: no 4th
+    fineweb.train_tokenizer_on_docs(iter(docs), 270, tmp_path / "tok3", max_bytes=sum(per_doc[:3]), num_workers=1,
+                                    log=lambda *a: None)
+    assert sizes[-1] == sum(per_doc[:3])
+
+
+# ---- fineweb.py: the command line
 
 
 def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _fw_bpe_dir):
@@ -5225,26 +5318,187 @@ def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _f
     assert plain == docs and (out_dir, k["shuffle_docs"]) == ("data/c-gpt2", False)
 
 
+def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatch):
+    path, docs = _fw_corpus(tmp_path, n=80, seed=4)
+    sizes = _fw_bpe_training_sizes(monkeypatch)
+    argv = [f"--input={path}", "--max_docs=5", "--vocab_size=280", f"--out_dir={tmp_path / 'out'}", "--shard_size=500",
+            "--num_workers=1"]
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
+    fineweb.main()
+    assert sizes == [sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])]
+    ids, _, meta = _fw_read_shards(tmp_path / "out")
+    assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
+    # the tokenizer remembers its documents: other ones (--max_docs=6) never reuse it in silence
+    msg = _fw_exit(monkeypatch, fineweb, *[a.replace("--max_docs=5", "--max_docs=6") for a in argv])
+    _fw_says(msg, f"fineweb.py: {tmp_path / 'out' / 'tokenizer'}: ", "[:5]", "[:6]", "--out_dir")
+
+
+def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
+    # the README's way on: a shard size too large for the corpus leaves only the validation shard (and a hint naming
+    # --shard_size and --fresh); the same folder with a smaller --shard_size is refused (other settings), and with
+    # --fresh it is rebuilt, the tokenizer trained there included, while a file fineweb.py did not write stays
+    path, _ = _fw_corpus(tmp_path, n=60, seed=1)
+    out = tmp_path / "out"
+    argv = [f"--input={path}", f"--out_dir={out}", "--vocab_size=300", "--num_workers=1"]
+
+    def run(*more):
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv, *more])
+        fineweb.main()
+        return capsys.readouterr().out.splitlines()
+    said = run("--shard_size=1000000")
+    assert sorted(p.name for p in out.glob("*.bin")) == ["val_000000.bin"]
+    assert any(line.startswith(f"{out}: ") and "--shard_size" in line and "--fresh" in line for line in said), said
+    (out / "notes.txt").write_text("mine")
+    msg = _fw_exit(monkeypatch, fineweb, *argv, "--shard_size=2000")
+    _fw_says(msg, f"fineweb.py: {out}: ", "shard_size=1000000", "--fresh")
+    old_vocab = (out / "tokenizer" / "vocab.json").stat().st_mtime_ns
+    said = run("--shard_size=2000", "--fresh")
+    assert any(line.startswith(f"{out}: ") and "1 shard" in line and "tokenizer" in line for line in said), said
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["config"]["shard_size"] == 2000 and len(meta["shards"]) > 2 and meta["complete"]
+    assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["file"] for s in meta["shards"])
+    assert (out / "tokenizer" / "vocab.json").stat().st_mtime_ns != old_vocab and (out / "notes.txt").exists()
+    other = tmp_path / "other"   # a folder fineweb.py did not write (no meta.json of its own): --fresh removes nothing
+    other.mkdir()
+    (other / "meta.json").write_text('{"format": "mine"}')
+    (other / "train_000001.bin").write_bytes(b"\0\0")
+    fineweb.clear_shards(other)
+    assert sorted(p.name for p in other.iterdir()) == ["meta.json", "train_000001.bin"]
+    # a folder fineweb.py wrote whose tokenizer/ it did not train (no request.json: the user's own, given with
+    # --tokenizer OUT/tokenizer): --fresh removes the shards and meta.json but never that tokenizer
+    mine = tmp_path / "mine"
+    shutil.copytree(out / "tokenizer", mine / "tokenizer")
+    (mine / "tokenizer" / "request.json").unlink()
+    shutil.copy(out / "meta.json", mine / "meta.json")
+    (mine / "val_000000.bin").write_bytes(b"\0\0")
+    fineweb.clear_shards(mine, log=lambda *a: None)
+    assert sorted(p.name for p in mine.iterdir()) == ["tokenizer"] and (mine / "tokenizer" / "vocab.json").is_file()
+
+
 def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatch, _fw_bpe_dir):
-    # a rerun on the same --input finds its shards complete; after the file changed it is refused (it said
-    # "already complete" and kept the old text's shards, and a half-done run would have resumed into the new text)
+    # a rerun on the same --input finds its shards complete; once the file has changed (its size or modification
+    # time) it is refused, saying so: the shards hold the old text, and a half-done run would resume into the new one
     path, _ = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
-    argv = ["fineweb.py", f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}",
-            "--shard_size=500", "--num_workers=1"]
-    monkeypatch.setattr(sys, "argv", argv)
+    argv = [f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}", "--shard_size=500",
+            "--num_workers=1"]
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
     fineweb.main()
     fineweb.main()   # unchanged: reused
     path.write_text(path.read_text()[: len(path.read_text()) // 2], encoding="utf-8")
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
-    with pytest.raises(SystemExit, match=rf"out: its shards were made from {re.escape(str(path.resolve()))} as it "
-                                         r"was before: the input has changed since"):
-        fineweb.main()
+    msg = _fw_exit(monkeypatch, fineweb, *argv)
+    _fw_says(msg, f"fineweb.py: {tmp_path / 'out'}: ", str(path.resolve()), "changed", "--fresh")
+
+
+@pytest.mark.parametrize("flags", [["--num_workers=-1"], ["--max_docs=0"], ["--shard_size=0"], ["--vocab_size=10"],
+                                   ["--shuffle_buffer=0"], ["--bpe_train_bytes=-1"],
+                                   ["--prepare_tinystories", "--corpus_bytes=-5"],
+                                   ["--prepare_tinystories", "--corpus_bytes=1"]],
+                         ids=lambda flags: " ".join(flags))
+def test_fineweb_bad_numeric_flags_one_line_before_any_work(tmp_path, monkeypatch, flags):
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
+    out = tmp_path / "out"
+    msg = _fw_exit(monkeypatch, fineweb, f"--input={_bpe_corpus(tmp_path / 'c.txt')}", "--tokenizer=gpt2",
+                   f"--out_dir={out}", *flags)
+    flag, value = flags[-1].split("=")
+    _one_line_naming(msg, f"fineweb.py: {flag} {value}:")
+    assert not out.exists()
+
+
+def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _fw_bpe_dir):
+    # the OS's error, one line naming the file, which stays as it is
+    (tmp_path / "a_file").write_text("x")
+    for flags in (["--prepare_tinystories", "--corpus_bytes=1000"],
+                  [f"--input={_bpe_corpus(tmp_path / 'c.txt')}", f"--tokenizer={_fw_bpe_dir}"]):
+        msg = _fw_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
+        _one_line_naming(msg, "fineweb.py: ", tmp_path / "a_file")
+    assert (tmp_path / "a_file").read_text() == "x"
+
+
+# ---- stories.py: seeded stories, and the corpus file of them
+
+
+def test_stories_deterministic_for_a_seed():
+    a, b, c = (stories.generate_stories(40, seed=s) for s in (3, 3, 4))
+    assert a == b and a != c
+    assert all(isinstance(s, str) and s and _FW_EOT not in s for s in a)
+
+
+def test_stories_variety_and_well_formed():
+    docs = stories.generate_stories(3000, seed=0)
+    assert len(set(docs)) >= 0.99 * len(docs)  # tens of thousands of distinct stories are reachable
+    for d in docs:
+        assert "{" not in d and "}" not in d, d  # no unfilled template fields
+        assert d.count('"') % 2 == 0, d  # every quote closes
+        assert d[0].isupper() and d.rstrip()[-1] in '.!?"', d
+    openers = {d.split("\n")[1].split()[0] for d in docs}
+    assert len(openers) > 20  # the plots and their phrasings all occur
+
+
+def test_stories_write_corpus_size_and_separator(tmp_path):
+    path = tmp_path / "s.txt"
+    n, nbytes = stories.write_corpus(path, 50_000, seed=2)
+    data = path.read_bytes()
+    assert len(data) == nbytes
+    docs = stories.generate_stories(n, seed=2)  # the file holds exactly these stories, each followed by a separator
+    assert data.decode("utf-8") == "".join(d + "\n<|endoftext|>\n" for d in docs)   # as TinyStories-train.txt
+    last = len((docs[-1] + stories.SEPARATOR).encode())
+    assert 50_000 <= nbytes < 50_000 + last  # at least the request, overshoot under one story
+    stories.write_corpus(tmp_path / "t.txt", 50_000, seed=2)
+    assert (tmp_path / "t.txt").read_bytes() == data
+
+
+def test_stories_write_corpus_stops_at_exactly_the_size_and_counts_utf8_bytes(tmp_path, monkeypatch):
+    # a size met exactly by k stories gets those k (no extra story); sizes count UTF-8 bytes, not characters
+    # (stories.py's own stories are ASCII, so a story with accents stands in); a size of 0 is refused
+    docs = stories.generate_stories(5, seed=7)
+    exact = len("".join(d + stories.SEPARATOR for d in docs).encode())
+    assert stories.write_corpus(tmp_path / "a.txt", exact, seed=7) == (5, exact)
+    assert stories.write_corpus(tmp_path / "b.txt", exact + 1, seed=7)[0] == 6
+    story = "Zo\u00eb ate cr\u00e8me br\u00fbl\u00e9e."  # 21 characters, 25 bytes
+    monkeypatch.setattr(stories, "make_story", lambda r: story)
+    one = (story + stories.SEPARATOR).encode()
+    assert stories.write_corpus(tmp_path / "c.txt", 3 * len(one), seed=0) == (3, 3 * len(one))
+    assert (tmp_path / "c.txt").read_bytes() == 3 * one
+    with pytest.raises(ValueError) as e:
+        stories.write_corpus(tmp_path / "d.txt", 0)
+    _one_line_naming(str(e.value), "stories.write_corpus: ", "num_bytes", "0")
+    assert not (tmp_path / "d.txt").exists()
+
+
+def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
+    # written to a temp file and renamed at the end: an interrupted run never leaves a corpus that looks complete
+    calls = []
+
+    def story_then_ctrl_c(r):
+        calls.append(1)
+        if len(calls) == 50:
+            raise KeyboardInterrupt
+        return "Tom had a red ball."
+    monkeypatch.setattr(stories, "make_story", story_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        stories.write_corpus(tmp_path / "s.txt", 50_000, seed=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- stories.py: the command line
 
 
 def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["stories.py", "--print", "3", "--seed", "1"])
     stories.main()
     assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
+
+
+@pytest.mark.parametrize("flag,value", [("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"),
+                                        ("--out", "DIR"), ("--seed", "-5"), ("--seed", "-1")])
+def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
+    # refused before anything is written or printed (random.Random(-5) is random.Random(5): two seeds, one corpus)
+    monkeypatch.setattr(stories, "write_corpus", _bpe_not_called)
+    value = str(tmp_path) if value == "DIR" else value
+    msg = _fw_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
+    _one_line_naming(msg, f"stories.py: {flag} {value}:")
+    assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
 
 
 # ====================================================================================================================
