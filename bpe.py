@@ -433,6 +433,8 @@ def check_output_path(path, flag, folder=False):
     blocker = next(p for p in (path, *path.parents) if p.exists())
     if (blocker != path or folder) and not blocker.is_dir():
         raise ValueError(f"{flag} {path}: {blocker} is a file, not a folder")
+    if not folder and path.is_dir():
+        raise ValueError(f"{flag} {path}: is a folder; expected the path of a file to write")
     folder = blocker if blocker.is_dir() else blocker.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {folder} is not writable")
@@ -752,8 +754,9 @@ class Tokenizer:
         specials = set(special_tokens or ())
         vocab = {}
         for s, i in raw.items():
-            b = s.encode("utf-8") if s in specials else _str_to_token(s, vocab_path)
-            vocab[int(i)] = b
+            if type(i) is not int or i < 0:
+                raise ValueError(f"{vocab_path}: token {s!r} has id {i!r}; expected a non-negative integer")
+            vocab[i] = s.encode("utf-8") if s in specials else _str_to_token(s, vocab_path)
         if specials and specials_file is not None:
             present = set(vocab.values())
             for t in special_tokens:
@@ -778,8 +781,8 @@ class Tokenizer:
             raise ValueError(f"{merges_path}: not UTF-8 text (expected one merge per line)") from None
         try:
             return cls(vocab, merges, special_tokens, name=name)
-        except ValueError as e:
-            raise ValueError(f"{merges_path}: {e}") from None
+        except ValueError as e:   # a merge that is not in the vocabulary, or a vocabulary without every byte
+            raise ValueError(f"{merges_path if str(e).startswith('merge') else vocab_path}: {e}") from None
 
     def save(self, vocab_path, merges_path):
         """Write vocab.json / merges.txt in GPT-2's format (readable by from_files and HF tokenizers)."""
@@ -812,8 +815,8 @@ class Tokenizer:
         try:
             with open(d / "special_tokens.json", encoding="utf-8") as f:
                 specials = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{d / 'special_tokens.json'}: not JSON: {e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{d / 'special_tokens.json'}: not JSON text: {e}") from None
         if not isinstance(specials, list) or not all(isinstance(t, str) and t for t in specials):
             raise ValueError(f"{d / 'special_tokens.json'}: expected a JSON list of non-empty strings")
         return cls.from_files(d / "vocab.json", d / "merges.txt", specials, name=str(directory),
@@ -1206,6 +1209,9 @@ def main():
                                  "--input FILE")
         print(f"no --input given: training on {args.input}")
     specials = [s for s in (args.special if args.special is not None else [EOT]) if s]
+    if args.vocab < 256 + len(specials):   # (train_bpe checks it too: said here as the flag)
+        raise SystemExit(f"bpe.py: --vocab {args.vocab}: expected at least 256 bytes + {len(specials)} special "
+                         f"token(s) = {256 + len(specials)}")
     out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")
     try:   # checked now, not after the training
         _input_file(args.input)

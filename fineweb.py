@@ -59,9 +59,9 @@ def choose_dtype(vocab_size, dtype=None):
     if dtype in (None, "auto"):
         return "uint16" if vocab_size <= 2**16 else "uint32"
     if dtype not in ("uint16", "uint32"):
-        raise ValueError(f"dtype must be uint16, uint32 or auto, got {dtype!r}")
+        raise ValueError(f"--dtype: expected uint16, uint32 or auto, got {dtype!r}")
     if dtype == "uint16" and vocab_size > 2**16:
-        raise ValueError(f"a vocabulary of {vocab_size} ids does not fit uint16 (at most 65536 ids): "
+        raise ValueError(f"--dtype uint16: a vocabulary of {vocab_size} ids does not fit (at most 65536 ids): "
                          f"use uint32 or auto")
     return dtype
 
@@ -461,7 +461,10 @@ def _resume_or_start(out, config):
         return meta
     if out.exists() and any(out.glob("*.bin")):
         owner = next(out.glob("*.bin.json"), None)
-        who = json.loads(owner.read_text()).get("tokenizer") if owner else "an unknown tokenizer"
+        try:
+            who = json.loads(owner.read_text()).get("tokenizer") if owner else "an unknown tokenizer"
+        except (ValueError, AttributeError):   # a sidecar that is not JSON, or not an object
+            who = "an unknown tokenizer"
         raise ValueError(f"{out}: already holds token files (made with {who!r}) but no meta.json from fineweb.py: "
                          "choose an empty --out_dir")
     out.mkdir(parents=True, exist_ok=True)
