@@ -6177,6 +6177,96 @@ def test_flops_duration_units():
 # ====================================================================================================================
 
 
+# ---- stand-ins for both scripts: a model of known preferences, tiny real models, the printed figures read back
+
+
+class _TableLM(torch.nn.Module):
+    """Stand-in LM with controlled preferences: the logits after token a are table[a] (a bigram model;
+    a unigram one when all rows are equal). Records its mode during forward."""
+
+    def __init__(self, table, gpt_style=False):
+        super().__init__()
+        self.register_buffer("table", torch.as_tensor(table, dtype=torch.float32))
+        self.gpt_style = gpt_style
+        self.seen = []
+
+    def forward(self, idx):
+        self.seen.append((self.training, torch.is_grad_enabled(), tuple(idx.shape)))
+        logits = self.table[idx]
+        return (logits, None) if self.gpt_style else logits
+
+
+def _eval_tiny_model(arch, vocab_size, context_length=64, seed=0):
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        return M.GPT(M.GPTConfig(block_size=context_length, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=32))
+    return M.TransformerLM(vocab_size=vocab_size, context_length=context_length, d_model=32,
+                           num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0)
+
+
+def _eval_fit(model, rows, steps):
+    """A few AdamW steps of next-token training on right-padded token rows: a tiny model that prefers what it saw."""
+    T = max(map(len, rows))
+    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
+    for _ in range(steps):
+        logits = M.logits(model, data[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def _eval_gpt2_checkpoint(tmp_path):
+    """(model, tokenizer, path): a train.py-format checkpoint of a tiny Llama-style model with the GPT-2 tokenizer."""
+    tok = bpe.load_tokenizer("gpt2")
+    model = _eval_tiny_model("llama", tok.vocab_size, context_length=128)
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
+                "iteration": 0, "config": {}}, ckpt)
+    return model, tok, ckpt
+
+
+def _eval_run(monkeypatch, capsys, script, *argv):
+    """(stdout, stderr) of script.main() on this command line."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    script.main()
+    return capsys.readouterr()
+
+
+def _eval_write(script, path, items):
+    """A data file for script: hellaswag (context, 4 endings) pairs, labelled 0; lambada passages."""
+    if script is hellaswag:
+        return _hs_write_rows(path, [_hs_row(i, ctx, 0, endings) for i, (ctx, endings) in enumerate(items)])
+    return _lb_write(path, items)
+
+
+def _hs_free_port():   # (_spawn_ranks, in the header, takes its port from here)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _eval_figures(line):
+    """A result line read back as its figures: 'acc_norm 0.6667 (2/3)' -> {'acc_norm': (0.6667, 2, 3)}, 'ppl 3.21' ->
+    {'ppl': 3.21}, and 'skipped': the number it says were skipped (0 when it says none)."""
+    figures = {name: (float(value), int(k), int(n)) if k else float(value)
+               for name, value, k, n in re.findall(r"\b(acc_norm|acc|ppl) (\S+?)(?: \((\d+)/(\d+)\))?(?=,|\s|$)", line)}
+    skipped = re.search(r"\b(\d+) skipped\b", line)
+    return dict(figures, skipped=int(skipped.group(1)) if skipped else 0)
+
+
+def _eval_progress(err):
+    """The words of the last progress line evaluate(progress=True) drew on stderr (each redraw starts with a carriage
+    return), and whether that line was ended."""
+    last = err.split("\r")[-1]
+    return set(last.split()), last.endswith("\n")
+
+
+# ---- hellaswag.py: hand-written rows, a word tokenizer, an independent scorer
+
+
 # Hand-written rows in the original rowanz format: one ending is the obvious continuation.
 _HS_ROWS = [
     ("The chef cracks two eggs into a bowl . She", 0,
@@ -6202,6 +6292,8 @@ _HS_ROWS = [
       "fills the cape with sand .", "waters the mirror with a hose ."]),
 ]
 
+_HS_LABELS = [label for _, label, _ in _HS_ROWS]
+
 
 def _hs_row(i, ctx, label, endings, label_as_str=False):
     return {"ind": 100 + i, "activity_label": "Everyday", "ctx_a": ctx, "ctx_b": "", "ctx": ctx,
@@ -6209,8 +6301,12 @@ def _hs_row(i, ctx, label, endings, label_as_str=False):
             "endings": endings, "source_id": f"handwritten~{i}"}
 
 
+def _hs_examples():
+    return [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+
+
 def _hs_write_rows(path, rows=None):
-    rows = rows if rows is not None else [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    rows = rows if rows is not None else _hs_examples()
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
@@ -6229,22 +6325,6 @@ class _HsWordTokenizer:
 
 def _hs_word_tokenizer():
     return _HsWordTokenizer([c for c, _, _ in _HS_ROWS] + [e for _, _, es in _HS_ROWS for e in es])
-
-
-class _HsTableLM(torch.nn.Module):
-    """Stand-in LM with controlled preferences: the logits after token a are table[a] (a bigram model;
-    a unigram one when all rows are equal). Records its mode during forward."""
-
-    def __init__(self, table, gpt_style=False):
-        super().__init__()
-        self.register_buffer("table", torch.as_tensor(table, dtype=torch.float32))
-        self.gpt_style = gpt_style
-        self.seen = []
-
-    def forward(self, idx):
-        self.seen.append((self.training, torch.is_grad_enabled(), tuple(idx.shape)))
-        logits = self.table[idx]
-        return (logits, None) if self.gpt_style else logits
 
 
 def _hs_bigram_table(tok, chosen):
@@ -6267,40 +6347,7 @@ def _hs_reference_losses(table, ctx_ids, end_ids):
     return sum(losses), sum(losses) / len(losses)
 
 
-def test_hs_load_examples_reads_rowanz_format(tmp_path):
-    rows = [_hs_row(i, *r, label_as_str=(i == 1)) for i, r in enumerate(_HS_ROWS)]
-    path = _hs_write_rows(tmp_path / "val.jsonl", rows)
-    with open(path, "a") as f:
-        f.write("\n")  # a trailing blank line is fine
-    examples = hellaswag.load_examples(path)
-    assert len(examples) == len(_HS_ROWS)
-    assert [e["label"] for e in examples] == [r[1] for r in _HS_ROWS]  # the string label "2" became 2
-    assert examples[3]["endings"] == _HS_ROWS[3][2] and examples[3]["ind"] == 103
-
-
-@pytest.mark.parametrize("bad, expect", [
-    ("not json", "not a JSON object"),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), "list of 4 strings"),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), "label"),
-    (json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), "ctx"),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}), "label"),  # a digit to isdigit
-])
-def test_hs_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, expect):
-    path = tmp_path / "val.jsonl"
-    path.write_text(json.dumps(_hs_row(0, *_HS_ROWS[0])) + "\n" + bad + "\n")
-    with pytest.raises(ValueError, match=rf"val.jsonl:2: .*{expect}"):
-        hellaswag.load_examples(path)
-    with pytest.raises(ValueError, match="missing.jsonl: no such file"):
-        hellaswag.load_examples(tmp_path / "missing.jsonl")
-    with pytest.raises(ValueError, match=f"{tmp_path}: a folder \\(expected a HellaSwag jsonl file\\)"):
-        hellaswag.load_examples(tmp_path)
-
-
-def test_hs_load_examples_uses_cached_download(tmp_path):
-    # path=None reads data_dir/hellaswag_val.jsonl when it is already there (no network in tests)
-    _hs_write_rows(tmp_path / "hellaswag_val.jsonl")
-    assert len(hellaswag.load_examples(None, data_dir=tmp_path)) == len(_HS_ROWS)
-    assert hellaswag.VAL_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
+# ---- hellaswag.py: the data: the download, the rows, the file (read_jsonl, which lambada.py reads through too)
 
 
 def test_hs_download_fetches_once_atomically_and_fails_cleanly(tmp_path, monkeypatch):
@@ -6311,7 +6358,8 @@ def test_hs_download_fetches_once_atomically_and_fails_cleanly(tmp_path, monkeyp
     assert hellaswag.download(src.as_uri(), dest) == dest and dest.read_bytes() == src.read_bytes()
     src.write_bytes(b"changed")
     assert hellaswag.download(src.as_uri(), dest) == dest and len(dest.read_bytes()) == 100_000  # cached: not refetched
-    # a missing file, an HTTP error and a connection dropped mid-file: one error naming the URL, no file left behind
+    # a missing file, an HTTP error and a connection dropped mid-file: one error naming the URL and the cause, and no
+    # file left behind
     import http.client
     import urllib.error
     import urllib.request
@@ -6339,9 +6387,64 @@ def test_hs_download_fetches_once_atomically_and_fails_cleanly(tmp_path, monkeyp
                             ("https://example.invalid/y", lambda url, timeout: Dropped(), "IncompleteRead")]:
         if patch:
             monkeypatch.setattr(urllib.request, "urlopen", patch)
-        with pytest.raises(RuntimeError, match=rf"^cannot download {re.escape(url)} \(.*{why}.*\); offline\?"):
+        with pytest.raises(RuntimeError) as e:
             hellaswag.download(url, tmp_path / "fail" / "val.jsonl")
+        _bad_says(str(e.value), "", url, why)
         assert list((tmp_path / "fail").iterdir()) == []
+
+
+def test_hs_load_examples_reads_rowanz_format(tmp_path):
+    rows = [_hs_row(i, *r, label_as_str=(i == 1)) for i, r in enumerate(_HS_ROWS)]
+    path = _hs_write_rows(tmp_path / "val.jsonl", rows)
+    with open(path, "a") as f:
+        f.write("\n")  # a trailing blank line is fine
+    examples = hellaswag.load_examples(path)
+    assert len(examples) == len(_HS_ROWS)
+    assert [e["label"] for e in examples] == _HS_LABELS  # the string label "2" became 2
+    assert examples[3]["endings"] == _HS_ROWS[3][2] and examples[3]["ind"] == 103
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("not json", ["JSON"]),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), ["'endings'", "4"]),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), ["'label'", "4"]),
+    (json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), ["'ctx'"]),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}), ["'label'", "'²'"]),  # isdigit
+])
+def test_hs_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, named):
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps(_hs_row(0, *_HS_ROWS[0])) + "\n" + bad + "\n")
+    with pytest.raises(ValueError) as e:
+        hellaswag.load_examples(path)
+    _bad_says(str(e.value), f"{path}:2: ", *named)
+
+
+@pytest.mark.parametrize("script, kind", [(hellaswag, "HellaSwag"), (lambada, "LAMBADA")])
+@pytest.mark.parametrize("content, named", [
+    (None, "no such"),                                  # no file at all
+    ("a folder", "folder"),
+    (b"", "no examples"),
+    (b"\n  \n\n", "no examples"),                       # blank lines only
+    (b'{"text": "a caf\xe9 au lait"}\n', "UTF-8"),      # Latin-1
+], ids=["missing", "folder", "empty", "blank-lines", "latin-1"])
+def test_eval_load_examples_rejects_a_file_without_examples(tmp_path, script, kind, content, named):
+    # one line naming the file, what is wrong with it and what it should hold
+    path = tmp_path / "data.jsonl"
+    if content == "a folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError) as e:
+        script.load_examples(path)
+    _bad_says(str(e.value), f"{path}: ", named, kind)
+
+
+def test_hs_load_examples_uses_cached_download(tmp_path):
+    # path=None reads data_dir/hellaswag_val.jsonl when it is already there (no network in tests); the download is the
+    # original repository's validation set, the one the reference figures were measured on
+    _hs_write_rows(tmp_path / "hellaswag_val.jsonl")
+    assert len(hellaswag.load_examples(None, data_dir=tmp_path)) == len(_HS_ROWS)
+    assert hellaswag.VAL_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
 
 
 def test_hs_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
@@ -6349,6 +6452,9 @@ def test_hs_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(hellaswag, "VAL_URL", (tmp_path / "remote.jsonl").as_uri())
     examples = hellaswag.load_examples(None, data_dir=tmp_path / "cache")
     assert len(examples) == len(_HS_ROWS) and (tmp_path / "cache" / "hellaswag_val.jsonl").is_file()
+
+
+# ---- hellaswag.py: rendering: context + " " + ending, 4 rows padded, the ending tokens the scored ones
 
 
 def test_hs_render_rows_and_mask_token_by_token():
@@ -6366,6 +6472,8 @@ def test_hs_render_rows_and_mask_token_by_token():
 
 
 def test_hs_render_truncates_context_from_the_start_for_all_rows():
+    # and an example whose longest ending leaves no room for a context token cannot be scored (Unscorable: evaluate
+    # skips it)
     tok = _hs_word_tokenizer()
     ctx, _, endings = _HS_ROWS[1]
     longest = max(len(tok.encode(e)) for e in endings)
@@ -6373,8 +6481,9 @@ def test_hs_render_truncates_context_from_the_start_for_all_rows():
     assert tokens.shape == (4, longest + 3)
     assert (tokens[:, :3] == torch.tensor(tok.encode(ctx)[-3:])).all()  # the last 3 context words, every row
     assert (mask[:, :3] == 0).all() and mask.sum(1).tolist() == [len(tok.encode(e)) for e in endings]
-    with pytest.raises(ValueError, match="too long for context length"):
+    with pytest.raises(hellaswag.Unscorable) as e:
         hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok, max_len=longest)
+    _bad_says(str(e.value), "hellaswag example 101: ", longest)
 
 
 @needs_gpt2_files
@@ -6391,6 +6500,9 @@ def test_hs_render_with_tiktoken_space_belongs_to_the_ending():
         assert enc.decode([tokens[i][mask[i] == 1][0].item()]).startswith(" ")
 
 
+# ---- hellaswag.py: scoring: summed and mean cross-entropy of each ending's tokens
+
+
 @pytest.mark.parametrize("gpt_style", [False, True])
 def test_hs_score_endings_matches_hand_computed_losses(gpt_style):
     # a bigram model makes the loss of each ending token depend on the token before it, so any
@@ -6398,7 +6510,7 @@ def test_hs_score_endings_matches_hand_computed_losses(gpt_style):
     tok = _hs_word_tokenizer()
     g = torch.Generator().manual_seed(0)
     table = torch.randn(tok.vocab_size, tok.vocab_size, generator=g) * 2
-    model = _HsTableLM(table, gpt_style=gpt_style)
+    model = _TableLM(table, gpt_style=gpt_style)
     for i, (ctx, _, endings) in enumerate(_HS_ROWS[:3]):
         tokens, mask, _ = hellaswag.render_example(_hs_row(i, ctx, 0, endings), tok)
         sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
@@ -6408,59 +6520,38 @@ def test_hs_score_endings_matches_hand_computed_losses(gpt_style):
             assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
 
 
+def test_hs_score_endings_takes_the_loss_in_float32_from_bf16_logits():
+    # a bfloat16 model's logits are upcast before the cross-entropy: the losses are those of the bf16 logits
+    # computed in float32, not rounded to bf16's 8 bits
+    tok = _hs_word_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
+    model = _TableLM(table.float()).to(torch.bfloat16)
+    assert model.table.dtype == torch.bfloat16
+    ctx, _, endings = _HS_ROWS[0]
+    tokens, mask, _ = hellaswag.render_example(_hs_row(0, ctx, 0, endings), tok)
+    sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
+    assert sum_loss.dtype == torch.float32
+    for j, ending in enumerate(endings):
+        ref_sum, ref_avg = _hs_reference_losses(table.float(), tok.encode(ctx), tok.encode(ending))
+        assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
+        assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
+
+
+# ---- hellaswag.py: evaluate: acc and acc_norm over examples, batched, skipping what cannot be scored, over DDP ranks
+
+
 def test_hs_evaluate_controlled_model_gives_known_accuracy():
     tok = _hs_word_tokenizer()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    labels = [r[1] for r in _HS_ROWS]
-    truthful = _HsTableLM(_hs_bigram_table(tok, labels))
+    examples = _hs_examples()
+    truthful = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
     r = hellaswag.evaluate(truthful, tok, examples, "cpu")
     assert r == dict(acc=1.0, acc_norm=1.0, num_correct=7, num_correct_norm=7, num_total=7, num_skipped=0)
     # a model that believes in the wrong ending of the last 3 rows gets exactly 4/7
-    misled = _HsTableLM(_hs_bigram_table(tok, labels[:4] + [(l + 1) % 4 for l in labels[4:]]))
+    misled = _TableLM(_hs_bigram_table(tok, _HS_LABELS[:4] + [(l + 1) % 4 for l in _HS_LABELS[4:]]))
     for batch_examples in (1, 3, 8):  # batching and padding never change the result
         r = hellaswag.evaluate(misled, tok, examples, "cpu", batch_examples=batch_examples)
         assert (r["num_correct_norm"], r["num_correct"], r["num_total"]) == (4, 4, 7)
         assert r["acc_norm"] == pytest.approx(4 / 7)
-
-
-def test_hs_evaluate_takes_rows_with_string_labels_and_refuses_unlabelled_ones():
-    # rows straight from Hugging Face `datasets` (not through load_examples) store the label as a string: the
-    # truthful model still gets them all right (a string label never equalled the pick: it scored 0), and the
-    # hidden test split's empty labels are one clear error, not a score
-    tok = _hs_word_tokenizer()
-    labels = [r[1] for r in _HS_ROWS]
-    truthful = _HsTableLM(_hs_bigram_table(tok, labels))
-    rows = [_hs_row(i, *r, label_as_str=True) for i, r in enumerate(_HS_ROWS)]
-    assert all(isinstance(r["label"], str) for r in rows)
-    r = hellaswag.evaluate(truthful, tok, rows, "cpu")
-    assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (7, 7, 7)
-    with pytest.raises(ValueError, match=r"^hellaswag example 101: 'label' must be an integer in 0\.\.3, got ''$"):
-        hellaswag.evaluate(truthful, tok, [dict(rows[1], label="")], "cpu")
-
-
-def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
-    # a small-context model (as during training) skips and counts those examples instead of stopping the run
-    tok = _hs_word_tokenizer()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    labels = [r[1] for r in _HS_ROWS]
-    longest = [max(len(tok.encode(" " + e)) for e in r[2]) for r in _HS_ROWS]
-    model = _HsTableLM(_hs_bigram_table(tok, labels))
-    model.context_length = sorted(longest)[3] + 1  # the 3 examples with the longest endings no longer fit
-    too_long = sum(n + 1 > model.context_length for n in longest)
-    assert 0 < too_long < len(examples)
-    for batch_examples in (1, 4):
-        r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=batch_examples)
-        assert (r["num_skipped"], r["num_total"], r["num_correct_norm"]) == (too_long, 7 - too_long, 7 - too_long)
-        assert max(shape[1] for _, _, shape in model.seen) <= model.context_length
-    # the truthful model gets every scored example right: both accuracies are over the scored ones, not the skipped
-    assert r["acc"] == r["acc_norm"] == 1.0
-    assert hellaswag.result_line(r).endswith(f", {too_long} skipped (an ending too long for the context, or an empty context)")
-    # the progress line counts skipped examples too, also when a whole batch is skipped (the last one here)
-    fits = [e for e, n in zip(examples, longest) if n + 1 <= model.context_length]
-    last_skipped = fits + [examples[longest.index(max(longest))]]
-    capsys.readouterr()
-    hellaswag.evaluate(model, tok, last_skipped, "cpu", batch_examples=1, progress=True)
-    assert capsys.readouterr().err.split("\r")[-1] == f"hellaswag {len(last_skipped)}/{len(last_skipped)} acc_norm 1.0000\n"
 
 
 def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():
@@ -6475,43 +6566,107 @@ def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():
     for w in long_ending.split():
         p[tok.ids[w]] = 0.1
     p[tok.ids["ran"]], p[tok.ids["flew"]], p[tok.ids["swam"]] = 0.01, 0.001, 0.001
-    model = _HsTableLM(p.log().expand(tok.vocab_size, -1))
+    model = _TableLM(p.log().expand(tok.vocab_size, -1))
     # by hand: long ending sum 5*2.303=11.5 avg 2.303; "ran" sum = avg = 4.6; so acc picks "ran", acc_norm the long one
     r = hellaswag.evaluate(model, tok, rows, "cpu")
     assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (1, 2, 3)
     assert r["acc"] == pytest.approx(1 / 3) and r["acc_norm"] == pytest.approx(2 / 3)
-    assert hellaswag.result_line(r) == "hellaswag acc_norm 0.6667 (2/3) acc 0.3333 (1/3)"
+    # the result line gives each figure its own count, not the other's
+    assert _eval_figures(hellaswag.result_line(r)) == {"acc_norm": (0.6667, 2, 3), "acc": (0.3333, 1, 3), "skipped": 0}
+
+
+def test_hs_ties_go_to_the_lowest_ending_index():
+    # a model with no preference (every logit equal) gives all 4 endings of equal length the same summed and mean
+    # loss: both acc and acc_norm must pick ending 0 (the documented tie rule), so only the rows labelled 0 count
+    endings = ["ran home", "sat down", "ate fish", "was sad"]
+    rows = [_hs_row(i, ctx, label, endings) for i, (ctx, label) in enumerate([("The cat", 0), ("The dog", 2),
+                                                                             ("A cow", 0)])]
+    tok = _HsWordTokenizer([r["ctx"] for r in rows] + endings)
+    model = _TableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    for batch_examples in (1, 3):
+        r = hellaswag.evaluate(model, tok, rows, "cpu", batch_examples=batch_examples)
+        assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (2, 2, 3)
+
+
+def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
+    # examples of different lengths in one padded forward: every example's 4 losses (printed by verbose) are
+    # the ones it gets alone, whichever example of the batch is the longest
+    tok = _hs_word_tokenizer()
+    examples = _hs_examples()
+    lengths = [len(tok.encode(r["ctx"])) + max(len(tok.encode(" " + e)) for e in r["endings"]) for r in examples]
+    assert lengths[0] < max(lengths)  # the first example of the batch is not the widest
+    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(3)) * 2
+    outputs = []
+    for batch_examples in (1, 8):
+        hellaswag.evaluate(_TableLM(table), tok, examples, "cpu", verbose=True, batch_examples=batch_examples)
+        outputs.append(capsys.readouterr().out)
+    assert len(re.findall(r"\d\.\d{3}", outputs[0])) >= 2 * 4 * len(examples)   # a sum and a mean loss per ending
+    assert outputs[0] == outputs[1]
+
+
+def test_hs_evaluate_takes_rows_with_string_labels_and_refuses_unlabelled_ones():
+    # rows straight from Hugging Face `datasets` (not through load_examples) store the label as a string: the
+    # truthful model still gets them all right (a label left a string would never equal the pick, and score 0), and
+    # the hidden test split's empty labels are one clear error, not a score
+    tok = _hs_word_tokenizer()
+    truthful = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
+    rows = [_hs_row(i, *r, label_as_str=True) for i, r in enumerate(_HS_ROWS)]
+    assert all(isinstance(r["label"], str) for r in rows)
+    r = hellaswag.evaluate(truthful, tok, rows, "cpu")
+    assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (7, 7, 7)
+    with pytest.raises(ValueError) as e:
+        hellaswag.evaluate(truthful, tok, [dict(rows[1], label="")], "cpu")
+    _bad_says(str(e.value), "hellaswag example 101: ", "'label'", "''")
+
+
+def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
+    # a small-context model (as during training) skips and counts those examples instead of stopping the run
+    tok = _hs_word_tokenizer()
+    examples = _hs_examples()
+    longest = [max(len(tok.encode(" " + e)) for e in r[2]) for r in _HS_ROWS]
+    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
+    model.context_length = sorted(longest)[3] + 1  # the 3 examples with the longest endings no longer fit
+    too_long = sum(n + 1 > model.context_length for n in longest)
+    assert 0 < too_long < len(examples)
+    for batch_examples in (1, 4):
+        r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=batch_examples)
+        assert (r["num_skipped"], r["num_total"], r["num_correct_norm"]) == (too_long, 7 - too_long, 7 - too_long)
+        assert max(shape[1] for _, _, shape in model.seen) <= model.context_length
+    # the truthful model gets every scored example right: both accuracies are over the scored ones, not the skipped,
+    # and the result line says how many were skipped
+    assert r["acc"] == r["acc_norm"] == 1.0
+    assert _eval_figures(hellaswag.result_line(r))["skipped"] == too_long
+    # the progress line counts skipped examples too, also when a whole batch is skipped (the last one here)
+    fits = [e for e, n in zip(examples, longest) if n + 1 <= model.context_length]
+    last_skipped = fits + [examples[longest.index(max(longest))]]
+    capsys.readouterr()
+    hellaswag.evaluate(model, tok, last_skipped, "cpu", batch_examples=1, progress=True)
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {f"{len(last_skipped)}/{len(last_skipped)}", "1.0000"} <= words and ended
 
 
 def test_hs_evaluate_runs_in_eval_no_grad_and_restores_train_mode(capsys):
     tok = _hs_word_tokenizer()
-    model = _HsTableLM(_hs_bigram_table(tok, [r[1] for r in _HS_ROWS]))
+    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
     model.train()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    hellaswag.evaluate(model, tok, examples, "cpu", verbose=True, batch_examples=2)
+    hellaswag.evaluate(model, tok, _hs_examples(), "cpu", verbose=True, batch_examples=2)
     assert model.training and torch.is_grad_enabled()
     assert [s[:2] for s in model.seen] == [(False, False)] * 4  # 7 examples in batches of 2 -> 4 forwards
     assert model.seen[0][2][0] == 8  # 2 examples x 4 endings in one forward
-    out = capsys.readouterr().out
-    assert out.count("--- example") == 7 and "whisks them with a fork" in out
+    out = capsys.readouterr().out   # verbose: every example once, with its 4 endings
+    assert all(out.count(ctx) == 1 and all(e in out for e in endings) for ctx, _, endings in _HS_ROWS)
     model.eval()
-    hellaswag.evaluate(model, tok, examples, "cpu")
+    hellaswag.evaluate(model, tok, _hs_examples(), "cpu")
     assert not model.training
 
 
 def test_hs_evaluate_unwraps_compiled_module():
     tok = _hs_word_tokenizer()
-    model = _HsTableLM(_hs_bigram_table(tok, [r[1] for r in _HS_ROWS]))
+    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
     compiled = torch.compile(model)
     assert M.unwrap(compiled) is model
-    r = hellaswag.evaluate(compiled, tok, [_hs_row(i, *x) for i, x in enumerate(_HS_ROWS)], "cpu")
+    r = hellaswag.evaluate(compiled, tok, _hs_examples(), "cpu")
     assert r["num_correct_norm"] == 7 and len(model.seen) == 2  # ran eagerly on the plain module
-
-
-def _hs_free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _hs_ddp_worker(rank, world_size, port, table, out_dir):
@@ -6519,9 +6674,8 @@ def _hs_ddp_worker(rank, world_size, port, table, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        tok = _hs_word_tokenizer()
-        examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-        r = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", rank, world_size, batch_examples=2)
+        r = hellaswag.evaluate(_TableLM(table), _hs_word_tokenizer(), _hs_examples(), "cpu", rank, world_size,
+                               batch_examples=2)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
         dist.barrier()  # ranks leave together, as train.py does
     finally:
@@ -6530,81 +6684,26 @@ def _hs_ddp_worker(rank, world_size, port, table, out_dir):
 
 def test_hs_ddp_two_processes_equal_one_process(tmp_path):
     tok = _hs_word_tokenizer()
-    labels = [r[1] for r in _HS_ROWS]
-    table = _hs_bigram_table(tok, labels[:2] + [(l + 3) % 4 for l in labels[2:]])  # 2/7 right
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    single = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu")
+    table = _hs_bigram_table(tok, _HS_LABELS[:2] + [(l + 3) % 4 for l in _HS_LABELS[2:]])  # 2/7 right
+    single = hellaswag.evaluate(_TableLM(table), tok, _hs_examples(), "cpu")
     assert single["num_correct_norm"] == 2 and single["num_total"] == 7
     _spawn_ranks(_hs_ddp_worker, table, str(tmp_path))
     for rank in range(2):  # 7 examples split 4 + 3, every rank gets the all-reduced totals
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == single
 
 
-def _hs_tiny_model(arch, vocab_size, context_length=64, seed=0):
-    torch.manual_seed(seed)
-    if arch == "gpt2":
-        return M.GPT(M.GPTConfig(block_size=context_length, vocab_size=vocab_size,
-                                                 n_layer=1, n_head=2, n_embd=32))
-    return M.TransformerLM(vocab_size=vocab_size, context_length=context_length, d_model=32,
-                                   num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0)
-
-
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_hs_tiny_model_trained_on_the_right_endings_scores_them(arch):
+def test_eval_tiny_model_trained_on_the_right_endings_scores_them(arch):
     # either model.py architecture, trained for a few steps on context + the right ending of each row,
     # then prefers exactly those endings; the same weights untrained are near chance
     tok = _hs_word_tokenizer()
-    model = _hs_tiny_model(arch, tok.vocab_size)
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    model = _eval_tiny_model(arch, tok.vocab_size)
+    examples = _hs_examples()
     assert hellaswag.evaluate(model, tok, examples, "cpu")["num_correct_norm"] < 7
-    rows = [tok.encode(r["ctx"]) + tok.encode(" " + r["endings"][r["label"]]) for r in examples]
-    T = max(map(len, rows))
-    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
-    for _ in range(40):
-        logits = M.logits(model, data[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _eval_fit(model, [tok.encode(r["ctx"]) + tok.encode(" " + r["endings"][r["label"]]) for r in examples], steps=40)
     r = hellaswag.evaluate(model, tok, examples, "cpu")
     assert (r["num_correct_norm"], r["num_total"]) == (7, 7)
     assert model.training  # left as it was found
-
-
-def _hs_run_main(monkeypatch, capsys, *argv, script=hellaswag):
-    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
-    script.main()
-    return capsys.readouterr().out
-
-
-def _hs_gpt2_tokenizer_checkpoint(tmp_path):
-    """(model, tokenizer, path): a train.py-format checkpoint of a tiny Llama-style model with the GPT-2 tokenizer."""
-    import bpe
-    tok = bpe.load_tokenizer("gpt2")
-    model = _hs_tiny_model("llama", tok.vocab_size, context_length=128)
-    ckpt = tmp_path / "ckpt.pt"
-    torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
-                "iteration": 0, "config": {}}, ckpt)
-    return model, tok, ckpt
-
-
-@needs_gpt2_files
-def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
-    # a train.py-format checkpoint through main()
-    model, tok, ckpt = _hs_gpt2_tokenizer_checkpoint(tmp_path)
-    data = _hs_write_rows(tmp_path / "val.jsonl")
-    expected = hellaswag.result_line(hellaswag.evaluate(model, tok, hellaswag.load_examples(data), "cpu"))
-    out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--device", "cpu")
-    assert out.strip().splitlines()[-1] == expected and expected.startswith("hellaswag acc_norm ")
-    out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose")
-    assert out.count("--- example") == 3 and out.strip().splitlines()[-1].endswith("/3)")
-    with pytest.raises(SystemExit, match=r"--ckpt .*nope.pt: no such checkpoint"):
-        _hs_run_main(monkeypatch, capsys, "--ckpt", tmp_path / "nope.pt", "--data", data)
-    with pytest.raises(SystemExit, match=r"--data .*missing.jsonl: no such file"):
-        _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", tmp_path / "missing.jsonl")
-    with pytest.raises(SystemExit, match="exactly one of --ckpt"):
-        _hs_run_main(monkeypatch, capsys, "--data", data)
 
 
 @needs_data
@@ -6616,7 +6715,7 @@ def test_hs_smoke_real_rows_tiny_random_gpt():
     examples = hellaswag.load_examples(DATA / "hellaswag" / "hellaswag_val_subset.jsonl")[:20]
     assert examples[0]["ind"] == 20022 and examples[0]["label"] == 3
     tok = tiktoken.get_encoding("gpt2")
-    model = _hs_tiny_model("gpt2", tok.n_vocab, context_length=256)
+    model = _eval_tiny_model("gpt2", tok.n_vocab, context_length=256)
     r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=4)
     assert r["num_total"] == 20 and 0 <= r["num_correct_norm"] <= 20 and r["acc"] == r["num_correct"] / 20
     tokens, mask, _ = hellaswag.render_example(examples[0], tok, 256)
@@ -6638,7 +6737,7 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
     hf = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.3)).eval()
     hf.save_pretrained(tmp_path / "hf")
     enc = tiktoken.get_encoding("gpt2")
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    examples = _hs_examples()
     ref_correct = ref_correct_norm = 0
     ref_scores = []
     with torch.no_grad():
@@ -6653,18 +6752,38 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
             ref_scores.append((sums, avgs))
             ref_correct += min(range(4), key=sums.__getitem__) == ex["label"]
             ref_correct_norm += min(range(4), key=avgs.__getitem__) == ex["label"]
-    from model import GPT
-    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    ours = M.GPT.from_pretrained(str(tmp_path / "hf"))
     for ex, (sums, avgs) in zip(examples, ref_scores):
         tokens, mask, _ = hellaswag.render_example(ex, enc, 64)
         sum_loss, avg_loss = hellaswag.score_endings(ours, tokens, mask)
         assert sum_loss.tolist() == pytest.approx(sums, rel=1e-4)
         assert avg_loss.tolist() == pytest.approx(avgs, rel=1e-4)
     data = _hs_write_rows(tmp_path / "val.jsonl")
-    out = _hs_run_main(monkeypatch, capsys, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device", "cpu")
+    out, _ = _eval_run(monkeypatch, capsys, hellaswag, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device=cpu")
     n = len(examples)
-    assert out.strip().splitlines()[-1] == (f"hellaswag acc_norm {ref_correct_norm / n:.4f} ({ref_correct_norm}/{n}) "
-                                            f"acc {ref_correct / n:.4f} ({ref_correct}/{n})")
+    assert _eval_figures(out.strip().splitlines()[-1]) == {
+        "acc_norm": (round(ref_correct_norm / n, 4), ref_correct_norm, n),
+        "acc": (round(ref_correct / n, 4), ref_correct, n), "skipped": 0}
+
+
+# ---- hellaswag.py: the command line
+
+
+@needs_gpt2_files
+def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
+    # a train.py-format checkpoint through main(): the score evaluate() gives it; --limit N scores the first N
+    # examples, and --verbose prints each of them
+    model, tok, ckpt = _eval_gpt2_checkpoint(tmp_path)
+    data = _hs_write_rows(tmp_path / "val.jsonl")
+    expected = hellaswag.result_line(hellaswag.evaluate(model, tok, hellaswag.load_examples(data), "cpu"))
+    out = _eval_run(monkeypatch, capsys, hellaswag, "--ckpt", ckpt, "--data", data, "--device", "cpu").out
+    assert out.strip().splitlines()[-1] == expected and _eval_figures(expected)["acc_norm"][2] == 7
+    out = _eval_run(monkeypatch, capsys, hellaswag, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose").out
+    assert _eval_figures(out.strip().splitlines()[-1])["acc_norm"][2] == 3
+    assert [ctx in out for ctx, _, _ in _HS_ROWS] == [True] * 3 + [False] * 4
+
+
+# ---- lambada.py: hand-written passages, a piece tokenizer, an independent scorer
 
 
 # Hand-written passages in the LAMBADA format: the last word is easy to guess from the whole passage. The last
@@ -6759,6 +6878,23 @@ def _lb_designed_table(tok):
 _LB_DESIGNED_VERDICTS = [True, True, False, True, False, True, False]
 
 
+def _lb_one_row(toks, num_target):
+    """score_targets' input for one unpadded passage: its tokens and the mask of its target tokens, as batches of 1."""
+    return torch.tensor([toks]), torch.tensor([[0] * (len(toks) - num_target) + [1] * num_target])
+
+
+# ---- lambada.py: the data: a passage split at its last space, the rows, the download
+
+
+def test_lambada_split_passage_at_the_last_space():
+    assert lambada.split_passage("the cat sat on the mat") == ("the cat sat on the", " mat")
+    assert lambada.split_passage("He said,\n\"Come in.\" She smiled") == ("He said,\n\"Come in.\" She", " smiled")
+    assert lambada.split_passage("two  spaces") == ("two ", " spaces")  # only the last space goes to the target
+    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
+        context, got = lambada.split_passage(text)
+        assert got == target and context + target == text
+
+
 def test_lambada_load_examples_reads_jsonl_with_blank_lines(tmp_path):
     path = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
     with open(path, "a", encoding="utf-8", newline="") as f:  # a CRLF line and an extra key are fine too
@@ -6772,45 +6908,32 @@ def test_lambada_load_examples_reads_jsonl_with_blank_lines(tmp_path):
     assert lambada.parse_example('{"text": "a b"}', "x:1") == {"text": "a b"}
 
 
-@pytest.mark.parametrize("bad, expect", [
-    ("not json", "not a JSON object"),
-    ('{"text": "unterminated', "not a JSON object"),
-    (json.dumps({"txt": "He opened the door"}), 'expected a JSON object with a "text" string'),
-    (json.dumps({"text": 42}), 'expected a JSON object with a "text" string'),
-    (json.dumps({"text": None}), 'expected a JSON object with a "text" string'),
-    (json.dumps(["He opened the door"]), 'expected a JSON object with a "text" string'),
-    (json.dumps("He opened the door"), 'expected a JSON object with a "text" string'),
-    (json.dumps({"text": "Goodbye"}), "several words ending in the word to predict"),
-    (json.dumps({"text": "  Goodbye  "}), "several words ending in the word to predict"),
-    (json.dumps({"text": "He opened the door "}), "several words ending in the word to predict"),
-    (json.dumps({"text": " "}), "several words ending in the word to predict"),
+@pytest.mark.parametrize("bad, named", [
+    ("not json", "JSON"),
+    ('{"text": "unterminated', "JSON"),
+    (json.dumps({"txt": "He opened the door"}), '"text"'),
+    (json.dumps({"text": 42}), '"text"'),
+    (json.dumps({"text": None}), '"text"'),
+    (json.dumps(["He opened the door"]), '"text"'),
+    (json.dumps("He opened the door"), '"text"'),
+    (json.dumps({"text": "Goodbye"}), "'text'"),               # no word before the one to predict
+    (json.dumps({"text": "  Goodbye  "}), "'text'"),
+    (json.dumps({"text": "He opened the door "}), "'text'"),   # no word to predict after the last space
+    (json.dumps({"text": " "}), "'text'"),
 ])
-def test_lambada_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, expect):
+def test_lambada_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, named):
     path = tmp_path / "lambada.jsonl"
     # line 2 is blank: the line number counts it
     path.write_text(json.dumps({"text": _LB_PASSAGES[0]}) + "\n\n" + bad + "\n" + json.dumps({"text": "a b"}) + "\n",
                     encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:3: .*{re.escape(expect)}") as exc:
+    with pytest.raises(ValueError) as e:
         lambada.load_examples(path)
-    assert "\n" not in str(exc.value)
-
-
-def test_lambada_load_examples_rejects_missing_empty_and_non_utf8_files(tmp_path):
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'missing.jsonl'))}: no such file"):
-        lambada.load_examples(tmp_path / "missing.jsonl")
-    with pytest.raises(ValueError, match=r"a folder \(expected a LAMBADA jsonl file\)"):
-        lambada.load_examples(tmp_path)  # a directory is no file
-    for content in (b"", b"\n  \n\n"):
-        (tmp_path / "empty.jsonl").write_bytes(content)
-        with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'empty.jsonl'))}: no examples"):
-            lambada.load_examples(tmp_path / "empty.jsonl")
-    (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "a caf\xe9 au lait"}\n')
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'latin1.jsonl'))}: not UTF-8 text"):
-        lambada.load_examples(tmp_path / "latin1.jsonl")
+    _bad_says(str(e.value), f"{path}:3: ", named)
 
 
 def test_lambada_load_examples_uses_cached_download(tmp_path):
-    # path=None reads data_dir/lambada_test.jsonl when it is already there (no network in tests)
+    # path=None reads data_dir/lambada_test.jsonl when it is already there (no network in tests); the download is
+    # OpenAI's copy (the one the harness's lambada_openai task and the reference figures use), cached in data/lambada
     _lb_write(tmp_path / "lambada_test.jsonl")
     assert [e["text"] for e in lambada.load_examples(None, data_dir=tmp_path)] == _LB_PASSAGES
     assert [e["text"] for e in lambada.load_examples(data_dir=str(tmp_path))] == _LB_PASSAGES
@@ -6824,17 +6947,12 @@ def test_lambada_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
     assert [e["text"] for e in lambada.load_examples(None, data_dir=tmp_path / "cache")] == _LB_PASSAGES
     assert (tmp_path / "cache" / "lambada_test.jsonl").read_bytes() == (tmp_path / "remote.jsonl").read_bytes()
     monkeypatch.setattr(lambada, "TEST_URL", (tmp_path / "gone.jsonl").as_uri())
-    with pytest.raises(RuntimeError, match="cannot download .*gone.jsonl"):
+    with pytest.raises(RuntimeError) as e:
         lambada.load_examples(None, data_dir=tmp_path / "other")
+    _bad_says(str(e.value), "", lambada.TEST_URL)
 
 
-def test_lambada_split_passage_at_the_last_space():
-    assert lambada.split_passage("the cat sat on the mat") == ("the cat sat on the", " mat")
-    assert lambada.split_passage("He said,\n\"Come in.\" She smiled") == ("He said,\n\"Come in.\" She", " smiled")
-    assert lambada.split_passage("two  spaces") == ("two ", " spaces")  # only the last space goes to the target
-    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
-        context, got = lambada.split_passage(text)
-        assert got == target and context + target == text
+# ---- lambada.py: rendering: context and " " + last word encoded apart, the context cut from its start to fit
 
 
 def test_lambada_render_token_by_token_with_a_word_level_stand_in():
@@ -6865,19 +6983,25 @@ def test_lambada_render_cuts_the_context_from_the_start_to_fit_max_len():
         assert num_target == 1 and cut is True
     example = {"text": _LB_PASSAGES[4]}  # " ice-" "cream": two target pieces
     full, _, _ = lambada.render_example(example, tok)
-    # exactly max_len target tokens keep one context token; one more than that cannot be scored
+    # exactly max_len target tokens keep one context token; one more than that cannot be scored (evaluate skips it)
     assert lambada.render_example(example, tok, max_len=2) == (full[-3:], 2, True)
-    with pytest.raises(hellaswag.Unscorable, match=r"target ' ice-cream' has 2 tokens, too long for context length 1"):
+    with pytest.raises(hellaswag.Unscorable) as e:
         lambada.render_example(example, tok, max_len=1)
+    _bad_says(str(e.value), "lambada: ", "' ice-cream'", 2, 1)
     assert issubclass(hellaswag.Unscorable, ValueError)
 
 
-def test_lambada_render_refuses_a_context_that_encodes_to_nothing():
-    class DropsContext(_LbPieceTokenizer):  # a tokenizer that has nothing for the context
+@pytest.mark.parametrize("dropped, named", [(lambda text: not text.startswith(" "), "context"),
+                                            (lambda text: text == " kite", "' kite'")], ids=["context", "target"])
+def test_lambada_render_refuses_a_context_or_a_target_that_encodes_to_nothing(dropped, named):
+    # a tokenizer that drops what it does not know (not a byte-level one) can leave nothing to condition on, or
+    # nothing to score: Unscorable, which evaluate skips and counts
+    class Dropping(_LbPieceTokenizer):
         def encode(self, text):
-            return [] if not text.startswith(" ") else super().encode(text)
-    with pytest.raises(hellaswag.Unscorable, match="context encodes to no tokens"):
-        lambada.render_example({"text": _LB_PASSAGES[0]}, DropsContext(_LB_PASSAGES))
+            return [] if dropped(text) else super().encode(text)
+    with pytest.raises(hellaswag.Unscorable) as e:
+        lambada.render_example(_lb_examples()[0], Dropping(_LB_PASSAGES))
+    _bad_says(str(e.value), "lambada: ", named)
 
 
 @needs_gpt2_files
@@ -6898,13 +7022,16 @@ def test_lambada_render_with_tiktoken_context_and_target_apart():
         lambada.render_example({"text": _LB_PASSAGES[4]}, enc, max_len=num_target - 1)
 
 
+# ---- lambada.py: scoring: the target's summed negative log-likelihood, and whether every token was the argmax
+
+
 @pytest.mark.parametrize("gpt_style", [False, True])
 def test_lambada_score_targets_matches_hand_computed_nll(gpt_style):
     # a random bigram model makes each target token's loss depend on the token before it, so any off-by-one in
     # the shift or the mask changes the numbers; all 7 passages in one right-padded batch and one at a time
     tok = _lb_tokenizer()
     table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(0)) * 2
-    model = _HsTableLM(table, gpt_style=gpt_style)
+    model = _TableLM(table, gpt_style=gpt_style)
     rendered = [lambada.render_example(e, tok) for e in _lb_examples()]
     refs = [_lb_reference(table, toks[:-n], toks[-n:]) for toks, n, _ in rendered]
     T = max(len(toks) for toks, _, _ in rendered)
@@ -6915,8 +7042,22 @@ def test_lambada_score_targets_matches_hand_computed_nll(gpt_style):
     assert greedy.tolist() == [r[1] for r in refs]
     assert model.seen[-1][2] == (7, T - 1)  # the last token is never an input
     for (toks, n, _), (ref_nll, ref_greedy) in zip(rendered, refs):
-        one_nll, one_greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
+        one_nll, one_greedy = lambada.score_targets(model, *_lb_one_row(toks, n))
         assert one_nll.item() == pytest.approx(ref_nll, rel=1e-5) and one_greedy.item() == ref_greedy
+
+
+def test_lambada_score_targets_takes_the_nll_in_float32_from_bf16_logits():
+    tok = _lb_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()
+    model = _TableLM(table.float()).to(torch.bfloat16)
+    for ex in _lb_examples():
+        toks, n, _ = lambada.render_example(ex, tok)
+        nll, greedy = lambada.score_targets(model, *_lb_one_row(toks, n))
+        ref_nll, ref_greedy = _lb_reference(table.float(), toks[:-n], toks[-n:])
+        assert nll.item() == pytest.approx(ref_nll, rel=1e-5) and greedy.item() == ref_greedy
+
+
+# ---- lambada.py: evaluate: accuracy and perplexity over passages, batched, skipping what cannot be scored, DDP
 
 
 def test_lambada_evaluate_controlled_model_gives_known_acc_and_ppl():
@@ -6930,48 +7071,52 @@ def test_lambada_evaluate_controlled_model_gives_known_acc_and_ppl():
     assert refs[4][0] > refs[0][0] > 0
     nll = sum(n for n, _ in refs)
     for batch_size in (1, 2, 3, 8):  # batching and padding never change the result
-        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu", batch_size=batch_size)
+        r = lambada.evaluate(_TableLM(table), tok, _lb_examples(), "cpu", batch_size=batch_size)
         assert set(r) == {"acc", "ppl", "num_correct", "num_total", "num_skipped", "nll"}  # no num_cut: nothing cut
         assert (r["num_correct"], r["num_total"], r["num_skipped"]) == (4, 7, 0)
         assert r["acc"] == pytest.approx(4 / 7)
         assert r["nll"] == pytest.approx(nll, rel=1e-6)
         assert r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-6)
-    assert lambada.result_line(r) == f"lambada acc 0.5714 (4/7) ppl {math.exp(nll / 7):.2f}"
+    assert _eval_figures(lambada.result_line(r)) == {"acc": (0.5714, 4, 7), "ppl": pytest.approx(r["ppl"], abs=0.005),
+                                                     "skipped": 0}
     # a model sure of every target: acc 1, ppl close to 1
     sure = torch.full((tok.vocab_size, tok.vocab_size), -30.0)
     for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
         ids = tok.encode(text[:-len(target)])[-1:] + tok.encode(target)
         for a, b in zip(ids, ids[1:]):
             sure[a, b] = 30.0
-    r = lambada.evaluate(_HsTableLM(sure, gpt_style=True), tok, _lb_examples(), "cpu")
+    r = lambada.evaluate(_TableLM(sure, gpt_style=True), tok, _lb_examples(), "cpu")
     assert (r["num_correct"], r["acc"]) == (7, 1.0) and r["ppl"] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_lambada_evaluate_runs_in_eval_no_grad_restores_mode_and_prints_verbose(capsys):
+def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
+    # a uniform model: every target piece costs log(V). 20 copies of the 7 passages (9 target pieces) sum to an
+    # nll far above 700, as any real test set does; ppl is exp(mean nll per passage) = V ** (9 / 7)
     tok = _lb_tokenizer()
-    model = _HsTableLM(_lb_designed_table(tok))
-    model.train()
-    r = lambada.evaluate(model, tok, _lb_examples(), "cpu", verbose=True, batch_size=3)
-    assert model.training and torch.is_grad_enabled()
-    assert [s[:2] for s in model.seen] == [(False, False)] * 3  # 7 passages in batches of 3 -> 3 forwards
-    assert [s[2][0] for s in model.seen] == [3, 3, 1]
-    out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if line.startswith("--- ")]
-    assert len(lines) == 7 and r["num_correct"] == 4
-    assert [line.startswith("--- right") for line in lines] == _LB_DESIGNED_VERDICTS
-    assert "target 'ice-cream'" in lines[4] and lines[-1].endswith("(rank 0: acc 4/7)")
-    model.eval()
-    lambada.evaluate(model, tok, _lb_examples(), "cpu", progress=True)
-    assert not model.training
-    assert "lambada 7/7 acc 0.5714" in capsys.readouterr().err
+    model = _TableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    r = lambada.evaluate(model, tok, _lb_examples() * 20, "cpu", batch_size=32)
+    nll = 20 * 9 * math.log(tok.vocab_size)
+    assert r["num_total"] == 140 and r["nll"] > 700 and r["nll"] == pytest.approx(nll, rel=1e-5)
+    assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
 
 
-def test_lambada_evaluate_unwraps_compiled_module():
+def test_lambada_perplexity_of_a_confidently_wrong_model_is_not_capped_early():
+    # a model that gives every target piece a logit 100 below the rest: the mean nll per passage is ~130 nats, so
+    # ppl is exp(~130) (~1e56), a finite float64: only a mean above ~709 would overflow, and only there may it be
+    # capped (a cap at, say, 70 would report e^70 for any model this bad)
     tok = _lb_tokenizer()
-    model = _HsTableLM(_lb_designed_table(tok))
-    compiled = torch.compile(model)
-    r = lambada.evaluate(compiled, tok, _lb_examples(), "cpu", batch_size=4)
-    assert r["num_correct"] == 4 and len(model.seen) == 2  # ran eagerly on the plain module
+    for penalty in (100.0, 1000.0):
+        table = torch.zeros(tok.vocab_size, tok.vocab_size)
+        for target in _LB_TARGETS:
+            table[:, tok.encode(target)] = -penalty
+        nll = sum(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target))[0]
+                  for text, target in zip(_LB_PASSAGES, _LB_TARGETS))
+        r = lambada.evaluate(_TableLM(table), tok, _lb_examples(), "cpu")
+        assert r["num_total"] == 7 and r["nll"] == pytest.approx(nll, rel=1e-5)
+        if nll / 7 < 700:
+            assert 100 < nll / 7 and r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-4)
+        else:   # exp(1290) overflows a float64: capped, finite, still above every uncapped perplexity below it
+            assert math.isfinite(r["ppl"]) and r["ppl"] >= math.exp(700)
 
 
 def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
@@ -6983,7 +7128,7 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
     kept = [i for i, g in enumerate(_LB_TARGETS) if len(tok.encode(g)) == 1]
     assert kept == [0, 1, 2, 3, 6]
     for batch_size in (1, 2, 8):
-        model = _HsTableLM(table)
+        model = _TableLM(table)
         model.context_length = 1
         r = lambada.evaluate(model, tok, _lb_examples(), "cpu", batch_size=batch_size)
         assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (2, 5, 3, 5)
@@ -6991,26 +7136,58 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
         assert r["nll"] == pytest.approx(sum(refs[i][0] for i in kept), rel=1e-6)
         assert r["ppl"] == pytest.approx(math.exp(r["nll"] / 5), rel=1e-9)
         assert max(shape[1] for _, _, shape in model.seen) == 1
-    assert lambada.result_line(r) == (f"lambada acc 0.6000 (3/5) ppl {r['ppl']:.2f}, 2 skipped "
-                                      "(a target too long for the context, or an empty context)")
+    assert _eval_figures(lambada.result_line(r)) == {"acc": (0.6, 3, 5), "ppl": pytest.approx(r["ppl"], abs=0.005),
+                                                     "skipped": 2}
     # context_length 2: every target fits, the 2-piece ones with one context token: nothing skipped, all cut
-    model = _HsTableLM(table)
+    model = _TableLM(table)
     model.context_length = 2
     r = lambada.evaluate(model, tok, _lb_examples(), "cpu")
     assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (0, 7, 4, 7)
     assert r["nll"] == pytest.approx(sum(n for n, _ in refs), rel=1e-6)
-    assert "skipped" not in lambada.result_line(r)
+    assert _eval_figures(lambada.result_line(r))["skipped"] == 0
     # nothing fits at all: no passage scored, nan perplexity, every one skipped
-    model = _HsTableLM(table)
+    model = _TableLM(table)
     model.context_length = 1
     r = lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu")
     assert (r["num_total"], r["num_skipped"], r["acc"]) == (0, 2, 0.0) and math.isnan(r["ppl"])
     # the progress line counts skipped passages too, also when a whole batch is skipped (here: every batch)
     capsys.readouterr()
     lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu", batch_size=1, progress=True)
-    assert capsys.readouterr().err.split("\r")[-1] == "lambada 2/2 acc 0.0000\n"
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {"2/2", "0.0000"} <= words and ended
     lambada.evaluate(model, tok, _lb_examples()[3:6], "cpu", batch_size=2, progress=True)  # the last batch: skipped
-    assert capsys.readouterr().err.split("\r")[-1] == "lambada 3/3 acc 1.0000\n"
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {"3/3", "1.0000"} <= words and ended
+
+
+def test_lambada_evaluate_runs_in_eval_no_grad_restores_mode_and_prints_verbose(capsys):
+    tok = _lb_tokenizer()
+    model = _TableLM(_lb_designed_table(tok))
+    model.train()
+    r = lambada.evaluate(model, tok, _lb_examples(), "cpu", verbose=True, batch_size=3)
+    assert model.training and torch.is_grad_enabled()
+    assert [s[:2] for s in model.seen] == [(False, False)] * 3  # 7 passages in batches of 3 -> 3 forwards
+    assert [s[2][0] for s in model.seen] == [3, 3, 1]
+    assert r["num_correct"] == 4
+    # verbose: every passage in order with its verdict and its target word, and the running count of right ones
+    out = capsys.readouterr().out
+    assert re.findall(r"\b(right|wrong)\b", out) == ["right" if v else "wrong" for v in _LB_DESIGNED_VERDICTS]
+    where = [out.find(repr(target.strip())) for target in _LB_TARGETS]
+    assert -1 not in where and where == sorted(where)
+    assert re.findall(r"\b\d+/\d+\b", out)[-1] == "4/7"
+    model.eval()
+    lambada.evaluate(model, tok, _lb_examples(), "cpu", progress=True)
+    assert not model.training
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {"7/7", "0.5714"} <= words and ended
+
+
+def test_lambada_evaluate_unwraps_compiled_module():
+    tok = _lb_tokenizer()
+    model = _TableLM(_lb_designed_table(tok))
+    compiled = torch.compile(model)
+    r = lambada.evaluate(compiled, tok, _lb_examples(), "cpu", batch_size=4)
+    assert r["num_correct"] == 4 and len(model.seen) == 2  # ran eagerly on the plain module
 
 
 def _lb_model_reference(model, tokens, num_target):
@@ -7027,17 +7204,8 @@ def _lb_model_reference(model, tokens, num_target):
 def test_lambada_batched_padded_scoring_equals_one_passage_at_a_time(arch):
     # a tiny model trained a few steps on the first 4 passages gets some targets right and some wrong
     tok = _lb_tokenizer()
-    model = _hs_tiny_model(arch, tok.vocab_size, context_length=64)
-    rows = [tok.encode(t) for t in _LB_PASSAGES[:4]]
-    T = max(map(len, rows))
-    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
-    for _ in range(25):
-        logits = M.logits(model, data[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    model = _eval_tiny_model(arch, tok.vocab_size, context_length=64)
+    _eval_fit(model, [tok.encode(t) for t in _LB_PASSAGES[:4]], steps=25)
     model.eval()
     refs = [_lb_model_reference(model, *lambada.render_example(e, tok)[:2]) for e in _lb_examples()]
     greedy = [g for _, g in refs]
@@ -7052,6 +7220,35 @@ def test_lambada_batched_padded_scoring_equals_one_passage_at_a_time(arch):
             assert model.training == (mode == "train")  # left as it was found
 
 
+def _lb_ddp_worker(rank, world_size, port, table, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        model = _TableLM(table)
+        model.context_length = 1  # the 2-piece targets are skipped: the skip and cut counts are summed too
+        r = lambada.evaluate(model, _lb_tokenizer(), _lb_examples(), "cpu", rank, world_size, batch_size=2)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
+        dist.barrier()  # ranks leave together, as train.py does
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
+    tok = _lb_tokenizer()
+    table = _lb_designed_table(tok)
+    model = _TableLM(table)
+    model.context_length = 1
+    single = lambada.evaluate(model, tok, _lb_examples(), "cpu")
+    assert (single["num_correct"], single["num_total"], single["num_skipped"], single["num_cut"]) == (3, 5, 2, 5)
+    _spawn_ranks(_lb_ddp_worker, table, str(tmp_path))
+    for rank in range(2):  # passages 0,2,4,6 and 1,3,5: every rank gets the all-reduced totals
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert {k: v for k, v in r.items() if k not in ("nll", "ppl")} == {
+            k: v for k, v in single.items() if k not in ("nll", "ppl")}
+        assert r["nll"] == pytest.approx(single["nll"], rel=1e-9) and r["ppl"] == pytest.approx(single["ppl"], rel=1e-9)
+
+
 @needs_gpt2_files
 def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path, monkeypatch, capsys):
     # the --init_from path (GPT.from_pretrained + tiktoken) on a small random GPT-2 saved by transformers, against
@@ -7060,7 +7257,6 @@ def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path,
     # longer than the 64-token context and keeps its last 64 + 1 - len(target) context tokens.
     import tiktoken
     from transformers import GPT2Config, GPT2LMHeadModel
-    from model import GPT
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.3)).eval()
     hf.save_pretrained(tmp_path / "hf")
@@ -7089,104 +7285,89 @@ def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path,
     refs = [reference(t) for t in texts]
     assert [g for _, g in refs[7:9]] == [True, True] and not any(g for _, g in refs[:7])
     assert len(enc.encode(texts[-1])) > 64 and max(len(enc.encode(t)) for t in texts[:-1]) <= 64
-    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    ours = M.GPT.from_pretrained(str(tmp_path / "hf"))
     examples = [{"text": t} for t in texts]
     for ex, (ref_nll, ref_greedy) in zip(examples, refs):
         tokens, k, _ = lambada.render_example(ex, enc, 64)
-        nll, greedy = lambada.score_targets(ours.eval(), torch.tensor([tokens]),
-                                            torch.tensor([[0] * (len(tokens) - k) + [1] * k]))
+        nll, greedy = lambada.score_targets(ours.eval(), *_lb_one_row(tokens, k))
         assert nll.item() == pytest.approx(ref_nll, rel=1e-4) and greedy.item() == ref_greedy
     n, correct, nll = len(texts), sum(g for _, g in refs), sum(x for x, _ in refs)
     r = lambada.evaluate(ours, enc, examples, "cpu")
     assert (r["num_total"], r["num_correct"], r["num_cut"], r["num_skipped"]) == (n, correct, 1, 0)
     assert r["nll"] == pytest.approx(nll, rel=1e-4) and r["ppl"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+    # the command line: the same figures, and one warning naming how many contexts of how many were cut to fit how
+    # long a context
     data = _lb_write(tmp_path / "lambada.jsonl", texts)
-    monkeypatch.setattr(sys, "argv", ["lambada.py", f"--init_from={tmp_path / 'hf'}", "--data", str(data),
-                                      "--device", "cpu"])
-    lambada.main()
-    out, err = capsys.readouterr()
+    out, err = _eval_run(monkeypatch, capsys, lambada, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device=cpu")
     last = out.strip().splitlines()[-1]
-    assert last == lambada.result_line(r) and last.startswith(f"lambada acc {correct / n:.4f} ({correct}/{n}) ppl ")
-    assert float(last.split(" ppl ")[1]) == pytest.approx(math.exp(nll / n), rel=1e-4)
-    assert ("lambada.py: warning: 1 of 10 contexts were too long for the model's context (64 tokens): cut from the "
-            "start") in err.splitlines()
+    assert last == lambada.result_line(r)
+    assert _eval_figures(last) == {"acc": (round(correct / n, 4), correct, n),
+                                   "ppl": pytest.approx(math.exp(nll / n), rel=1e-4), "skipped": 0}
+    (warning,) = [line for line in err.splitlines() if line.startswith("lambada.py: ") and "warning" in line]
+    _bad_says(warning, "lambada.py: ", 1, 10, 64)
 
 
-def _lb_ddp_worker(rank, world_size, port, table, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        model = _HsTableLM(table)
-        model.context_length = 1  # the 2-piece targets are skipped: the skip and cut counts are summed too
-        r = lambada.evaluate(model, _lb_tokenizer(), _lb_examples(), "cpu", rank, world_size, batch_size=2)
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
-        dist.barrier()  # ranks leave together, as train.py does
-    finally:
-        dist.destroy_process_group()
-
-
-def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
-    tok = _lb_tokenizer()
-    table = _lb_designed_table(tok)
-    model = _HsTableLM(table)
-    model.context_length = 1
-    single = lambada.evaluate(model, tok, _lb_examples(), "cpu")
-    assert (single["num_correct"], single["num_total"], single["num_skipped"], single["num_cut"]) == (3, 5, 2, 5)
-    _spawn_ranks(_lb_ddp_worker, table, str(tmp_path))
-    for rank in range(2):  # passages 0,2,4,6 and 1,3,5: every rank gets the all-reduced totals
-        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert {k: v for k, v in r.items() if k not in ("nll", "ppl")} == {
-            k: v for k, v in single.items() if k not in ("nll", "ppl")}
-        assert r["nll"] == pytest.approx(single["nll"], rel=1e-9) and r["ppl"] == pytest.approx(single["ppl"], rel=1e-9)
-
-
-def _lb_run_main(monkeypatch, capsys, *argv):
-    return _hs_run_main(monkeypatch, capsys, *argv, script=lambada)
+# ---- lambada.py: the command line
 
 
 @needs_gpt2_files
 def test_lambada_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
-    # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main()
-    model, tok, ckpt = _hs_gpt2_tokenizer_checkpoint(tmp_path)
+    # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main(): the score
+    # evaluate() gives it and the number of passages scored; --limit N scores the first N, --verbose prints each
+    model, tok, ckpt = _eval_gpt2_checkpoint(tmp_path)
     data = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
     expected = lambada.result_line(lambada.evaluate(model, tok, _lb_examples(), "cpu"))
-    assert re.fullmatch(r"lambada acc \d\.\d{4} \(\d/7\) ppl \d+\.\d\d", expected), expected
-    out = _lb_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--device", "cpu", "--batch_size", 3)
-    assert out.strip().splitlines()[-1] == expected
-    assert out.strip().splitlines()[-2].startswith("7 passages scored in ")
+    assert _eval_figures(expected)["acc"][2] == 7
+    out, _ = _eval_run(monkeypatch, capsys, lambada, "--ckpt", ckpt, "--data", data, "--device=cpu", "--batch_size=3")
+    assert out.strip().splitlines()[-1] == expected and "7 passages" in out
     expected3 = lambada.result_line(lambada.evaluate(model, tok, _lb_examples()[:3], "cpu"))
-    out = _lb_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose", "--device", "cpu")
-    assert sum(line.startswith("--- ") for line in out.splitlines()) == 3
-    assert out.strip().splitlines()[-1] == expected3 and "/3) ppl " in expected3
+    assert _eval_figures(expected3)["acc"][2] == 3
+    out = _eval_run(monkeypatch, capsys, lambada, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose",
+                    "--device", "cpu").out
+    assert out.strip().splitlines()[-1] == expected3 and len(re.findall(r"\b(right|wrong)\b", out)) == 3
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--ckpt=x.pt", "--init_from=gpt2"], "lambada.py: give exactly one of --ckpt PATH or --init_from NAME"),
-    ([], "lambada.py: give exactly one of --ckpt PATH or --init_from NAME"),
-    (["--init_from=gpt2", "--limit=0"], "lambada.py: --limit must be a positive integer, got 0"),
-    (["--init_from=gpt2", "--limit=-3"], "lambada.py: --limit must be a positive integer, got -3"),
-    (["--init_from=gpt2", "--batch_size=0"], "lambada.py: --batch_size must be a positive integer, got 0"),
-])
-def test_lambada_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
-    assert _bad_exit(monkeypatch, lambada, *argv) == expect
+# ---- hellaswag.py and lambada.py: the command line's mistakes and warnings: one line each, before any work
 
 
-def test_lambada_bad_files_are_one_line(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=64)
-    missing = tmp_path / "nope.pt"
-    _one_line_naming(_bad_exit(monkeypatch, lambada, f"--ckpt={missing}", "--device=cpu"), f"lambada.py: --ckpt {missing}: ",
-                     "no such checkpoint")
-    data = tmp_path / "missing.jsonl"
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"lambada.py: --data {data}: no such file (expected a LAMBADA jsonl file)")
-    data = tmp_path / "latin1.jsonl"
-    data.write_bytes(b'{"text": "un caf\xe9 noir"}\n')
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"lambada.py: --data {data}: not UTF-8 text (expected a LAMBADA jsonl file)")
-    data = _lb_write(tmp_path / "lambada.jsonl", ["He opened the door", "Goodbye"])
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"lambada.py: --data {data}:2: 'text' must be a passage of several words ending in the word to predict")
+@pytest.mark.parametrize("script", [hellaswag, lambada])
+@pytest.mark.parametrize("argv, flag, named", [
+    ([], "", ["--ckpt", "--init_from"]),
+    (["--ckpt=x.pt", "--init_from=gpt2"], "", ["--ckpt", "--init_from"]),
+    # (a --limit of -3 would otherwise drop the last 3 examples, and 0 leave none to score)
+    (["--init_from=gpt2", "--limit=0"], "--limit", ["0"]),
+    (["--init_from=gpt2", "--limit=-3"], "--limit", ["-3"]),
+    (["--init_from=gpt2", "--batch=0"], "--batch", ["0"]),   # hellaswag.py's --batch_examples, lambada's --batch_size
+], ids=["no-model", "two-models", "limit-0", "limit-negative", "batch-0"])
+def test_eval_bad_flags_are_one_line_before_any_work(monkeypatch, script, argv, flag, named):
+    batch = {hellaswag: "--batch_examples", lambada: "--batch_size"}[script]
+    flag, argv = flag.replace("--batch", batch), [a.replace("--batch=", f"{batch}=") for a in argv]
+    monkeypatch.setattr(script, "setup_device", lambda *a, **k: pytest.fail("went on to pick a device"))
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("went on to load a model"))
+    _bad_says(_bad_exit(monkeypatch, script, *argv), f"{script.__name__}.py: {flag}", *named)
+
+
+@pytest.mark.parametrize("script", [hellaswag, lambada])
+def test_eval_cli_names_a_missing_checkpoint_or_data_file(tmp_path, monkeypatch, script):
+    name, ckpt, missing = f"{script.__name__}.py", _tiny_llama_ckpt(tmp_path), tmp_path / "nope"
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={missing}", "--device=cpu"), f"{name}: --ckpt {missing}: ",
+              "no such")
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={missing}", "--device=cpu"),
+              f"{name}: --data {missing}: ", "no such")
+
+
+@pytest.mark.parametrize("script, good_row, bad_row, field", [
+    (hellaswag, _hs_row(0, *_HS_ROWS[0]), {"ctx": "A man", "endings": ["a", "b"], "label": 0}, "'endings'"),
+    (lambada, {"text": _LB_PASSAGES[0]}, {"text": "Goodbye"}, "'text'")])
+def test_eval_cli_names_a_data_file_it_cannot_read(tmp_path, monkeypatch, script, good_row, bad_row, field):
+    # a file that is not UTF-8 text: the file; a row that is not an example: the file, the line and the field
+    name, ckpt, data = f"{script.__name__}.py", _tiny_llama_ckpt(tmp_path, context_length=64), tmp_path / "data.jsonl"
+    data.write_bytes(b'{"ctx": "un caf\xe9 noir", "text": "un caf\xe9 noir"}\n')
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"),
+              f"{name}: --data {data}: ", "UTF-8")
+    data.write_text(json.dumps(good_row) + "\n" + json.dumps(bad_row) + "\n", encoding="utf-8")
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"),
+              f"{name}: --data {data}:2: ", field)
 
 
 @pytest.mark.parametrize("script", [hellaswag, lambada])
@@ -7194,176 +7375,34 @@ def test_eval_cli_data_dir_that_is_a_file_or_ctrl_c_is_one_line(tmp_path, monkey
     ckpt = _tiny_llama_ckpt(tmp_path, context_length=64)
     name = f"{script.__name__}.py"
     (tmp_path / "a_file").write_text("x")   # where the download would be cached
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data_dir={tmp_path / 'a_file'}", "--device=cpu") == (
-        f"{name}: (no --data) [Errno 17] File exists: '{tmp_path / 'a_file'}'")
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data_dir={tmp_path / 'a_file'}", "--device=cpu"),
+              f"{name}: (no --data) ", tmp_path / "a_file")
 
     def ctrl_c(*a, **k):
         raise KeyboardInterrupt
+    # Ctrl-C: one line after a newline (which leaves the terminal's ^C line), saying what was cut short
     monkeypatch.setattr(sys, "argv", [name, f"--ckpt={ckpt}", "--device=cpu"])
     monkeypatch.setattr(script, "load_examples", ctrl_c)
-    with pytest.raises(SystemExit, match=f"^\n{name}: interrupted while reading the data$"):
-        script.main()   # (the newline leaves the terminal's ^C line)
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    assert e.value.code.startswith("\n")
+    _bad_says(e.value.code[1:], f"{name}: ", "interrupted", "data")
     monkeypatch.setattr(script, "load_examples", lambda *a, **k: [])
     monkeypatch.setattr(script, "evaluate", ctrl_c)
-    with pytest.raises(SystemExit, match=f"^\n{name}: interrupted before the last (example|passage): no score$"):
+    with pytest.raises(SystemExit) as e:
         script.main()
-
-
-def test_lambada_fails_when_no_passage_fits_the_context(tmp_path, monkeypatch):
-    # byte-level tokens: " extraordinarily" is 16 tokens, longer than the 8-token context: every passage skipped
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=8)
-    data = _lb_write(tmp_path / "lambada.jsonl", ["The view was extraordinarily", "She sang extraordinarily"])
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        "lambada.py: no passage fits the model's context (8 tokens): all 2 skipped")
-
-
-def test_lambada_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
-    # byte-level tokens, 16-token context: the first passage (30 context + 7 target bytes) is cut, "Hi you" is not;
-    # a passage whose target is too long is skipped, and the result line says so
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
-    data = _lb_write(tmp_path / "lambada.jsonl", ["A man sat down on the bench. He smiled", "Hi you",
-                                                  "It was all quite incomprehensible"])
-    monkeypatch.setattr(sys, "argv", ["lambada.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
-    lambada.main()
-    out, err = capsys.readouterr()
-    warnings = [line for line in err.splitlines() if "warning" in line]
-    assert warnings == ["lambada.py: warning: 1 of 2 contexts were too long for the model's context (16 tokens): "
-                        "cut from the start"]
-    assert re.fullmatch(r"lambada acc \d\.\d{4} \(\d/2\) ppl \d+\.\d\d, 1 skipped \(a target too long for the "
-                        r"context, or an empty context\)", out.strip().splitlines()[-1])
-
-
-def test_lambada_render_refuses_a_target_that_encodes_to_nothing():
-    class Dropping(_LbPieceTokenizer):  # a (non byte-level) tokenizer that drops words it does not know
-        def encode(self, text):
-            return [] if text == " kite" else super().encode(text)
-    tok = Dropping(_LB_PASSAGES)
-    with pytest.raises(hellaswag.Unscorable, match="the target ' kite' encodes to no tokens"):
-        lambada.render_example(_lb_examples()[0], tok)
-
-
-def test_hs_fails_when_no_example_fits_the_context(tmp_path, monkeypatch):
-    # byte-level tokens: every ending is longer than the 16-token context, so every example is skipped
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
-    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits.", ["then he stands up and walks away"] * 4)] * 2)
-    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        "hellaswag.py: no example fits the model's context (16 tokens): all 2 skipped "
-        "(an ending too long for it, or an empty context)")
-
-
-def test_hs_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=32)
-    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits down on a bench in the park.", ["a", "b", "c", "d"]),
-                                             ("He", ["e", "f", "g", "h"])])
-    monkeypatch.setattr(sys, "argv", ["hellaswag.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
-    hellaswag.main()
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert warnings == ["hellaswag.py: warning: 1 of 2 contexts were too long for the model's context (32 tokens) "
-                        "with their endings: cut from the start"]
-
-
-def test_hs_names_a_data_file_that_is_not_utf8(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    data = tmp_path / "val.jsonl"
-    data.write_bytes(b'{"ctx": "caf\xe9"}\n')
-    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"hellaswag.py: --data {data}: not UTF-8 text (expected a HellaSwag jsonl file)")
-
-
-def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
-    # a uniform model: every target piece costs log(V). 20 copies of the 7 passages (9 target pieces) sum to an
-    # nll far above 700, as any real test set does; ppl is exp(mean nll per passage) = V ** (9 / 7)
-    tok = _lb_tokenizer()
-    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
-    r = lambada.evaluate(model, tok, _lb_examples() * 20, "cpu", batch_size=32)
-    nll = 20 * 9 * math.log(tok.vocab_size)
-    assert r["num_total"] == 140 and r["nll"] > 700 and r["nll"] == pytest.approx(nll, rel=1e-5)
-    assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
-
-
-def test_lambada_perplexity_of_a_confidently_wrong_model_is_not_capped_early():
-    # a model that gives every target piece a logit 100 below the rest: the mean nll per passage is ~130 nats, so
-    # ppl is exp(~130) (~1e56), a finite float64: only a mean above ~709 would overflow, and only there may it be
-    # capped (a cap at, say, 70 would report e^70 for any model this bad)
-    tok = _lb_tokenizer()
-    for penalty in (100.0, 1000.0):
-        table = torch.zeros(tok.vocab_size, tok.vocab_size)
-        for target in _LB_TARGETS:
-            table[:, tok.encode(target)] = -penalty
-        nll = sum(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target))[0]
-                  for text, target in zip(_LB_PASSAGES, _LB_TARGETS))
-        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu")
-        assert r["num_total"] == 7 and r["nll"] == pytest.approx(nll, rel=1e-5)
-        if nll / 7 < 700:
-            assert 100 < nll / 7 and r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-4)
-        else:   # exp(1290) overflows a float64: capped, finite, still above every uncapped perplexity below it
-            assert math.isfinite(r["ppl"]) and r["ppl"] >= math.exp(700)
-
-
-def test_hs_score_endings_takes_the_loss_in_float32_from_bf16_logits():
-    # a bfloat16 model's logits are upcast before the cross-entropy: the losses are those of the bf16 logits
-    # computed in float32, not rounded to bf16's 8 bits
-    tok = _hs_word_tokenizer()
-    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
-    model = _HsTableLM(table.float()).to(torch.bfloat16)
-    assert model.table.dtype == torch.bfloat16
-    ctx, _, endings = _HS_ROWS[0]
-    tokens, mask, _ = hellaswag.render_example(_hs_row(0, ctx, 0, endings), tok)
-    sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
-    assert sum_loss.dtype == torch.float32
-    for j, ending in enumerate(endings):
-        ref_sum, ref_avg = _hs_reference_losses(table.float(), tok.encode(ctx), tok.encode(ending))
-        assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
-        assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
-
-
-def test_lambada_score_targets_takes_the_nll_in_float32_from_bf16_logits():
-    tok = _lb_tokenizer()
-    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()
-    model = _HsTableLM(table.float()).to(torch.bfloat16)
-    for ex in _lb_examples():
-        toks, n, _ = lambada.render_example(ex, tok)
-        nll, greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
-        ref_nll, ref_greedy = _lb_reference(table.float(), toks[:-n], toks[-n:])
-        assert nll.item() == pytest.approx(ref_nll, rel=1e-5) and greedy.item() == ref_greedy
-
-
-def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
-    # examples of different lengths in one padded forward: every example's 4 losses (printed by verbose) are
-    # the ones it gets alone, whichever example of the batch is the longest
-    tok = _hs_word_tokenizer()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    lengths = [len(tok.encode(r["ctx"])) + max(len(tok.encode(" " + e)) for e in r["endings"]) for r in examples]
-    assert lengths[0] < max(lengths)  # the first example of the batch is not the widest
-    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(3)) * 2
-    outputs = []
-    for batch_examples in (1, 8):
-        hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", verbose=True, batch_examples=batch_examples)
-        outputs.append(capsys.readouterr().out)
-    assert outputs[0].count("avg ") == 4 * len(examples) and outputs[0] == outputs[1]
-
-
-def test_hs_ties_go_to_the_lowest_ending_index():
-    # a model with no preference (every logit equal) gives all 4 endings of equal length the same summed and mean
-    # loss: both acc and acc_norm must pick ending 0 (the documented tie rule), so only the rows labelled 0 count
-    endings = ["ran home", "sat down", "ate fish", "was sad"]
-    rows = [_hs_row(i, ctx, label, endings) for i, (ctx, label) in enumerate([("The cat", 0), ("The dog", 2),
-                                                                             ("A cow", 0)])]
-    tok = _HsWordTokenizer([r["ctx"] for r in rows] + endings)
-    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
-    for batch_examples in (1, 3):
-        r = hellaswag.evaluate(model, tok, rows, "cpu", batch_examples=batch_examples)
-        assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (2, 2, 3)
+    assert e.value.code.startswith("\n")
+    _bad_says(e.value.code[1:], f"{name}: ", "interrupted", "no score")
 
 
 def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_checks_its_size(tmp_path, monkeypatch):
     # --tokenizer overrides the tokenizer a checkpoint names and, with --init_from, the default gpt2; one of another
     # size than the model's vocabulary (ids past its embedding table, or ids it cannot decode) is refused at load time
-    import argparse
     transformers = pytest.importorskip("transformers")
     GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
     ckpt = _tiny_llama_ckpt(tmp_path)  # names tmp_path/tok: 257 byte tokens with <|endoftext|>
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=[]).save_dir(str(tmp_path / "bytes"))
+    byte_tok = tmp_path / "bytes"
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=[]).save_dir(str(byte_tok))
     GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
         tmp_path / "hf")
 
@@ -7371,26 +7410,51 @@ def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_check
         args = argparse.Namespace(**{"ckpt": None, "init_from": None, "tokenizer": None, **kw})
         return hellaswag.load_model(args, "cpu")
     assert load(ckpt=str(ckpt))[1].vocab_size == 257
-    with pytest.raises(SystemExit, match="has 256 tokens but this model 257"):
-        load(ckpt=str(ckpt), tokenizer=str(tmp_path / "bytes"))
-    with pytest.raises(SystemExit, match="has 256 tokens but this model 300"):
-        load(init_from=str(tmp_path / "hf"), tokenizer=str(tmp_path / "bytes"))
+    with pytest.raises(SystemExit) as e:
+        load(ckpt=str(ckpt), tokenizer=str(byte_tok))
+    _bad_says(e.value.code, f"hellaswag.py: --ckpt {ckpt}: ", repr(str(byte_tok)), 256, 257)
+    with pytest.raises(SystemExit) as e:
+        load(init_from=str(tmp_path / "hf"), tokenizer=str(byte_tok))
+    _bad_says(e.value.code, f"hellaswag.py: --init_from {tmp_path / 'hf'}: ", repr(str(byte_tok)), 256, 300)
     (tmp_path / "small").mkdir()
     small = _tiny_llama_ckpt(tmp_path / "small", vocab_size=200)
     for script in (hellaswag, lambada):
         name = f"{script.__name__}.py"
-        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu"), f"{name}: --ckpt {small}: ",
-                         repr(str(tmp_path / 'small' / 'tok')), "257", "200")
+        _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu"), f"{name}: --ckpt {small}: ",
+                  repr(str(tmp_path / 'small' / 'tok')), 257, 200)
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--init_from=gpt2", "--limit=0"], "hellaswag.py: --limit must be a positive integer, got 0"),
-    (["--init_from=gpt2", "--limit=-3"], "hellaswag.py: --limit must be a positive integer, got -3"),
-    (["--init_from=gpt2", "--batch_examples=0"], "hellaswag.py: --batch_examples must be a positive integer, got 0"),
-])
-def test_hs_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
-    # (a --limit of -3 would otherwise drop the last 3 examples, and 0 end with "no example fits the context")
-    assert _bad_exit(monkeypatch, hellaswag, *argv) == expect
+@pytest.mark.parametrize("script, context_length, items", [
+    # byte-level tokens: every ending is longer than the 16-token context
+    (hellaswag, 16, [("A man sits.", ["then he stands up and walks away"] * 4)] * 2),
+    # byte-level tokens: " extraordinarily" is 16 tokens, longer than the 8-token context
+    (lambada, 8, ["The view was extraordinarily", "She sang extraordinarily"])], ids=["hellaswag", "lambada"])
+def test_eval_cli_fails_when_nothing_fits_the_context(tmp_path, monkeypatch, script, context_length, items):
+    # every example skipped is no score: one line naming the context length and how many were skipped
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=context_length)
+    data = _eval_write(script, tmp_path / "data.jsonl", items)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"),
+              f"{script.__name__}.py: ", context_length, 2)
+
+
+@pytest.mark.parametrize("script, context_length, items, skipped", [
+    # byte-level tokens, 32-token context: the first context (39 bytes) is cut to fit its endings, "He" is not
+    (hellaswag, 32, [("A man sits down on a bench in the park.", ["a", "b", "c", "d"]), ("He", ["e", "f", "g", "h"])],
+     0),
+    # byte-level tokens, 16-token context: the first passage (30 context + 7 target bytes) is cut, "Hi you" is not,
+    # and the last one's target is too long: skipped
+    (lambada, 16, ["A man sat down on the bench. He smiled", "Hi you", "It was all quite incomprehensible"], 1)],
+    ids=["hellaswag", "lambada"])
+def test_eval_cli_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys, script, context_length, items,
+                                                       skipped):
+    # one warning line naming how many of the scored contexts were cut, and to fit how long a context; the result
+    # line says how many were skipped
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=context_length)
+    data = _eval_write(script, tmp_path / "data.jsonl", items)
+    out, err = _eval_run(monkeypatch, capsys, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu")
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    _bad_says(warning, f"{script.__name__}.py: ", 1, 2, context_length)
+    assert _eval_figures(out.strip().splitlines()[-1])["skipped"] == skipped
 
 
 # ====================================================================================================================
@@ -8090,6 +8154,16 @@ def _bad_exit(monkeypatch, script, *argv):
     return message
 
 
+def _bad_says(message, prefix, *named):
+    """_one_line_naming, with each named value looked for after the prefix and as a whole word or number: a prefix
+    that holds a tmp_path (named after the test, numbered by pytest) cannot name it by accident, nor "16" a 1, nor
+    the file /a/b.txt its folder /a."""
+    _one_line_naming(message, prefix)
+    rest = message[len(prefix):]
+    for value in map(str, named):
+        assert re.search(rf"(?<![\w./-]){re.escape(value)}(?![\w/]|\.\d)", rest), (message, value)
+
+
 def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
     """A tiny train.py-format Llama checkpoint with a byte-level bpe.py tokenizer (257 tokens with <|endoftext|>)."""
     tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
@@ -8145,13 +8219,6 @@ def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, scrip
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3") == (
         f"{name}: --device cuda:3: no such GPU (1 visible)")
-
-
-def _bad_hs_data(path, rows):
-    """rows: (ctx, endings) with label 0."""
-    path.write_text("".join(json.dumps({"ind": i, "ctx": ctx, "endings": endings, "label": 0}) + "\n"
-                            for i, (ctx, endings) in enumerate(rows)), encoding="utf-8")
-    return path
 
 
 BAD_EOT = "<|endoftext|>"
