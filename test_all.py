@@ -7462,8 +7462,87 @@ def test_eval_cli_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, ca
 # ====================================================================================================================
 
 
+# ---- stand-ins: results/ redirected, logs as `run` writes them, a tiny preset; results.md and `list` read back
+
+
+@pytest.fixture
+def _experiments_results(tmp_path, monkeypatch):
+    """results/ and results/logs/ redirected into tmp_path/results (not made)."""
+    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
+    return tmp_path / "results"
+
+
+def _experiments_fake_log(path, name, groups=("ablation",), final=4.0, lr=3e-3, nan=False, steps=(5, 10), evals=None):
+    """A log as `experiments.py run` leaves it in results/logs: the experiment record, train.py's config (10 steps),
+    train records at steps (nan losses if nan) and evaluations at evals, (step, val loss) pairs: by default step 0's
+    and the final one, val loss final at step 10."""
+    evals = ((0, 7.6), (10, final)) if evals is None else evals
+    rows = [dict(type="experiment", name=name, groups=list(groups), change=name, flags={"learning_rate": lr}, args=[],
+                 wall=3.0),
+            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=lr, warmup_iters=1,
+                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
+                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
+    rows += [dict(type="train", step=s, loss=float("nan") if nan else 5.0 - s / 10, lr=lr, tokens_per_sec=100.0,
+                  elapsed=s * 1.0, tokens=s * 32) for s in steps]
+    rows += [dict(type="eval", step=s, val_loss=v, val_bpb=v / math.log(2) / 3.6, elapsed=s * 1.0) for s, v in evals]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _experiments_logs(results, *runs):
+    """A finished fake log in results/logs for each (name, groups, final val loss[, lr])."""
+    for name, groups, final, *lr in runs:
+        _experiments_fake_log(results / "logs" / f"{name}.jsonl", name, groups, final, *lr)
+
+
+@pytest.fixture
+def _experiments_tiny_preset(tmp_path, monkeypatch):
+    """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
+    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
+             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
+             extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
+             base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
+                       learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
+                       grad_clip=1.0, sampler="random", eval_interval=100, num_threads=1))
+    monkeypatch.setitem(experiments.PRESETS, "tiny", p)
+    return "tiny"
+
+
+def _experiments_tag(path):
+    return str(path).replace("/", "-")   # an absolute path outside the repository: /tmp/x/mine -> -tmp-x-mine
+
+
+def _experiments_tables(md):
+    """results.md read back: {section title: [{column title: cell} for each row of the section's table]}."""
+    tables = {}
+    for section in md.split("\n## ")[1:]:
+        title, *lines = section.split("\n")
+        cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+        if cells:
+            tables[title] = [dict(zip(cells[0], row)) for row in cells[2:]]   # (cells[1] is the |---| line)
+    return tables
+
+
+def _experiments_row(table, run):
+    (row,) = [r for r in table if r["run"] == run]
+    return row
+
+
+def _experiments_listed(out):
+    """The train.py command lines `experiments.py list` printed, each split as a shell would split it."""
+    return [shlex.split(line.split("python train.py ", 1)[1]) for line in out.splitlines()
+            if "python train.py " in line]
+
+
+# ---- experiments.py: the plan: which runs, with which train.py flags
+
+
 @pytest.mark.parametrize("preset", sorted(experiments.PRESETS))
-def test_experiments_plan_covers_the_issue(preset):
+def test_experiments_plan_has_the_sweeps_and_ablations_on_equal_validation_tokens(preset):
+    # a baseline first, then at least 5 learning rates, 3 batch sizes, the four ablations and a time-budget run;
+    # every run scores the same validation tokens, and the batch-size runs train on the same number of tokens
     runs = experiments.plan(preset)
     names = [r["name"] for r in runs]
     assert names[0] == "baseline" and len(names) == len(set(names))
@@ -7485,248 +7564,6 @@ def test_experiments_plan_covers_the_issue(preset):
             assert f["max_iters"] * f["batch_size"] == base["max_iters"] * base["batch_size"]
 
 
-def test_experiments_flags_parse_in_train_py():
-    # every run's command line is valid train.py syntax and sets what the plan says
-    for r in experiments.plan("cpu", steps=7):
-        cfg, _ = train.get_config(experiments.train_args(r["flags"], "d", "o"))
-        for k, v in r["flags"].items():
-            assert cfg[k] == v or str(cfg[k]) == str(v), (r["name"], k, cfg[k], v)
-        assert cfg["fresh"] is True and cfg["num_samples"] == 0
-    assert experiments.plan("cpu", steps=7)[0]["flags"]["max_iters"] == 7
-
-
-def _experiments_fake_log(path, name, groups, final, lr=3e-3, nan=False):
-    rows = [dict(type="experiment", name=name, groups=groups, change=name, flags={"learning_rate": lr}, args=[],
-                 wall=12.5),
-            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=lr, warmup_iters=1,
-                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
-                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
-    for s in (5, 10):
-        rows.append(dict(type="train", step=s, loss=float("nan") if nan else 5.0 - s / 10, lr=lr, tokens_per_sec=100.0,
-                         elapsed=s * 1.0, tokens=s * 32))
-    rows += [dict(type="eval", step=0, val_loss=7.6, val_bpb=3.0, elapsed=0.0),
-             dict(type="eval", step=10, val_loss=final, val_bpb=final / math.log(2) / 3.6, elapsed=10.0)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _experiments_logs(tmp_path, monkeypatch, *runs):
-    """report() pointed at tmp_path, with a fake log in tmp_path/logs for each (name, groups, final val loss[, lr])."""
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
-    (tmp_path / "logs").mkdir()
-    for name, groups, final, *lr in runs:
-        _experiments_fake_log(tmp_path / "logs" / f"{name}.jsonl", name, groups, final, *lr)
-
-
-def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
-    _experiments_fake_log(tmp_path / "logs" / "lr_1e-1.jsonl", "lr_1e-1", ["lr"], float("nan"), lr=0.1, nan=True)
-    experiments.report(log=lambda *a: None)
-    md = (tmp_path / "results.md").read_text()
-    assert "| nope |" in md and "+0.2500" in md          # Δ vs baseline
-    assert "| lr_1e-1 |" in md and "nan" in md            # a divergent run is reported, not dropped
-    assert (tmp_path / "ablation.png").stat().st_size > 0 and (tmp_path / "lr.png").stat().st_size > 0
-    # the best run skips the non-finite one
-    runs = [dict(name=n) for n in ("baseline", "nope", "lr_1e-1")]
-    assert experiments.best_run(runs)[0] == "baseline"
-
-
-def test_experiments_report_orders_the_sweep_by_lr_and_takes_ablation_lr_deltas_against_that_lr(tmp_path, monkeypatch):
-    # the lr table reads from the smallest lr to the largest (not in run order); the ablations at the sweep's best
-    # lr are compared with the run at that lr, not with the baseline; a train.py log without the experiment record
-    # (copied in by hand) is skipped with a note
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0, 3e-3), ("lr_1e-1", ["lr"], 4.5, 1e-1),
-                      ("lr_3e-4", ["lr"], 4.4, 3e-4), ("lr_1e-2", ["lr"], 3.8, 1e-2),
-                      ("nope_lr_1e-2", ["ablation_lr"], 3.9, 1e-2), ("plain", ["lr"], 3.0))
-    rows = (tmp_path / "logs" / "plain.jsonl").read_text().splitlines()[1:]   # no experiment record
-    (tmp_path / "logs" / "plain.jsonl").write_text("\n".join(rows) + "\n")
-    said = []
-    experiments.report(log=said.append)
-    assert [s for s in said if "plain.jsonl" in s] == [
-        f"experiments.py: report: skipping {experiments._rel(tmp_path / 'logs' / 'plain.jsonl')}: no experiment record "
-        f"(not written by experiments.py run)"]
-    md = (tmp_path / "results.md").read_text()
-    sweep = md.split("## Learning-rate sweep")[1].split("## ")[0]
-    assert [line.split(" | ")[0][2:] for line in sweep.splitlines() if line.startswith(("| lr_", "| baseline"))] == [
-        "lr_3e-4", "baseline", "lr_1e-2", "lr_1e-1"]
-    at_best = md.split("## Ablations at the sweep's best learning rate")[1]
-    assert "| Δ vs lr_1e-2 |" in at_best
-    (nope,) = [line for line in at_best.splitlines() if line.startswith("| nope_lr_1e-2 |")]
-    assert nope.split(" | ")[6] == "+0.1000"   # 3.9 - 3.8, not 3.9 - 4.0 (the baseline)
-
-
-def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(tmp_path, monkeypatch):
-    # matplotlib is optional at run time (README): `report`, which `run` ends with after all its training, writes
-    # results.md without the plots and says how to get them, rather than a traceback
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
-    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
-    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    said = []
-    experiments.report(log=said.append)
-    md = (tmp_path / "results.md").read_text()
-    assert "| nope |" in md and "+0.2500" in md and ".png" not in md
-    assert not list(tmp_path.glob("*.png"))
-    assert said and "matplotlib is not installed" in said[-1] and "pip install matplotlib" in said[-1]
-
-
-def test_experiments_negative_steps_refused_before_anything_runs(tmp_path, _bad_results):
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", "--steps=-5", "--only=baseline", f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
-    assert str(e.value.code).startswith("experiments.py: --steps -5: expected")
-    assert not (tmp_path / "scratch").exists() and not _bad_results.exists()
-
-
-def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_results):
-    _bad_results.joinpath("logs").mkdir(parents=True)
-    _bad_fake_log(_bad_results / "logs" / "baseline.jsonl", "baseline", steps=(), evals=((0, 7.69),))   # what --steps=-5 left
-    _bad_fake_log(_bad_results / "logs" / "post_norm.jsonl", "post_norm", evals=())                    # never evaluated
-    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope")
-    _bad_fake_log(_bad_results / "logs" / "lr_1e-2.jsonl", "lr_1e-2", evals=((0, 7.6), (5, 5.0)))     # cut short
-    (_bad_results / "logs" / "silu_ffn.jsonl").write_text('{"type": "train", "step": 1\nnot json\n')
-    (_bad_results / "logs" / "lr_3e-3.jsonl").write_text('{"type": "experiment"}\n[1, 2]\n')
-    (_bad_results / "logs" / "folder.jsonl").mkdir()
-    (_bad_results / "setup.json").write_text('{"preset": "foo"}')
-    said = []
-    experiments.report(log=said.append)
-    notes = [s for s in said if "skipping" in s]
-    assert len(notes) == 6 and all("\n" not in s for s in said)
-    for name in ("baseline", "post_norm", "lr_1e-2"):
-        assert any(f"{name}.jsonl: incomplete run" in s for s in notes), name
-    for name in ("silu_ffn", "lr_3e-3", "folder"):
-        assert any(f"{name}.jsonl: not a JSON-lines log" in s for s in notes), name
-    assert any("setup.json is unreadable or incomplete: the data figures are left out" in s for s in said)
-    md = (_bad_results / "results.md").read_text()
-    assert "| nope |" in md and "| baseline |" not in md
-    # a copy of a log under another name (sorted before or after the original): the run is reported once, from
-    # the file experiments.py wrote, and the copy is named in a note
-    for copy in ("nope-copy.jsonl", "zz.jsonl"):
-        _bad_fake_log(_bad_results / "logs" / copy, "nope", evals=((0, 7.6), (10, 9.0)))
-        said.clear()
-        experiments.report(log=said.append)
-        assert [s for s in said if "another log" in s] == [
-            f"experiments.py: report: skipping {experiments._rel(_bad_results / 'logs' / copy)}: another log of run "
-            f"'nope' ({experiments._rel(_bad_results / 'logs' / 'nope.jsonl')})"]
-        md = (_bad_results / "results.md").read_text()
-        assert md.count("| nope |") == 1 and "9.0" not in md, md
-        (_bad_results / "logs" / copy).unlink()
-
-
-def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, capsys):
-    # each main() call picks its folder from the root: the cpu preset on its own data reports in results/, any
-    # other preset or --data_dir in a folder of its own, however many calls came before
-    for argv, want in [(["list", "--preset=cs336"], _bad_results / "cs336"),
-                       (["list", "--preset=cs336"], _bad_results / "cs336"),
-                       (["list", f"--data_dir={tmp_path / 'mine'}"], _bad_results / f"cpu{_bad_tag(tmp_path / 'mine')}"),
-                       (["list", f"--data_dir={tmp_path / 'b' / 'mine'}"],   # another folder of that name: another
-                        _bad_results / f"cpu{_bad_tag(tmp_path / 'b' / 'mine')}"),   # report
-                       (["list", "--data_dir=data/mine"], _bad_results / "cpu-data-mine"),   # inside the repository
-                       (["list"], _bad_results)]:
-        experiments.main(argv)
-        assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
-
-
-def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(tmp_path, _bad_results, capsys):
-    # another step count never shares a table with the preset's runs, and its warmup and evaluations keep their
-    # fractions of the run (20 of 200 warmup steps stayed 20 before, so --steps=10 never reached the peak lr)
-    experiments.main(["list", "--steps=50", "--only=baseline,nope"])
-    assert (experiments.RESULTS, experiments.LOGS) == (_bad_results / "cpu-50steps", _bad_results / "cpu-50steps" / "logs")
-    out = capsys.readouterr().out
-    assert out.count("python train.py") == 2 and "--out_dir=data/experiments/cpu-50steps/runs/nope " in out
-    base = experiments.plan("cpu")[0]["flags"]
-    small = experiments.plan("cpu", 50)[0]["flags"]
-    assert (small["max_iters"], small["warmup_iters"], small["eval_interval"]) == (
-        50, base["warmup_iters"] * 50 // base["max_iters"], base["eval_interval"] * 50 // base["max_iters"])
-    with pytest.raises(SystemExit, match=r"^experiments.py: --only ',': expected run names"):
-        experiments.main(["run", "--only=,"])
-
-
-def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _bad_results, monkeypatch):
-    def interrupted(*a, **k):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(experiments, "prepare_data", interrupted)
-    with pytest.raises(SystemExit, match=r"^\nexperiments.py: interrupted; `python experiments.py run` again"):
-        experiments.main(["run", "--only=baseline"])
-    (tmp_path / "a_file").write_text("x")
-    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
-    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "a_file")
-    with pytest.raises(SystemExit, match=r"^experiments.py: \[Errno 20\] Not a directory"):
-        experiments.main(["run", "--only=baseline"])
-
-
-def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _bad_results, capsys):
-    # real folders, not placeholders: the data folder and each run's out_dir, as run_one passes them to train.py
-    experiments.main(["list"])
-    out = capsys.readouterr().out
-    assert ("python train.py --data_dir=data/experiments/cpu/data --prepare_data=false "
-            "--out_dir=data/experiments/cpu/runs/baseline --fresh") in out and "<" not in out
-    experiments.main(["list", f"--data_dir={tmp_path / 'my data'}"])   # commands that paste into a shell
-    lines = [line.split("python train.py ", 1)[1] for line in capsys.readouterr().out.splitlines() if "train.py" in line]
-    assert shlex.split(lines[1])[:4] == [f"--data_dir={tmp_path / 'my data'}", "--prepare_data=false",
-                                         f"--out_dir=data/experiments/cpu{_bad_tag(tmp_path / 'my data')}/runs/nope",
-                                         "--fresh"]
-
-
-def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _bad_results):
-    # the best run's ckpt.pt must be the run in results/logs (same final step and val loss), not one left by an
-    # interrupted --rerun, another --steps or other data
-    _bad_results.joinpath("logs").mkdir(parents=True)
-    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope", evals=((0, 7.6), (10, 4.0)))
-    _bad_fake_log(_bad_results / "logs" / "baseline.jsonl", "baseline", evals=((0, 7.6), (10, 4.5)))
-    runs = [dict(name="baseline"), dict(name="nope")]
-    scratch = tmp_path / "runs"
-    for name, iteration, val_loss in [("nope", 3, 6.1), ("baseline", 10, 4.5)]:  # nope's is stale
-        (scratch / name).mkdir(parents=True)
-        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / name / "ckpt.pt")
-    assert experiments.best_run(runs) == ("nope", 4.0)
-    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("baseline", 4.5)
-    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
-    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
-
-
-def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _bad_results, _bad_tiny_preset, capsys):
-    scratch = tmp_path / "scratch"
-    experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={scratch}", "--no_samples"])
-    results = _bad_results / "tiny"  # a preset other than cpu reports in its own folder
-    rec = experiments.experiment_record(experiments.read_log(results / "logs" / "baseline.jsonl"))
-    assert f"--out_dir={scratch / 'tiny' / 'runs' / 'baseline'}" in rec["args"]
-    assert (scratch / "tiny" / "runs" / "baseline" / "ckpt.pt").is_file() and (results / "results.md").is_file()
-    assert json.loads((results / "setup.json").read_text())["tokenizer"] == str(scratch / "tiny" / "tokenizer-300")
-    assert not (_bad_results / "logs").exists()
-
-
-def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _bad_results, _bad_tiny_preset):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "train.bin").write_bytes(b"\0" * 64)   # no sidecar: train.py refuses it
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={tmp_path / 's'}",
-                          f"--data_dir={data}", "--no_samples"])
-    msg = str(e.value.code)
-    assert msg.startswith("experiments.py: run baseline failed (train.py exit 1: ") and "sidecar" in msg
-    assert msg.endswith(f"see {tmp_path / 's' / f'tiny{_bad_tag(data)}' / 'runs' / 'baseline' / 'console.txt'}")
-    assert "\n" not in msg
-
-
-def test_experiments_best_run_skips_a_divergent_run_listed_first(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiments, "LOGS", tmp_path)
-    _experiments_fake_log(tmp_path / "lr_1e+00.jsonl", "lr_1e+00", ["lr"], float("nan"), lr=1.0, nan=True)
-    _experiments_fake_log(tmp_path / "lr_3e-02.jsonl", "lr_3e-02", ["lr"], float("inf"), lr=0.03)
-    _experiments_fake_log(tmp_path / "baseline.jsonl", "baseline", ["lr"], 4.0)
-    _experiments_fake_log(tmp_path / "nope.jsonl", "nope", ["ablation"], 4.25)
-    names = ["lr_1e+00", "lr_3e-02", "baseline", "nope"]
-    for order in (names, names[::-1]):
-        assert experiments.best_run([dict(name=n) for n in order]) == ("baseline", 4.0)
-
-
-def test_experiments_summary_reports_the_median_tokens_per_second():
-    rows = [dict(type="train", step=s, loss=5.0, lr=1e-3, tokens_per_sec=v, elapsed=float(s), tokens=32 * s)
-            for s, v in enumerate([None, 120.0, 100.0, 400.0, 110.0, 90.0], 1)]
-    rows.append(dict(type="eval", step=6, val_loss=4.0, val_bpb=1.5, elapsed=6.0))
-    s = experiments.summarize(rows)
-    assert s["tok_s"] == 110.0  # median of 90, 100, 110, 120, 400: neither the last step's nor the fastest
-    assert (s["step"], s["val_loss"], s["tokens"], s["final_train_loss"]) == (6, 4.0, 192, 5.0)
-
-
 @pytest.mark.parametrize("preset, lr0, want", [("cpu", 3e-3, {16: 2.1e-3, 64: 4.2e-3, 128: 6e-3}),
                                                ("cs336", 1e-3, {64: 1.4e-3, 128: 2e-3, 256: 2.8e-3})])
 def test_experiments_batch_runs_scale_the_lr_by_the_sqrt_of_the_batch(preset, lr0, want):
@@ -7736,76 +7573,6 @@ def test_experiments_batch_runs_scale_the_lr_by_the_sqrt_of_the_batch(preset, lr
         assert runs[f"batch_{B}"]["learning_rate"] == lr
         if f"batch_{B}_lr0" in runs:
             assert runs[f"batch_{B}_lr0"]["learning_rate"] == lr0
-
-
-def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss(tmp_path, _bad_results, monkeypatch):
-    _bad_results.joinpath("logs").mkdir(parents=True)
-    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope", evals=((0, 7.6), (10, 4.0)))
-    scratch = tmp_path / "runs"
-    (scratch / "nope").mkdir(parents=True)
-    runs = [dict(name="nope")]
-    for iteration, val_loss in [(10, 4.2), (7, 4.0)]:  # the same step on other data; another step, same loss
-        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / "nope" / "ckpt.pt")
-        assert experiments.best_run(runs, require_ckpt_in=scratch) is None
-    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
-    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
-    (scratch / "nope" / "ckpt.pt").write_bytes(b"garbage")   # unreadable: not the checkpoint the log describes
-    assert experiments.best_run(runs, require_ckpt_in=scratch) is None
-    # and write_samples asks for that match: no sample.py run from the unreadable one
-    ran, said = [], []
-    monkeypatch.setattr(experiments.subprocess, "run", lambda *a, **k: ran.append(a))
-    experiments.write_samples(runs, tmp_path, log=said.append)
-    assert ran == [] and said == ["samples: no finished run with a checkpoint: skipped"]
-    (scratch / "nope" / "ckpt.pt").unlink()   # none at all (deleted, or never written by this --scratch)
-    assert experiments.best_run(runs, require_ckpt_in=scratch) is None
-
-
-def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
-    d = tmp_path / "data"
-    d.mkdir()
-    np.array([0, 0, 0, 1], dtype="<u2").tofile(d / "train.bin")
-    np.array([1, 2], dtype="<u2").tofile(d / "val.bin")
-    (tmp_path / "train.txt").write_text("abcdefgh")
-    (tmp_path / "val.txt").write_text("ijkl")
-    p = dict(vocab_size=4, train_text=tmp_path / "train.txt", val_text=tmp_path / "val.txt")
-    meta = {"train": {"num_tokens": 4, "num_docs": 1}, "val": {"num_tokens": 2, "num_docs": 1}}
-    experiments.write_setup("cpu", d, "tok", meta, p)
-    setup = json.loads((tmp_path / "results" / "setup.json").read_text())
-    # add-one smoothed train counts [4, 2, 1, 1] of 8: val token 1 costs log(8/2), token 2 log(8/1)
-    assert setup["unigram_val_loss"] == pytest.approx((math.log(4) + math.log(8)) / 2)
-    assert (setup["train_tokens"], setup["val_tokens"], setup["rare_tokens"]) == (4, 2, 4)
-    assert (setup["train_bytes"], setup["val_bytes"]) == (8, 4)
-
-
-def test_experiments_summary_reports_the_last_eval_not_the_best():
-    rows = [dict(type="eval", step=0, val_loss=7.6, val_bpb=3.0, elapsed=0.0),
-            dict(type="eval", step=5, val_loss=4.0, val_bpb=1.6, elapsed=5.0),
-            dict(type="eval", step=10, val_loss=4.3, val_bpb=1.7, elapsed=10.0)]  # the loss went up at the end
-    s = experiments.summarize(rows)
-    assert (s["step"], s["val_loss"], s["val_bpb"]) == (10, 4.3, 1.7)
-
-
-def test_experiments_run_selection_only_in_the_order_given_and_extras_with_all(tmp_path, _bad_results, monkeypatch,
-                                                                               capsys):
-    extras = {"batch_128", "batch_16_lr0", "batch_64_lr0", "baseline_seed2", "nope_lr_1e-2", "post_norm_lr_1e-2",
-              "no_rmsnorm_lr_1e-2", "silu_ffn_lr_1e-2"}
-    runs = experiments.plan("cpu")
-    assert {r["name"] for r in runs if r.get("extra")} == extras
-    ran = []
-    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
-    monkeypatch.setattr(experiments, "run_one", lambda r, *a, **k: ran.append(r["name"]))
-    monkeypatch.setattr(experiments, "report", lambda *a, **k: None)
-    for argv, want in [(["run"], [r["name"] for r in runs if r["name"] not in extras]),
-                       (["run", "--all"], [r["name"] for r in runs]),
-                       (["run", "--only=silu_ffn,baseline,batch_128"], ["silu_ffn", "baseline", "batch_128"])]:
-        ran.clear()
-        experiments.main(argv + ["--no_samples"])
-        assert ran == want, argv
-    capsys.readouterr()
-    experiments.main(["list", "--only=nope,baseline"])
-    out = capsys.readouterr().out
-    assert out.index("nope ") < out.index("baseline ")
 
 
 def test_experiments_time_budget_and_batch_runs_keep_their_schedule_fractions():
@@ -7820,7 +7587,83 @@ def test_experiments_time_budget_and_batch_runs_keep_their_schedule_fractions():
         assert f["warmup_iters"] * B == base["warmup_iters"] * base["batch_size"], B
 
 
-def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_data(tmp_path, _bad_results,
+def test_experiments_steps_scale_the_time_budget_runs_clock_too():
+    # with --steps the baseline is shorter: the clock-limited run gets the same share of its budget (2.5m at 200),
+    # and its label in the report says the budget it ran with
+    assert experiments.plan("cpu")[0]["flags"]["max_iters"] == 200
+    for steps, budget in [(None, "2.5m"), (50, "37.5s"), (400, "300s")]:
+        t = next(r for r in experiments.plan("cpu", steps) if r["name"] == "time_budget")
+        assert t["flags"]["time_budget"] == budget and budget in t["change"]
+
+
+def test_experiments_flags_parse_in_train_py():
+    # every run's command line is valid train.py syntax and sets what the plan says
+    for r in experiments.plan("cpu", steps=7):
+        cfg, _ = train.get_config(experiments.train_args(r["flags"], "d", "o"))
+        for k, v in r["flags"].items():
+            assert cfg[k] == v or str(cfg[k]) == str(v), (r["name"], k, cfg[k], v)
+        assert cfg["fresh"] is True and cfg["num_samples"] == 0
+    assert experiments.plan("cpu", steps=7)[0]["flags"]["max_iters"] == 7
+
+
+# ---- experiments.py: step 1, the data: a tokenizer and token files made once, and the figures the report quotes
+
+
+def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_path, _experiments_results,
+                                                                             _experiments_tiny_preset):
+    # an edited preset (another train_text) gets a tokenizer trained on it and its own tokens, not the old ones
+    scratch = tmp_path / "scratch"
+    d = experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None)
+    first = (d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()
+    assert experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None) == d   # unchanged: reused
+    assert ((d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()) == first
+    experiments.PRESETS[_experiments_tiny_preset]["train_text"] = _bad_corpus(tmp_path / "other.txt", 120, 7)
+    said = []
+    experiments.prepare_data(_experiments_tiny_preset, scratch, log=said.append)
+    _bad_says(said[0], "data: ", scratch)   # says which data it makes again
+    assert (scratch / "tokenizer-300" / "merges.txt").read_bytes() != first[1]
+    assert (d / "train.bin").read_bytes() != first[0]
+    setup = json.loads((_experiments_results / "setup.json").read_text())
+    assert (setup["train_text"], setup["train_tokens"]) == ("other.txt", (d / "train.bin").stat().st_size // 2)
+    # a token file encoded by an earlier tokenizer of the same folder (its sidecar has another fingerprint) is
+    # encoded again, not kept beside a tokenizer whose ids it does not hold
+    side = d / "val.bin.json"
+    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="stale")))
+    experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None)
+    assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
+
+
+def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, _experiments_results):
+    d = tmp_path / "data"
+    d.mkdir()
+    np.array([0, 0, 0, 1], dtype="<u2").tofile(d / "train.bin")
+    np.array([1, 2], dtype="<u2").tofile(d / "val.bin")
+    (tmp_path / "train.txt").write_text("abcdefgh")
+    (tmp_path / "val.txt").write_text("ijkl")
+    p = dict(vocab_size=4, train_text=tmp_path / "train.txt", val_text=tmp_path / "val.txt")
+    meta = {"train": {"num_tokens": 4, "num_docs": 1}, "val": {"num_tokens": 2, "num_docs": 1}}
+    experiments.write_setup("cpu", d, "tok", meta, p)
+    setup = json.loads((_experiments_results / "setup.json").read_text())
+    # add-one smoothed train counts [4, 2, 1, 1] of 8: val token 1 costs log(8/2), token 2 log(8/1)
+    assert setup["unigram_val_loss"] == pytest.approx((math.log(4) + math.log(8)) / 2)
+    assert (setup["train_tokens"], setup["val_tokens"], setup["rare_tokens"]) == (4, 2, 4)
+    assert (setup["train_bytes"], setup["val_bytes"]) == (8, 4)
+
+
+# ---- experiments.py: step 2, the runs: a finished log on the same flags and data is reused, nothing else
+
+
+def test_experiments_a_time_budget_run_is_finished_before_max_iters():
+    def rows(time_budget):
+        return [dict(type="config", max_iters=1000, time_budget=time_budget),
+                dict(type="train", step=37, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=150.0, tokens=37 * 4096),
+                dict(type="eval", step=37, val_loss=2.1, val_bpb=0.8, elapsed=150.0)]
+    assert experiments.finished(experiments.summarize(rows("2.5m")))      # stopped by the clock: done
+    assert not experiments.finished(experiments.summarize(rows("")))      # stopped at 37 of 1000 steps: cut short
+    assert not experiments.finished(experiments.summarize(rows("2.5m")[:2]))   # no validation loss: nothing to report
+
+
+def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_data(tmp_path, _experiments_results,
                                                                                       monkeypatch):
     class Trained(Exception):
         pass
@@ -7833,7 +7676,7 @@ def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_
     data.mkdir()
     _train_write_tokens(data / "train.bin", _train_docs(300, 0), 64)
     args = [str(a) for a in experiments.train_args(run["flags"], data, scratch / "runs" / "baseline")]
-    dest = _bad_results / "logs" / "baseline.jsonl"
+    dest = _experiments_results / "logs" / "baseline.jsonl"
     dest.parent.mkdir(parents=True)
 
     def write(args, last_eval, **data_record):
@@ -7859,7 +7702,8 @@ def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_
     _train_write_tokens(data / "train.bin", _train_docs(200, 0), 64)   # the same name, other tokens: trained again
     with pytest.raises(Trained):
         experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
-    # the same file sizes under a retrained tokenizer of the same size (another fingerprint): other tokens, trained again
+    # the same file sizes under a retrained tokenizer of the same size (another fingerprint): other tokens, trained
+    # again
     side = data / "train.bin.json"
     side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="aaaa")))
     write(args, 200, data=experiments.data_stamp(data))
@@ -7869,63 +7713,76 @@ def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_
         experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
 
 
-def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_path, _bad_results, _bad_tiny_preset):
-    # an edited preset (another train_text) gets a tokenizer trained on it and its own tokens, not the old ones
-    scratch = tmp_path / "scratch"
-    d = experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None)
-    first = (d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()
-    assert experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None) == d   # unchanged: reused
-    assert ((d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()) == first
-    experiments.PRESETS[_bad_tiny_preset]["train_text"] = _bad_corpus(tmp_path / "other.txt", 120, 7)
-    said = []
-    experiments.prepare_data(_bad_tiny_preset, scratch, log=said.append)
-    assert said[0].startswith("data: ") and said[0].endswith("was made from other texts: training the tokenizer and "
-                                                              "encoding again")
-    assert (scratch / "tokenizer-300" / "merges.txt").read_bytes() != first[1]
-    assert (d / "train.bin").read_bytes() != first[0]
-    setup = json.loads((_bad_results / "setup.json").read_text())
-    assert (setup["train_text"], setup["train_tokens"]) == ("other.txt", (d / "train.bin").stat().st_size // 2)
-    # a token file encoded by an earlier tokenizer of the same folder (its sidecar has another fingerprint) is
-    # encoded again, not kept beside a tokenizer whose ids it does not hold
-    side = d / "val.bin.json"
-    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="stale")))
-    experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None)
-    assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
+# ---- experiments.py: step 3, samples: from the best finished run, and only from the checkpoint its log describes
 
 
-def test_experiments_steps_scale_the_time_budget_runs_clock_too():
-    # with --steps the baseline is shorter: the clock-limited run gets the same share of its budget (2.5m at 200)
-    assert experiments.plan("cpu")[0]["flags"]["max_iters"] == 200
-    for steps, budget in [(None, "2.5m"), (50, "37.5s"), (400, "300s")]:
-        t = next(r for r in experiments.plan("cpu", steps) if r["name"] == "time_budget")
-        assert (t["flags"]["time_budget"], t["change"]) == (budget, f"--time_budget={budget}")
+def test_experiments_best_run_skips_a_divergent_run_listed_first(_experiments_results):
+    logs = _experiments_results / "logs"
+    _experiments_fake_log(logs / "lr_1e+00.jsonl", "lr_1e+00", ["lr"], float("nan"), lr=1.0, nan=True)
+    _experiments_fake_log(logs / "lr_3e-02.jsonl", "lr_3e-02", ["lr"], float("inf"), lr=0.03)
+    _experiments_logs(_experiments_results, ("baseline", ["lr"], 4.0), ("nope", ["ablation"], 4.25))
+    names = ["lr_1e+00", "lr_3e-02", "baseline", "nope"]
+    for order in (names, names[::-1]):
+        assert experiments.best_run([dict(name=n) for n in order]) == ("baseline", 4.0)
 
 
-def test_experiments_a_time_budget_run_is_finished_before_max_iters():
-    def rows(time_budget):
-        return [dict(type="config", max_iters=1000, time_budget=time_budget),
-                dict(type="train", step=37, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=150.0, tokens=37 * 4096),
-                dict(type="eval", step=37, val_loss=2.1, val_bpb=0.8, elapsed=150.0)]
-    assert experiments.finished(experiments.summarize(rows("2.5m")))      # stopped by the clock: done
-    assert not experiments.finished(experiments.summarize(rows("")))      # stopped at 37 of 1000 steps: cut short
-    assert not experiments.finished(experiments.summarize(rows("2.5m")[:2]))   # no validation loss: nothing to report
+def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _experiments_results):
+    # the best run's ckpt.pt must be the run in results/logs (same final step and val loss), not one left by an
+    # interrupted --rerun, another --steps or other data
+    _experiments_logs(_experiments_results, ("nope", ["ablation"], 4.0), ("baseline", ["ablation"], 4.5))
+    runs = [dict(name="baseline"), dict(name="nope")]
+    scratch = tmp_path / "runs"
+    for name, iteration, val_loss in [("nope", 3, 6.1), ("baseline", 10, 4.5)]:  # nope's is stale
+        (scratch / name).mkdir(parents=True)
+        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / name / "ckpt.pt")
+    assert experiments.best_run(runs) == ("nope", 4.0)
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("baseline", 4.5)
+    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
 
 
-def test_experiments_report_groups_runs_as_the_plan_does(tmp_path, monkeypatch):
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr"], 4.0), ("nope", ["lr"], 4.25))   # nope: a stale grouping
-    experiments.report(log=lambda *a: None)
-    sections = {s.split("\n", 1)[0]: s for s in (tmp_path / "results.md").read_text().split("## ")[1:]}
-    assert "| nope |" in sections["Ablations"] and "| nope |" not in sections["Learning-rate sweep"]
-    assert "| baseline |" in sections["Learning-rate sweep"] and "| baseline |" in sections["Ablations"]
+def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss(tmp_path, _experiments_results,
+                                                                                 monkeypatch):
+    _experiments_logs(_experiments_results, ("nope", ["ablation"], 4.0))
+    scratch = tmp_path / "runs"
+    (scratch / "nope").mkdir(parents=True)
+    runs = [dict(name="nope")]
+    for iteration, val_loss in [(10, 4.2), (7, 4.0)]:  # the same step on other data; another step, same loss
+        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / "nope" / "ckpt.pt")
+        assert experiments.best_run(runs, require_ckpt_in=scratch) is None
+    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
+    (scratch / "nope" / "ckpt.pt").write_bytes(b"garbage")   # unreadable: not the checkpoint the log describes
+    assert experiments.best_run(runs, require_ckpt_in=scratch) is None
+    # and write_samples asks for that match: no sample.py run from the unreadable one, one line saying so
+    ran, said = [], []
+    monkeypatch.setattr(experiments.subprocess, "run", lambda *a, **k: ran.append(a))
+    experiments.write_samples(runs, tmp_path, log=said.append)
+    (note,) = said
+    assert ran == []
+    _bad_says(note, "samples: ", "skipped")
+    (scratch / "nope" / "ckpt.pt").unlink()   # none at all (deleted, or never written by this --scratch)
+    assert experiments.best_run(runs, require_ckpt_in=scratch) is None
 
 
-def test_experiments_report_groups_by_the_presets_plan(tmp_path, monkeypatch):
-    # `report --preset=cs336` groups as the cs336 plan does (no ablations at the best lr there), not as the cpu plan
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr"], 4.0), ("lr_1e-2", ["lr", "ablation_lr"], 3.9, 1e-2))
-    for preset in ("cpu", "cs336"):
-        experiments.report(preset, log=lambda *a: None)
-        md = (tmp_path / "results.md").read_text()
-        assert ("## Ablations at the sweep's best learning rate" in md) == (preset == "cpu"), preset
+# ---- experiments.py: the report: each log summarized, results.md grouped as the plan groups, from the logs alone
+
+
+def test_experiments_summary_reports_the_median_tokens_per_second():
+    rows = [dict(type="train", step=s, loss=5.0, lr=1e-3, tokens_per_sec=v, elapsed=float(s), tokens=32 * s)
+            for s, v in enumerate([None, 120.0, 100.0, 400.0, 110.0, 90.0], 1)]
+    rows.append(dict(type="eval", step=6, val_loss=4.0, val_bpb=1.5, elapsed=6.0))
+    s = experiments.summarize(rows)
+    assert s["tok_s"] == 110.0  # median of 90, 100, 110, 120, 400: neither the last step's nor the fastest
+    assert (s["step"], s["val_loss"], s["tokens"], s["final_train_loss"]) == (6, 4.0, 192, 5.0)
+
+
+def test_experiments_summary_reports_the_last_eval_not_the_best():
+    rows = [dict(type="eval", step=0, val_loss=7.6, val_bpb=3.0, elapsed=0.0),
+            dict(type="eval", step=5, val_loss=4.0, val_bpb=1.6, elapsed=5.0),
+            dict(type="eval", step=10, val_loss=4.3, val_bpb=1.7, elapsed=10.0)]  # the loss went up at the end
+    s = experiments.summarize(rows)
+    assert (s["step"], s["val_loss"], s["val_bpb"]) == (10, 4.3, 1.7)
 
 
 def test_experiments_time_budget_run_counts_the_steps_after_its_last_train_record(tmp_path):
@@ -7938,6 +7795,236 @@ def test_experiments_time_budget_run_counts_the_steps_after_its_last_train_recor
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = experiments.summarize(experiments.read_log(path))
     assert (r["step"], r["tokens"], r["train_time"]) == (12, 12 * 32, 12.4)
+
+
+def test_experiments_report_from_logs_alone(_experiments_results):
+    results = _experiments_results
+    _experiments_logs(results, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
+    _experiments_fake_log(results / "logs" / "lr_1e-1.jsonl", "lr_1e-1", ["lr"], float("nan"), lr=0.1, nan=True)
+    experiments.report(log=lambda *a: None)
+    tables = _experiments_tables((results / "results.md").read_text())
+    assert _experiments_row(tables["Ablations"], "nope")["Δ vs baseline"] == "+0.2500"
+    # a divergent run is reported, not dropped
+    assert _experiments_row(tables["Learning-rate sweep"], "lr_1e-1")["val loss"] == "nan"
+    assert (results / "ablation.png").stat().st_size > 0 and (results / "lr.png").stat().st_size > 0
+    # the best run skips the non-finite one
+    runs = [dict(name=n) for n in ("baseline", "nope", "lr_1e-1")]
+    assert experiments.best_run(runs)[0] == "baseline"
+
+
+def test_experiments_report_orders_the_sweep_by_lr_and_takes_ablation_lr_deltas_against_that_lr(
+        _experiments_results):
+    # the lr table reads from the smallest lr to the largest (not in run order); the ablations at the sweep's best
+    # lr are compared with the run at that lr, not with the baseline; a train.py log without the experiment record
+    # (copied in by hand) is skipped with a note naming it
+    results = _experiments_results
+    _experiments_logs(results, ("baseline", ["lr", "ablation"], 4.0, 3e-3), ("lr_1e-1", ["lr"], 4.5, 1e-1),
+                      ("lr_3e-4", ["lr"], 4.4, 3e-4), ("lr_1e-2", ["lr"], 3.8, 1e-2),
+                      ("nope_lr_1e-2", ["ablation_lr"], 3.9, 1e-2), ("plain", ["lr"], 3.0))
+    plain = results / "logs" / "plain.jsonl"
+    plain.write_text("\n".join(plain.read_text().splitlines()[1:]) + "\n")   # no experiment record
+    said = []
+    experiments.report(log=said.append)
+    (note,) = [s for s in said if "plain.jsonl" in s]
+    _bad_says(note, "experiments.py: report: ", experiments._rel(plain), "experiment record")
+    tables = _experiments_tables((results / "results.md").read_text())
+    assert [r["run"] for r in tables["Learning-rate sweep"]] == ["lr_3e-4", "baseline", "lr_1e-2", "lr_1e-1"]
+    nope = _experiments_row(tables["Ablations at the sweep's best learning rate"], "nope_lr_1e-2")
+    assert nope["Δ vs lr_1e-2"] == "+0.1000"   # 3.9 - 3.8, not 3.9 - 4.0 (the baseline)
+
+
+def test_experiments_report_groups_runs_as_the_plan_does(_experiments_results):
+    # nope's log records a stale grouping (lr): the plan's (ablation) wins
+    _experiments_logs(_experiments_results, ("baseline", ["lr"], 4.0), ("nope", ["lr"], 4.25))
+    experiments.report(log=lambda *a: None)
+    tables = _experiments_tables((_experiments_results / "results.md").read_text())
+    assert [r["run"] for r in tables["Ablations"]] == ["baseline", "nope"]
+    assert [r["run"] for r in tables["Learning-rate sweep"]] == ["baseline"]
+
+
+def test_experiments_report_groups_by_the_presets_plan(_experiments_results):
+    # `report --preset=cs336` groups as the cs336 plan does (no ablations at the best lr there), not as the cpu plan
+    _experiments_logs(_experiments_results, ("baseline", ["lr"], 4.0), ("lr_1e-2", ["lr", "ablation_lr"], 3.9, 1e-2))
+    for preset in ("cpu", "cs336"):
+        experiments.report(preset, log=lambda *a: None)
+        tables = _experiments_tables((_experiments_results / "results.md").read_text())
+        assert ("Ablations at the sweep's best learning rate" in tables) == (preset == "cpu"), preset
+
+
+def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_experiments_results):
+    # each log it cannot report is one line naming the file and why (an unfinished run, or not a JSON-lines log);
+    # the finished runs are reported
+    results, logs = _experiments_results, _experiments_results / "logs"
+    _experiments_fake_log(logs / "baseline.jsonl", "baseline", steps=(), evals=((0, 7.69),))   # stopped before step 1
+    _experiments_fake_log(logs / "post_norm.jsonl", "post_norm", evals=())                    # never evaluated
+    _experiments_fake_log(logs / "nope.jsonl", "nope")
+    _experiments_fake_log(logs / "lr_1e-2.jsonl", "lr_1e-2", evals=((0, 7.6), (5, 5.0)))     # cut short
+    (logs / "silu_ffn.jsonl").write_text('{"type": "train", "step": 1\nnot json\n')
+    (logs / "lr_3e-3.jsonl").write_text('{"type": "experiment"}\n[1, 2]\n')
+    (logs / "folder.jsonl").mkdir()
+    (results / "setup.json").write_text('{"preset": "foo"}')
+    said = []
+    experiments.report(log=said.append)
+    assert all("\n" not in s for s in said) and not [s for s in said if "nope.jsonl" in s]
+    for name, why in [("baseline", "incomplete"), ("post_norm", "incomplete"), ("lr_1e-2", "incomplete"),
+                      ("silu_ffn", "JSON"), ("lr_3e-3", "JSON"), ("folder", "JSON")]:
+        (note,) = [s for s in said if f"{name}.jsonl" in s]
+        _bad_says(note, "experiments.py: report: ", experiments._rel(logs / f"{name}.jsonl"), why)
+    (note,) = [s for s in said if "setup.json" in s]   # unreadable figures are left out, with a note
+    _bad_says(note, "experiments.py: report: ", experiments._rel(results / "setup.json"))
+    tables = _experiments_tables((results / "results.md").read_text())
+    assert {r["run"] for table in tables.values() for r in table} == {"nope"}
+    # a copy of a log under another name (sorted before or after the original): the run is reported once, from
+    # the file experiments.py wrote, and the copy is the one skipped, in a note naming both
+    for copy in ("nope-copy.jsonl", "zz.jsonl"):
+        _experiments_fake_log(logs / copy, "nope", final=9.0)
+        said.clear()
+        experiments.report(log=said.append)
+        (note,) = [s for s in said if copy in s]
+        _bad_says(note, f"experiments.py: report: skipping {experiments._rel(logs / copy)}: ", "'nope'",
+                  experiments._rel(logs / "nope.jsonl"))
+        tables = _experiments_tables((results / "results.md").read_text())
+        assert [(r["run"], r["val loss"]) for table in tables.values() for r in table] == [("nope", "4.0000")]
+        (logs / copy).unlink()
+
+
+def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(_experiments_results, monkeypatch):
+    # matplotlib is optional at run time (README): `report`, which `run` ends with after all its training, writes
+    # results.md without the plots and says how to get them, rather than a traceback
+    _experiments_logs(_experiments_results, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    said = []
+    experiments.report(log=said.append)
+    md = (_experiments_results / "results.md").read_text()
+    assert _experiments_row(_experiments_tables(md)["Ablations"], "nope")["Δ vs baseline"] == "+0.2500"
+    assert ".png" not in md and not list(_experiments_results.glob("*.png"))
+    assert "\n" not in said[-1] and "pip install matplotlib" in said[-1]
+
+
+# ---- experiments.py: the command line: where each set of runs reports, `list`, `run`, its mistakes
+
+
+def test_experiments_results_folder_per_preset_and_data(tmp_path, _experiments_results, capsys):
+    # each main() call picks its folder from the root: the cpu preset on its own data reports in results/, any
+    # other preset or --data_dir in a folder of its own, however many calls came before
+    results, mine = _experiments_results, tmp_path / "mine"
+    for argv, want in [(["list", "--preset=cs336"], results / "cs336"),
+                       (["list", "--preset=cs336"], results / "cs336"),
+                       (["list", f"--data_dir={mine}"], results / f"cpu{_experiments_tag(mine)}"),
+                       (["list", f"--data_dir={tmp_path / 'b' / 'mine'}"],   # another folder of that name: another
+                        results / f"cpu{_experiments_tag(tmp_path / 'b' / 'mine')}"),   # report
+                       (["list", "--data_dir=data/mine"], results / "cpu-data-mine"),   # inside the repository
+                       (["list"], results)]:
+        experiments.main(argv)
+        assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
+
+
+def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(_experiments_results, capsys):
+    # another step count never shares a table with the preset's runs, and its warmup and evaluations keep their
+    # fractions of the run (a warmup kept at 20 steps would outlast a --steps=10 run, which would never reach the
+    # peak lr)
+    experiments.main(["list", "--steps=50", "--only=baseline,nope"])
+    want = _experiments_results / "cpu-50steps"
+    assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
+    listed = _experiments_listed(capsys.readouterr().out)
+    assert len(listed) == 2 and "--out_dir=data/experiments/cpu-50steps/runs/nope" in listed[1]
+    base = experiments.plan("cpu")[0]["flags"]
+    small = experiments.plan("cpu", 50)[0]["flags"]
+    assert (small["max_iters"], small["warmup_iters"], small["eval_interval"]) == (
+        50, base["warmup_iters"] * 50 // base["max_iters"], base["eval_interval"] * 50 // base["max_iters"])
+
+
+def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _experiments_results, capsys):
+    # real folders, not placeholders: the data folder and each run's out_dir, as run_one passes them to train.py
+    experiments.main(["list"])
+    listed = _experiments_listed(capsys.readouterr().out)
+    assert {"--data_dir=data/experiments/cpu/data", "--prepare_data=false",
+            "--out_dir=data/experiments/cpu/runs/baseline", "--fresh"} <= set(listed[0])
+    assert not [arg for args in listed for arg in args if "<" in arg]
+    experiments.main(["list", f"--data_dir={tmp_path / 'my data'}"])   # commands that paste into a shell
+    assert {f"--data_dir={tmp_path / 'my data'}", "--prepare_data=false",
+            f"--out_dir=data/experiments/cpu{_experiments_tag(tmp_path / 'my data')}/runs/nope", "--fresh"} <= set(
+        _experiments_listed(capsys.readouterr().out)[1])
+
+
+def test_experiments_run_selection_only_in_the_order_given_and_extras_with_all(tmp_path, _experiments_results,
+                                                                               monkeypatch, capsys):
+    extras = {"batch_128", "batch_16_lr0", "batch_64_lr0", "baseline_seed2", "nope_lr_1e-2", "post_norm_lr_1e-2",
+              "no_rmsnorm_lr_1e-2", "silu_ffn_lr_1e-2"}
+    runs = experiments.plan("cpu")
+    assert {r["name"] for r in runs if r.get("extra")} == extras
+    ran = []
+    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(experiments, "run_one", lambda r, *a, **k: ran.append(r["name"]))
+    monkeypatch.setattr(experiments, "report", lambda *a, **k: None)
+    for argv, want in [(["run"], [r["name"] for r in runs if r["name"] not in extras]),
+                       (["run", "--all"], [r["name"] for r in runs]),
+                       (["run", "--only=silu_ffn,baseline,batch_128"], ["silu_ffn", "baseline", "batch_128"])]:
+        ran.clear()
+        experiments.main(argv + ["--no_samples"])
+        assert ran == want, argv
+    capsys.readouterr()
+    experiments.main(["list", "--only=nope,baseline"])
+    out = capsys.readouterr().out
+    assert out.index("nope ") < out.index("baseline ")
+
+
+def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _experiments_results, _experiments_tiny_preset,
+                                                       capsys):
+    # the whole `run` on a tiny preset: data, tokenizer, checkpoints and consoles in --scratch, the log and the
+    # report in the preset's own results folder
+    scratch = tmp_path / "scratch"
+    experiments.main(["run", f"--preset={_experiments_tiny_preset}", "--only=baseline", f"--scratch={scratch}",
+                      "--no_samples"])
+    results = _experiments_results / "tiny"  # a preset other than cpu reports in its own folder
+    rec = experiments.experiment_record(experiments.read_log(results / "logs" / "baseline.jsonl"))
+    assert f"--out_dir={scratch / 'tiny' / 'runs' / 'baseline'}" in rec["args"]
+    assert (scratch / "tiny" / "runs" / "baseline" / "ckpt.pt").is_file() and (results / "results.md").is_file()
+    assert json.loads((results / "setup.json").read_text())["tokenizer"] == str(scratch / "tiny" / "tokenizer-300")
+    assert not (_experiments_results / "logs").exists()
+
+
+@pytest.mark.parametrize("argv, prefix, named", [
+    (["--steps=-5"], "experiments.py: --steps ", [-5]),
+    (["--only=,"], "experiments.py: --only ", ["','"]),
+    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"])], ids=["negative-steps", "no-names", "unknown"])
+def test_experiments_bad_flags_are_one_line_before_anything_runs(tmp_path, _experiments_results, argv, prefix, named):
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", *argv, f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
+    _bad_says(str(e.value.code), prefix, *named)
+    assert not (tmp_path / "scratch").exists() and not _experiments_results.exists()
+
+
+def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _experiments_results,
+                                                                     _experiments_tiny_preset):
+    # the run that failed, train.py's exit status and last line, and where its whole console is
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.bin").write_bytes(b"\0" * 64)   # no sidecar: train.py refuses it
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", f"--preset={_experiments_tiny_preset}", "--only=baseline",
+                          f"--scratch={tmp_path / 's'}", f"--data_dir={data}", "--no_samples"])
+    console = tmp_path / "s" / f"tiny{_experiments_tag(data)}" / "runs" / "baseline" / "console.txt"
+    _bad_says(str(e.value.code), "experiments.py: run baseline ", "train.py", "exit 1", "sidecar", console)
+
+
+def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _experiments_results, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    # Ctrl-C: one line after a newline (which leaves the terminal's ^C line), saying how to go on
+    monkeypatch.setattr(experiments, "prepare_data", interrupted)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", "--only=baseline"])
+    assert e.value.code.startswith("\n")
+    _bad_says(e.value.code[1:], "experiments.py: ", "interrupted", "python experiments.py run")
+    # a results folder that cannot be made: the path
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "a_file")
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", "--only=baseline"])
+    _bad_says(e.value.code, "experiments.py: ", tmp_path / "a_file" / "logs")
 
 
 # ====================================================================================================================
@@ -8234,43 +8321,6 @@ def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
     vocab, merges = bpe.train_bpe(_bad_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
     bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
     return tmp_path / "tok"
-
-
-@pytest.fixture
-def _bad_results(tmp_path, monkeypatch):
-    """results/ and results/logs/ redirected into tmp_path."""
-    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
-    return tmp_path / "results"
-
-
-def _bad_fake_log(path, name, steps=(5, 10), evals=((0, 7.6), (10, 4.0))):
-    rows = [dict(type="experiment", name=name, groups=["ablation"], change=name, flags={}, args=[], wall=3.0),
-            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=3e-3, warmup_iters=1,
-                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
-                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
-    rows += [dict(type="train", step=s, loss=5.0 - s / 10, lr=3e-3, tokens_per_sec=100.0, elapsed=s * 1.0, tokens=s * 32)
-             for s in steps]
-    rows += [dict(type="eval", step=s, val_loss=v, val_bpb=v / math.log(2) / 3.6, elapsed=s * 1.0) for s, v in evals]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _bad_tag(path):
-    return str(path).replace("/", "-")   # an absolute path outside the repository: /tmp/x/mine -> -tmp-x-mine
-
-
-@pytest.fixture
-def _bad_tiny_preset(tmp_path, monkeypatch):
-    """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
-    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
-             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
-             extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
-             base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
-                       learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
-                       grad_clip=1.0, sampler="random", eval_interval=100, num_threads=1))
-    monkeypatch.setitem(experiments.PRESETS, "tiny", p)
-    return "tiny"
 
 
 @pytest.mark.parametrize("script", [sample, hellaswag, lambada])
