@@ -8194,67 +8194,7 @@ def test_bench_ctrl_c_is_one_line(monkeypatch):
 # ====================================================================================================================
 
 
-def _bad_cfg(data_dir, out_dir, **kw):
-    return _train_cfg(data_dir, out_dir, **{"max_iters": 2, "warmup_iters": 1, **kw})
-
-
-def _bad_train_two_steps(data, out):
-    train.train(_bad_cfg(data, out), log=_train_quiet)
-    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
-
-
-def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch,
-                                                                                          capsys):
-    # bpe.py --out into an existing tokenizer folder keeps its path and size but changes what the ids mean: the token
-    # files and the checkpoint record its content fingerprint, so train.py, sample.py, hellaswag.py and lambada.py
-    # refuse it in one line instead of scoring, sampling and evaluating with the wrong tokens
-    import argparse
-    d, tok_dir = tmp_path / "data", tmp_path / "data" / "tok"
-    d.mkdir()
-    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(tok_dir)
-    shutil.copytree(tok_dir, tmp_path / "original")
-
-    def encode(*names):
-        for name in names:
-            (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
-            bpe.encode_file(tmp_path / f"{name}.txt", str(tok_dir), d / f"{name}.bin", num_workers=1)
-    encode("train", "val")
-    old = bpe.tokenizer_fingerprint(tok_dir)
-    train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
-    ckpt = tmp_path / "o" / "ckpt.pt"
-    assert torch.load(ckpt, weights_only=True)["tokenizer_fingerprint"] == old
-
-    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
-    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
-    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(tok_dir)   # retrained in place: same path, same 300 ids
-    new = bpe.tokenizer_fingerprint(tok_dir)
-    assert new != old
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
-    _one_line_naming(str(e.value), f"{d / 'train.bin'}.json: ", str(tok_dir), old, new)
-    with pytest.raises(ValueError) as e:
-        sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
-    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new, "--tokenizer")
-    for script in (hellaswag, lambada):
-        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu"),
-                         f"{script.__name__}.py: --ckpt {ckpt}: ", old, new)
-    # the original kept elsewhere is accepted by all; another tokenizer given with --tokenizer is refused too
-    assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
-    args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
-    assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
-    with pytest.raises(ValueError) as e:
-        sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))
-    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new)
-    encode("val")
-    with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: token files were written by different versions of "
-                                         f"tokenizer {re.escape(repr(str(tok_dir)))} \\(fingerprints "):
-        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
-    encode("train")
-    assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
-    # the model trained on the old ids is not resumed on the new ones
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
-    _one_line_naming(str(e.value), f"{ckpt}: ", old, new, "--fresh")
+# ---- helpers for the sections above: a script's exit message, what a message says, a tiny checkpoint, stories
 
 
 def _bad_exit(monkeypatch, script, *argv):
@@ -8290,50 +8230,6 @@ def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
     return path
 
 
-@pytest.mark.parametrize("script", [sample, flops, hellaswag, lambada])
-@pytest.mark.parametrize("kind, expect", [("truncated", "not a readable checkpoint"),
-                                          ("empty", "not a readable checkpoint"),
-                                          ("garbage", "not a readable checkpoint"),
-                                          ("directory", "is a directory")])
-def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, expect):
-    good = _tiny_llama_ckpt(tmp_path).read_bytes()
-    bad = tmp_path / "bad.pt"
-    if kind == "directory":
-        bad.mkdir()
-    else:
-        bad.write_bytes({"truncated": good[:len(good) // 2], "empty": b"", "garbage": b"\x0e\xff not a pickle"}[kind])
-    message = _bad_exit(monkeypatch, script, f"--ckpt={bad}")
-    assert message.startswith(f"{script.__name__}.py: --ckpt {bad}: {expect}")
-
-
-@pytest.mark.parametrize("script, argv", [
-    (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
-    (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
-    (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
-    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
-def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
-    # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    argv = [a.replace("CKPT", str(_tiny_llama_ckpt(tmp_path))) for a in argv]
-    message = _bad_exit(monkeypatch, script, *argv)
-    assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
-
-
-@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
-def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    name = f"{script.__name__}.py"
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=tpu") == (
-        f"{name}: --device: expected auto, cpu, cuda, cuda:N or mps, got 'tpu'")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda") == (
-        f"{name}: --device cuda: CUDA is not available on this machine")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3") == (
-        f"{name}: --device cuda:3: no such GPU (1 visible)")
-
-
 BAD_EOT = "<|endoftext|>"
 
 
@@ -8349,32 +8245,46 @@ def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
     return tmp_path / "tok"
 
 
-@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
-def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script):
-    # a readable file that is not a train.py checkpoint: a bare state dict, weights without their model_config, a list
-    good = torch.load(_tiny_llama_ckpt(tmp_path), weights_only=True)
-    for name, content in [("bare", good["model"]), ("no_config", {k: v for k, v in good.items() if k != "model_config"}),
-                          ("list", [1, 2])]:
-        path = tmp_path / f"{name}.pt"
-        torch.save(content, path)
-        message = _bad_exit(monkeypatch, script, f"--ckpt={path}", "--device=cpu")
-        if name == "list":
-            assert message == f"{script.__name__}.py: --ckpt {path}: not a checkpoint (expected a dict, found list)"
-        else:
-            _one_line_naming(message, f"{script.__name__}.py: --ckpt {path}: ", "not a train.py checkpoint")
+def _bad_cfg(data_dir, out_dir, **kw):
+    return _train_cfg(data_dir, out_dir, **{"max_iters": 2, "warmup_iters": 1, **kw})
 
 
-# every script: a flag argparse rejects is one line (no usage block), exit status 2, before any work
-@pytest.mark.parametrize("script", [bench, bpe, experiments, fineweb, flops, hellaswag, lambada, sample, stories, train])
+def _bad_train_two_steps(data, out):
+    train.train(_bad_cfg(data, out), log=_train_quiet)
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
+# ---- every script: a flag argparse rejects, ~ in a path flag, output into a pipe that closes early
+
+
+@pytest.mark.parametrize("script", [bench, bpe, experiments, fineweb, flops, hellaswag, lambada, sample, stories,
+                                    train])
 def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys):
+    # one line on stderr (no usage block) naming the script and the flag or its bad value, exit status 2, before any
+    # work
     name = Path(script.__file__).name
-    argv = {bench: ["sample", "--repeats=x"], experiments: ["report", "--bogus"]}.get(script, ["--bogus"])
+    argv, prefix, named = {bench: (["sample", "--repeats=x"], "bench.py sample: ", ["--repeats", "'x'"]),
+                           experiments: (["report", "--bogus"], f"{name}: ", ["--bogus"])}.get(
+        script, (["--bogus"], f"{name}: ", ["--bogus"]))
     monkeypatch.setattr(sys, "argv", [name, *argv])
     with pytest.raises(SystemExit) as e:
         script.main()
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1, err
-    assert re.fullmatch(rf"{re.escape(name)}( sample)?: .*(--bogus|'x').* \(see --help\)\n", err), err
+    assert e.value.code == 2 and err.endswith("\n"), err
+    _bad_says(err[:-1], prefix, *named)
+
+
+@pytest.mark.parametrize("script, argv", [
+    (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
+    (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
+    (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
+    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
+def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
+    # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    argv = [a.replace("CKPT", str(_tiny_llama_ckpt(tmp_path))) for a in argv]
+    message = _bad_exit(monkeypatch, script, *argv)
+    assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
 
 
 @pytest.mark.parametrize("which", ["stories", "sample"])
@@ -8391,4 +8301,107 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read().decode()
-    assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err   # (sample.py: "loaded ...")
+    # (at most one line on stderr: sample.py's "loaded ...")
+    assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err
+
+
+# ---- the scripts that load a checkpoint (sample.py, flops.py, hellaswag.py, lambada.py): files and devices they
+# cannot use
+
+
+@pytest.mark.parametrize("script", [sample, flops, hellaswag, lambada])
+@pytest.mark.parametrize("kind, named", [("truncated", "readable"), ("empty", "readable"), ("garbage", "readable"),
+                                         ("directory", "directory")])
+def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, named):
+    good = _tiny_llama_ckpt(tmp_path).read_bytes()
+    bad = tmp_path / "bad.pt"
+    if kind == "directory":
+        bad.mkdir()
+    else:
+        bad.write_bytes({"truncated": good[:len(good) // 2], "empty": b"", "garbage": b"\x0e\xff not a pickle"}[kind])
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={bad}"), f"{script.__name__}.py: --ckpt {bad}: ", named)
+
+
+@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
+@pytest.mark.parametrize("kind, named", [("bare", ["train.py"]), ("no_config", ["train.py"]),
+                                         ("list", ["dict", "list"])])
+def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script, kind, named):
+    # a readable file that is not a train.py checkpoint: a bare state dict, weights without their model_config, a list
+    good = torch.load(_tiny_llama_ckpt(tmp_path), weights_only=True)
+    content = {"bare": good["model"], "no_config": {k: v for k, v in good.items() if k != "model_config"},
+               "list": [1, 2]}[kind]
+    path = tmp_path / f"{kind}.pt"
+    torch.save(content, path)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={path}", "--device=cpu"),
+              f"{script.__name__}.py: --ckpt {path}: ", *named)
+
+
+@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
+def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
+    # a device torch does not know (the ones it takes named), CUDA where there is none, a GPU past the visible ones
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    name = f"{script.__name__}.py"
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=tpu"), f"{name}: --device", "'tpu'", "cpu",
+              "cuda", "mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda"), f"{name}: --device cuda", "CUDA")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3"), f"{name}: --device cuda:3", 1)
+
+
+# ---- a tokenizer retrained into its folder: refused by every script that reads its ids
+
+
+def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch,
+                                                                                          capsys):
+    # bpe.py --out into an existing tokenizer folder keeps its path and size but changes what the ids mean: the token
+    # files and the checkpoint record its content fingerprint, so train.py, sample.py, hellaswag.py and lambada.py
+    # refuse it in one line naming both fingerprints, instead of scoring, sampling and evaluating with the wrong tokens
+    d, tok_dir = tmp_path / "data", tmp_path / "data" / "tok"
+    d.mkdir()
+    _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(tok_dir)
+    shutil.copytree(tok_dir, tmp_path / "original")
+
+    def encode(*names):
+        for name in names:
+            (tmp_path / f"{name}.txt").write_text(_bpe_synthetic_text(300, seed=len(name)), encoding="utf-8")
+            bpe.encode_file(tmp_path / f"{name}.txt", str(tok_dir), d / f"{name}.bin", num_workers=1)
+    encode("train", "val")
+    old = bpe.tokenizer_fingerprint(tok_dir)
+    train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=1), log=_train_quiet)
+    ckpt = tmp_path / "o" / "ckpt.pt"
+    assert torch.load(ckpt, weights_only=True)["tokenizer_fingerprint"] == old
+
+    (tmp_path / "other.txt").write_text(_bpe_synthetic_text(150, seed=7), encoding="utf-8")
+    vocab, merges = bpe.train_bpe(tmp_path / "other.txt", 300, [_BPE_EOT], num_workers=1)
+    bpe.Tokenizer(vocab, merges, [_BPE_EOT]).save_dir(tok_dir)   # retrained in place: same path, same 300 ids
+    new = bpe.tokenizer_fingerprint(tok_dir)
+    assert new != old
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
+    _bad_says(str(e.value), f"{d / 'train.bin'}.json: ", repr(str(tok_dir)), old, new)
+    with pytest.raises(ValueError) as e:
+        sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
+    _bad_says(str(e.value), f"--ckpt {ckpt}: ", repr(str(tok_dir)), old, new, "--tokenizer")
+    for script in (hellaswag, lambada):
+        _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu"),
+                  f"{script.__name__}.py: --ckpt {ckpt}: ", old, new)
+    # the original kept elsewhere is accepted by all; another tokenizer given with --tokenizer is refused too
+    assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
+    args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
+    assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
+    with pytest.raises(ValueError) as e:
+        sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))
+    _bad_says(str(e.value), f"--ckpt {ckpt}: ", repr(str(tok_dir)), old, new)
+    # token files of both versions in one data folder: refused, naming the tokenizer and both fingerprints
+    encode("val")
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
+    _bad_says(str(e.value), f"{d}: ", repr(str(tok_dir)), old, new)
+    encode("train")
+    assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
+    # the model trained on the old ids is not resumed on the new ones
+    with pytest.raises(ValueError) as e:
+        train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
+    _bad_says(str(e.value), f"{ckpt}: ", old, new, "--fresh")
