@@ -6472,8 +6472,8 @@ def test_hs_render_rows_and_mask_token_by_token():
 
 
 def test_hs_render_truncates_context_from_the_start_for_all_rows():
-    # and an example whose longest ending leaves no room for a context token cannot be scored (Unscorable: evaluate
-    # skips it)
+    # and an example whose longest ending leaves no room for a context token cannot be scored (Unscorable, which
+    # evaluate skips and counts), in one line naming the ending's length and the context's
     tok = _hs_word_tokenizer()
     ctx, _, endings = _HS_ROWS[1]
     longest = max(len(tok.encode(e)) for e in endings)
@@ -6481,9 +6481,10 @@ def test_hs_render_truncates_context_from_the_start_for_all_rows():
     assert tokens.shape == (4, longest + 3)
     assert (tokens[:, :3] == torch.tensor(tok.encode(ctx)[-3:])).all()  # the last 3 context words, every row
     assert (mask[:, :3] == 0).all() and mask.sum(1).tolist() == [len(tok.encode(e)) for e in endings]
-    with pytest.raises(hellaswag.Unscorable) as e:
-        hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok, max_len=longest)
-    _bad_says(str(e.value), "hellaswag example 101: ", longest)
+    for max_len in (longest, longest - 1):
+        with pytest.raises(hellaswag.Unscorable) as e:
+            hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok, max_len=max_len)
+        _bad_says(str(e.value), "hellaswag example 101: ", longest, max_len)
 
 
 @needs_gpt2_files
@@ -6693,7 +6694,7 @@ def test_hs_ddp_two_processes_equal_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_eval_tiny_model_trained_on_the_right_endings_scores_them(arch):
+def test_hs_tiny_model_trained_on_the_right_endings_scores_them(arch):
     # either model.py architecture, trained for a few steps on context + the right ending of each row,
     # then prefers exactly those endings; the same weights untrained are near chance
     tok = _hs_word_tokenizer()
