@@ -272,10 +272,11 @@ def peak_flops(device, dtype):
 
 def utilisation(flops_per_sec, device, dtype):
     """Achieved FLOP/s over the device's peak; on a CPU the peak is at least what was achieved (at most 1.0)."""
-    if str(device).startswith("cpu"):
+    peak = peak_flops(device, dtype)
+    if str(device).startswith("cpu") and flops_per_sec > peak:   # the measured peak is below what a run just did
         key = str(dtype).replace("torch.", "").lower()
-        return flops_per_sec / _cpu_peak("bfloat16" if key in ("bf16", "bfloat16") else "float32", flops_per_sec)
-    return flops_per_sec / peak_flops(device, dtype)
+        peak = _cpu_peak("bfloat16" if key in ("bf16", "bfloat16") else "float32", flops_per_sec)
+    return flops_per_sec / peak
 
 
 def mfu(cfg, context_length, tokens_per_sec, device, dtype):

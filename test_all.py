@@ -6419,6 +6419,97 @@ def test_flops_duration_units():
 # ====================================================================================================================
 
 
+# ---- stand-ins for both scripts: a model of known preferences, tiny real models, the printed figures read back
+
+
+class _TableLM(torch.nn.Module):
+    """Stand-in LM with controlled preferences: the logits after token a are table[a] (a bigram model;
+    a unigram one when all rows are equal). Records its mode during forward."""
+
+    def __init__(self, table, gpt_style=False):
+        super().__init__()
+        self.register_buffer("table", torch.as_tensor(table, dtype=torch.float32))
+        self.gpt_style = gpt_style
+        self.seen = []
+
+    def forward(self, idx):
+        self.seen.append((self.training, torch.is_grad_enabled(), tuple(idx.shape)))
+        logits = self.table[idx]
+        return (logits, None) if self.gpt_style else logits
+
+
+def _eval_tiny_model(arch, vocab_size, context_length=64, seed=0):
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        return M.GPT(M.GPTConfig(block_size=context_length, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=32))
+    return M.TransformerLM(vocab_size=vocab_size, context_length=context_length, d_model=32,
+                           num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0)
+
+
+def _eval_fit(model, rows, steps):
+    """A few AdamW steps of next-token training on right-padded token rows: a tiny model that prefers what it saw."""
+    T = max(map(len, rows))
+    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
+    for _ in range(steps):
+        logits = M.logits(model, data[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def _eval_gpt2_checkpoint(tmp_path):
+    """(model, tokenizer, path): a train.py-format checkpoint of a tiny Llama-style model with the GPT-2 tokenizer."""
+    tok = bpe.load_tokenizer("gpt2")
+    model = _eval_tiny_model("llama", tok.vocab_size, context_length=128)
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
+                "iteration": 0, "config": {}}, ckpt)
+    return model, tok, ckpt
+
+
+def _eval_run(monkeypatch, capsys, script, *argv):
+    """(stdout, stderr) of script.main() on this command line."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    script.main()
+    return capsys.readouterr()
+
+
+def _eval_write(script, path, items):
+    """A data file for script: hellaswag (context, 4 endings) pairs, labelled 0; lambada passages."""
+    if script is hellaswag:
+        return _hs_write_rows(path, [_hs_row(i, ctx, 0, endings) for i, (ctx, endings) in enumerate(items)])
+    return _lb_write(path, items)
+
+
+def _hs_free_port():   # (_spawn_ranks, in the header, takes its port from here)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _eval_figures(line):
+    """A result line read back as its figures: 'acc_norm 0.6667 (2/3)' -> {'acc_norm': (0.6667, 2, 3)}, 'ppl 3.21' ->
+    {'ppl': 3.21}, and 'skipped': the number it says were skipped (0 when it says none)."""
+    figures = {name: (float(value), int(k), int(n)) if k else float(value)
+               for name, value, k, n in re.findall(r"\b(acc_norm_char|acc_norm|acc|ppl) (\S+?)(?: \((\d+)/(\d+)\))?(?=,|\s|$)",
+                                                   line)}
+    skipped = re.search(r"\b(\d+) skipped\b", line)
+    return dict(figures, skipped=int(skipped.group(1)) if skipped else 0)
+
+
+def _eval_progress(err):
+    """The words of the last progress line evaluate(progress=True) drew on stderr (tqdm's bar: in a log file, as
+    under pytest, a line per redraw), and whether that line was ended."""
+    last = err.rstrip("\n").split("\n")[-1]
+    return {w.strip("[],") for w in last.split()}, err.endswith("\n") and "\r" not in err
+
+
+# ---- hellaswag.py: hand-written rows, a word tokenizer, an independent scorer
+
+
 # Hand-written rows in the original rowanz format: one ending is the obvious continuation.
 _HS_ROWS = [
     ("The chef cracks two eggs into a bowl . She", 0,
@@ -6444,6 +6535,8 @@ _HS_ROWS = [
       "fills the cape with sand .", "waters the mirror with a hose ."]),
 ]
 
+_HS_LABELS = [label for _, label, _ in _HS_ROWS]
+
 
 def _hs_row(i, ctx, label, endings, label_as_str=False):
     return {"ind": 100 + i, "activity_label": "Everyday", "ctx_a": ctx, "ctx_b": "", "ctx": ctx,
@@ -6451,8 +6544,12 @@ def _hs_row(i, ctx, label, endings, label_as_str=False):
             "endings": endings, "source_id": f"handwritten~{i}"}
 
 
+def _hs_examples():
+    return [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+
+
 def _hs_write_rows(path, rows=None):
-    rows = rows if rows is not None else [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    rows = rows if rows is not None else _hs_examples()
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
@@ -6471,22 +6568,6 @@ class _HsWordTokenizer:
 
 def _hs_word_tokenizer():
     return _HsWordTokenizer([c for c, _, _ in _HS_ROWS] + [e for _, _, es in _HS_ROWS for e in es])
-
-
-class _HsTableLM(torch.nn.Module):
-    """Stand-in LM with controlled preferences: the logits after token a are table[a] (a bigram model;
-    a unigram one when all rows are equal). Records its mode during forward."""
-
-    def __init__(self, table, gpt_style=False):
-        super().__init__()
-        self.register_buffer("table", torch.as_tensor(table, dtype=torch.float32))
-        self.gpt_style = gpt_style
-        self.seen = []
-
-    def forward(self, idx):
-        self.seen.append((self.training, torch.is_grad_enabled(), tuple(idx.shape)))
-        logits = self.table[idx]
-        return (logits, None) if self.gpt_style else logits
 
 
 def _hs_bigram_table(tok, chosen):
@@ -6509,40 +6590,7 @@ def _hs_reference_losses(table, ctx_ids, end_ids):
     return sum(losses), sum(losses) / len(losses)
 
 
-def test_hs_load_examples_reads_rowanz_format(tmp_path):
-    rows = [_hs_row(i, *r, label_as_str=(i == 1)) for i, r in enumerate(_HS_ROWS)]
-    path = _hs_write_rows(tmp_path / "val.jsonl", rows)
-    with open(path, "a") as f:
-        f.write("\n")  # a trailing blank line is fine
-    examples = hellaswag.load_examples(path)
-    assert len(examples) == len(_HS_ROWS)
-    assert [e["label"] for e in examples] == [r[1] for r in _HS_ROWS]  # the string label "2" became 2
-    assert examples[3]["endings"] == _HS_ROWS[3][2] and examples[3]["ind"] == 103
-
-
-@pytest.mark.parametrize("bad, expect", [
-    ("not json", "not a JSON object"),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), "list of 4 strings"),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), "label"),
-    (json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), "ctx"),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}), "label"),  # a digit to isdigit
-])
-def test_hs_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, expect):
-    path = tmp_path / "val.jsonl"
-    path.write_text(json.dumps(_hs_row(0, *_HS_ROWS[0])) + "\n" + bad + "\n")
-    with pytest.raises(ValueError, match=rf"val.jsonl:2: .*{expect}"):
-        hellaswag.load_examples(path)
-    with pytest.raises(ValueError, match="missing.jsonl: no such file"):
-        hellaswag.load_examples(tmp_path / "missing.jsonl")
-    with pytest.raises(ValueError, match=f"{tmp_path}: a folder \\(expected a HellaSwag jsonl file\\)"):
-        hellaswag.load_examples(tmp_path)
-
-
-def test_hs_load_examples_uses_cached_download(tmp_path):
-    # path=None reads data_dir/hellaswag_val.jsonl when it is already there (no network in tests)
-    _hs_write_rows(tmp_path / "hellaswag_val.jsonl")
-    assert len(hellaswag.load_examples(None, data_dir=tmp_path)) == len(_HS_ROWS)
-    assert hellaswag.VAL_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
+# ---- hellaswag.py: the data: the download, the rows, the file (read_jsonl, which lambada.py reads through too)
 
 
 def test_hs_download_fetches_once_atomically_and_fails_cleanly(tmp_path, monkeypatch):
@@ -6553,7 +6601,8 @@ def test_hs_download_fetches_once_atomically_and_fails_cleanly(tmp_path, monkeyp
     assert hellaswag.download(src.as_uri(), dest) == dest and dest.read_bytes() == src.read_bytes()
     src.write_bytes(b"changed")
     assert hellaswag.download(src.as_uri(), dest) == dest and len(dest.read_bytes()) == 100_000  # cached: not refetched
-    # a missing file, an HTTP error and a connection dropped mid-file: one error naming the URL, no file left behind
+    # a missing file, an HTTP error and a connection dropped mid-file: one error naming the URL and the cause, and no
+    # file left behind
     import http.client
     import urllib.error
     import urllib.request
@@ -6581,9 +6630,64 @@ def test_hs_download_fetches_once_atomically_and_fails_cleanly(tmp_path, monkeyp
                             ("https://example.invalid/y", lambda url, timeout: Dropped(), "IncompleteRead")]:
         if patch:
             monkeypatch.setattr(urllib.request, "urlopen", patch)
-        with pytest.raises(RuntimeError, match=rf"^cannot download {re.escape(url)} \(.*{why}.*\); offline\?"):
+        with pytest.raises(RuntimeError) as e:
             hellaswag.download(url, tmp_path / "fail" / "val.jsonl")
+        _bad_says(str(e.value), "", url, why)
         assert list((tmp_path / "fail").iterdir()) == []
+
+
+def test_hs_load_examples_reads_rowanz_format(tmp_path):
+    rows = [_hs_row(i, *r, label_as_str=(i == 1)) for i, r in enumerate(_HS_ROWS)]
+    path = _hs_write_rows(tmp_path / "val.jsonl", rows)
+    with open(path, "a") as f:
+        f.write("\n")  # a trailing blank line is fine
+    examples = hellaswag.load_examples(path)
+    assert len(examples) == len(_HS_ROWS)
+    assert [e["label"] for e in examples] == _HS_LABELS  # the string label "2" became 2
+    assert examples[3]["endings"] == _HS_ROWS[3][2] and examples[3]["ind"] == 103
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("not json", ["JSON"]),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), ["'endings'", "4"]),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), ["'label'", "4"]),
+    (json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), ["'ctx'"]),
+    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}), ["'label'", "'²'"]),  # isdigit
+])
+def test_hs_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, named):
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps(_hs_row(0, *_HS_ROWS[0])) + "\n" + bad + "\n")
+    with pytest.raises(ValueError) as e:
+        hellaswag.load_examples(path)
+    _bad_says(str(e.value), f"{path}:2: ", *named)
+
+
+@pytest.mark.parametrize("script, kind", [(hellaswag, "HellaSwag"), (lambada, "LAMBADA")])
+@pytest.mark.parametrize("content, named", [
+    (None, "no such"),                                  # no file at all
+    ("a folder", "folder"),
+    (b"", "no examples"),
+    (b"\n  \n\n", "no examples"),                       # blank lines only
+    (b'{"text": "a caf\xe9 au lait"}\n', "UTF-8"),      # Latin-1
+], ids=["missing", "folder", "empty", "blank-lines", "latin-1"])
+def test_eval_load_examples_rejects_a_file_without_examples(tmp_path, script, kind, content, named):
+    # one line naming the file, what is wrong with it and what it should hold
+    path = tmp_path / "data.jsonl"
+    if content == "a folder":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError) as e:
+        script.load_examples(path)
+    _bad_says(str(e.value), f"{path}: ", named, kind)
+
+
+def test_hs_load_examples_uses_cached_download(tmp_path):
+    # path=None reads data_dir/hellaswag_val.jsonl when it is already there (no network in tests); the download is the
+    # original repository's validation set, the one the reference figures were measured on
+    _hs_write_rows(tmp_path / "hellaswag_val.jsonl")
+    assert len(hellaswag.load_examples(None, data_dir=tmp_path)) == len(_HS_ROWS)
+    assert hellaswag.VAL_URL.endswith("rowanz/hellaswag/master/data/hellaswag_val.jsonl")
 
 
 def test_hs_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
@@ -6591,6 +6695,9 @@ def test_hs_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(hellaswag, "VAL_URL", (tmp_path / "remote.jsonl").as_uri())
     examples = hellaswag.load_examples(None, data_dir=tmp_path / "cache")
     assert len(examples) == len(_HS_ROWS) and (tmp_path / "cache" / "hellaswag_val.jsonl").is_file()
+
+
+# ---- hellaswag.py: rendering: context + " " + ending, 4 rows padded, the ending tokens the scored ones
 
 
 def test_hs_render_rows_and_mask_token_by_token():
@@ -6608,6 +6715,8 @@ def test_hs_render_rows_and_mask_token_by_token():
 
 
 def test_hs_render_truncates_context_from_the_start_for_all_rows():
+    # and an example whose longest ending leaves no room for a context token cannot be scored (Unscorable, which
+    # evaluate skips and counts), in one line naming the ending's length and the context's
     tok = _hs_word_tokenizer()
     ctx, _, endings = _HS_ROWS[1]
     longest = max(len(tok.encode(e)) for e in endings)
@@ -6615,8 +6724,10 @@ def test_hs_render_truncates_context_from_the_start_for_all_rows():
     assert tokens.shape == (4, longest + 3)
     assert (tokens[:, :3] == torch.tensor(tok.encode(ctx)[-3:])).all()  # the last 3 context words, every row
     assert (mask[:, :3] == 0).all() and mask.sum(1).tolist() == [len(tok.encode(e)) for e in endings]
-    with pytest.raises(ValueError, match="too long for context length"):
-        hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok, max_len=longest)
+    for max_len in (longest, longest - 1):
+        with pytest.raises(hellaswag.Unscorable) as e:
+            hellaswag.render_example(_hs_row(1, *_HS_ROWS[1]), tok, max_len=max_len)
+        _bad_says(str(e.value), "hellaswag example 101: ", longest, max_len)
 
 
 @needs_gpt2_files
@@ -6633,6 +6744,9 @@ def test_hs_render_with_tiktoken_space_belongs_to_the_ending():
         assert enc.decode([tokens[i][mask[i] == 1][0].item()]).startswith(" ")
 
 
+# ---- hellaswag.py: scoring: summed and mean cross-entropy of each ending's tokens
+
+
 @pytest.mark.parametrize("gpt_style", [False, True])
 def test_hs_score_endings_matches_hand_computed_losses(gpt_style):
     # a bigram model makes the loss of each ending token depend on the token before it, so any
@@ -6640,7 +6754,7 @@ def test_hs_score_endings_matches_hand_computed_losses(gpt_style):
     tok = _hs_word_tokenizer()
     g = torch.Generator().manual_seed(0)
     table = torch.randn(tok.vocab_size, tok.vocab_size, generator=g) * 2
-    model = _HsTableLM(table, gpt_style=gpt_style)
+    model = _TableLM(table, gpt_style=gpt_style)
     for i, (ctx, _, endings) in enumerate(_HS_ROWS[:3]):
         tokens, mask, _ = hellaswag.render_example(_hs_row(i, ctx, 0, endings), tok)
         sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
@@ -6650,60 +6764,39 @@ def test_hs_score_endings_matches_hand_computed_losses(gpt_style):
             assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
 
 
+def test_hs_score_endings_takes_the_loss_in_float32_from_bf16_logits():
+    # a bfloat16 model's logits are upcast before the cross-entropy: the losses are those of the bf16 logits
+    # computed in float32, not rounded to bf16's 8 bits
+    tok = _hs_word_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
+    model = _TableLM(table.float()).to(torch.bfloat16)
+    assert model.table.dtype == torch.bfloat16
+    ctx, _, endings = _HS_ROWS[0]
+    tokens, mask, _ = hellaswag.render_example(_hs_row(0, ctx, 0, endings), tok)
+    sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
+    assert sum_loss.dtype == torch.float32
+    for j, ending in enumerate(endings):
+        ref_sum, ref_avg = _hs_reference_losses(table.float(), tok.encode(ctx), tok.encode(ending))
+        assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
+        assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
+
+
+# ---- hellaswag.py: evaluate: acc and acc_norm over examples, batched, skipping what cannot be scored, over DDP ranks
+
+
 def test_hs_evaluate_controlled_model_gives_known_accuracy():
     tok = _hs_word_tokenizer()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    labels = [r[1] for r in _HS_ROWS]
-    truthful = _HsTableLM(_hs_bigram_table(tok, labels))
+    examples = _hs_examples()
+    truthful = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
     r = hellaswag.evaluate(truthful, tok, examples, "cpu")
     assert r == dict(acc=1.0, acc_norm=1.0, acc_norm_char=1.0, num_correct=7, num_correct_norm=7,
                      num_correct_norm_char=7, num_total=7, num_skipped=0)
     # a model that believes in the wrong ending of the last 3 rows gets exactly 4/7
-    misled = _HsTableLM(_hs_bigram_table(tok, labels[:4] + [(l + 1) % 4 for l in labels[4:]]))
+    misled = _TableLM(_hs_bigram_table(tok, _HS_LABELS[:4] + [(l + 1) % 4 for l in _HS_LABELS[4:]]))
     for batch_examples in (1, 3, 8):  # batching and padding never change the result
         r = hellaswag.evaluate(misled, tok, examples, "cpu", batch_examples=batch_examples)
         assert (r["num_correct_norm"], r["num_correct"], r["num_total"]) == (4, 4, 7)
         assert r["acc_norm"] == pytest.approx(4 / 7)
-
-
-def test_hs_evaluate_takes_rows_with_string_labels_and_refuses_unlabelled_ones():
-    # rows straight from Hugging Face `datasets` (not through load_examples) store the label as a string: the
-    # truthful model still gets them all right (a string label never equalled the pick: it scored 0), and the
-    # hidden test split's empty labels are one clear error, not a score
-    tok = _hs_word_tokenizer()
-    labels = [r[1] for r in _HS_ROWS]
-    truthful = _HsTableLM(_hs_bigram_table(tok, labels))
-    rows = [_hs_row(i, *r, label_as_str=True) for i, r in enumerate(_HS_ROWS)]
-    assert all(isinstance(r["label"], str) for r in rows)
-    r = hellaswag.evaluate(truthful, tok, rows, "cpu")
-    assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (7, 7, 7)
-    with pytest.raises(ValueError, match=r"^hellaswag example 101: 'label' must be an integer in 0\.\.3, got ''$"):
-        hellaswag.evaluate(truthful, tok, [dict(rows[1], label="")], "cpu")
-
-
-def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
-    # a small-context model (as during training) skips and counts those examples instead of stopping the run
-    tok = _hs_word_tokenizer()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    labels = [r[1] for r in _HS_ROWS]
-    longest = [max(len(tok.encode(" " + e)) for e in r[2]) for r in _HS_ROWS]
-    model = _HsTableLM(_hs_bigram_table(tok, labels))
-    model.context_length = sorted(longest)[3] + 1  # the 3 examples with the longest endings no longer fit
-    too_long = sum(n + 1 > model.context_length for n in longest)
-    assert 0 < too_long < len(examples)
-    for batch_examples in (1, 4):
-        r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=batch_examples)
-        assert (r["num_skipped"], r["num_total"], r["num_correct_norm"]) == (too_long, 7 - too_long, 7 - too_long)
-        assert max(shape[1] for _, _, shape in model.seen) <= model.context_length
-    # the truthful model gets every scored example right: both accuracies are over the scored ones, not the skipped
-    assert r["acc"] == r["acc_norm"] == 1.0
-    assert hellaswag.result_line(r).endswith(f", {too_long} skipped (an ending too long for the context, or an empty context)")
-    # the progress line counts skipped examples too, also when a whole batch is skipped (the last one here)
-    fits = [e for e, n in zip(examples, longest) if n + 1 <= model.context_length]
-    last_skipped = fits + [examples[longest.index(max(longest))]]
-    capsys.readouterr()
-    hellaswag.evaluate(model, tok, last_skipped, "cpu", batch_examples=1, progress=True)
-    assert capsys.readouterr().err.split("\r")[-1] == f"hellaswag {len(last_skipped)}/{len(last_skipped)} acc_norm 1.0000\n"
 
 
 def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():
@@ -6718,45 +6811,110 @@ def test_hs_acc_and_acc_norm_differ_when_ending_lengths_differ():
     for w in long_ending.split():
         p[tok.ids[w]] = 0.1
     p[tok.ids["ran"]], p[tok.ids["flew"]], p[tok.ids["swam"]] = 0.01, 0.001, 0.001
-    model = _HsTableLM(p.log().expand(tok.vocab_size, -1))
+    model = _TableLM(p.log().expand(tok.vocab_size, -1))
     # by hand: long ending sum 5*2.303=11.5 avg 2.303; "ran" sum = avg = 4.6; so acc picks "ran", acc_norm the long one
     r = hellaswag.evaluate(model, tok, rows, "cpu")
     assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (1, 2, 3)
     assert r["acc"] == pytest.approx(1 / 3) and r["acc_norm"] == pytest.approx(2 / 3)
+    # the result line gives each figure its own count, not the other's
     # per character (lm-eval's): the long ending 11.5 / 19 chars = 0.61, "ran" 4.6 / 3 = 1.5: the long one too
     assert (r["num_correct_norm_char"], r["acc_norm_char"]) == (2, pytest.approx(2 / 3))
-    assert hellaswag.result_line(r) == "hellaswag acc_norm 0.6667 (2/3) acc 0.3333 (1/3) acc_norm_char 0.6667 (2/3)"
+    assert _eval_figures(hellaswag.result_line(r)) == {"acc_norm": (0.6667, 2, 3), "acc": (0.3333, 1, 3),
+                                                       "acc_norm_char": (0.6667, 2, 3), "skipped": 0}
+
+
+def test_hs_ties_go_to_the_lowest_ending_index():
+    # a model with no preference (every logit equal) gives all 4 endings of equal length the same summed and mean
+    # loss: both acc and acc_norm must pick ending 0 (the documented tie rule), so only the rows labelled 0 count
+    endings = ["ran home", "sat down", "ate fish", "was sad"]
+    rows = [_hs_row(i, ctx, label, endings) for i, (ctx, label) in enumerate([("The cat", 0), ("The dog", 2),
+                                                                             ("A cow", 0)])]
+    tok = _HsWordTokenizer([r["ctx"] for r in rows] + endings)
+    model = _TableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    for batch_examples in (1, 3):
+        r = hellaswag.evaluate(model, tok, rows, "cpu", batch_examples=batch_examples)
+        assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (2, 2, 3)
+
+
+def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
+    # examples of different lengths in one padded forward: every example's 4 losses (printed by verbose) are
+    # the ones it gets alone, whichever example of the batch is the longest
+    tok = _hs_word_tokenizer()
+    examples = _hs_examples()
+    lengths = [len(tok.encode(r["ctx"])) + max(len(tok.encode(" " + e)) for e in r["endings"]) for r in examples]
+    assert lengths[0] < max(lengths)  # the first example of the batch is not the widest
+    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(3)) * 2
+    outputs = []
+    for batch_examples in (1, 8):
+        hellaswag.evaluate(_TableLM(table), tok, examples, "cpu", verbose=True, batch_examples=batch_examples)
+        outputs.append(capsys.readouterr().out)
+    assert len(re.findall(r"\d\.\d{3}", outputs[0])) >= 2 * 4 * len(examples)   # a sum and a mean loss per ending
+    assert outputs[0] == outputs[1]
+
+
+def test_hs_evaluate_takes_rows_with_string_labels_and_refuses_unlabelled_ones():
+    # rows straight from Hugging Face `datasets` (not through load_examples) store the label as a string: the
+    # truthful model still gets them all right (a label left a string would never equal the pick, and score 0), and
+    # the hidden test split's empty labels are one clear error, not a score
+    tok = _hs_word_tokenizer()
+    truthful = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
+    rows = [_hs_row(i, *r, label_as_str=True) for i, r in enumerate(_HS_ROWS)]
+    assert all(isinstance(r["label"], str) for r in rows)
+    r = hellaswag.evaluate(truthful, tok, rows, "cpu")
+    assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (7, 7, 7)
+    with pytest.raises(ValueError) as e:
+        hellaswag.evaluate(truthful, tok, [dict(rows[1], label="")], "cpu")
+    _bad_says(str(e.value), "hellaswag example 101: ", "'label'", "''")
+
+
+def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
+    # a small-context model (as during training) skips and counts those examples instead of stopping the run
+    tok = _hs_word_tokenizer()
+    examples = _hs_examples()
+    longest = [max(len(tok.encode(" " + e)) for e in r[2]) for r in _HS_ROWS]
+    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
+    model.context_length = sorted(longest)[3] + 1  # the 3 examples with the longest endings no longer fit
+    too_long = sum(n + 1 > model.context_length for n in longest)
+    assert 0 < too_long < len(examples)
+    for batch_examples in (1, 4):
+        r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=batch_examples)
+        assert (r["num_skipped"], r["num_total"], r["num_correct_norm"]) == (too_long, 7 - too_long, 7 - too_long)
+        assert max(shape[1] for _, _, shape in model.seen) <= model.context_length
+    # the truthful model gets every scored example right: both accuracies are over the scored ones, not the skipped,
+    # and the result line says how many were skipped
+    assert r["acc"] == r["acc_norm"] == 1.0
+    assert _eval_figures(hellaswag.result_line(r))["skipped"] == too_long
+    # the progress line counts skipped examples too, also when a whole batch is skipped (the last one here)
+    fits = [e for e, n in zip(examples, longest) if n + 1 <= model.context_length]
+    last_skipped = fits + [examples[longest.index(max(longest))]]
+    capsys.readouterr()
+    hellaswag.evaluate(model, tok, last_skipped, "cpu", batch_examples=1, progress=True)
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {f"{len(last_skipped)}/{len(last_skipped)}", "1.0000"} <= words and ended
 
 
 def test_hs_evaluate_runs_in_eval_no_grad_and_restores_train_mode(capsys):
     tok = _hs_word_tokenizer()
-    model = _HsTableLM(_hs_bigram_table(tok, [r[1] for r in _HS_ROWS]))
+    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
     model.train()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    hellaswag.evaluate(model, tok, examples, "cpu", verbose=True, batch_examples=2)
+    hellaswag.evaluate(model, tok, _hs_examples(), "cpu", verbose=True, batch_examples=2)
     assert model.training and torch.is_grad_enabled()
     assert [s[:2] for s in model.seen] == [(False, False)] * 4  # 7 examples in batches of 2 -> 4 forwards
     assert model.seen[0][2][0] == 8  # 2 examples x 4 endings in one forward
-    out = capsys.readouterr().out
-    assert out.count("--- example") == 7 and "whisks them with a fork" in out
+    out = capsys.readouterr().out   # verbose: every example once, with its 4 endings
+    assert all(out.count(ctx) == 1 and all(e in out for e in endings) for ctx, _, endings in _HS_ROWS)
     model.eval()
-    hellaswag.evaluate(model, tok, examples, "cpu")
+    hellaswag.evaluate(model, tok, _hs_examples(), "cpu")
     assert not model.training
 
 
 def test_hs_evaluate_unwraps_compiled_module():
     tok = _hs_word_tokenizer()
-    model = _HsTableLM(_hs_bigram_table(tok, [r[1] for r in _HS_ROWS]))
+    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
     compiled = torch.compile(model)
     assert M.unwrap(compiled) is model
-    r = hellaswag.evaluate(compiled, tok, [_hs_row(i, *x) for i, x in enumerate(_HS_ROWS)], "cpu")
+    r = hellaswag.evaluate(compiled, tok, _hs_examples(), "cpu")
     assert r["num_correct_norm"] == 7 and len(model.seen) == 2  # ran eagerly on the plain module
-
-
-def _hs_free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _hs_ddp_worker(rank, world_size, port, table, out_dir):
@@ -6764,9 +6922,8 @@ def _hs_ddp_worker(rank, world_size, port, table, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        tok = _hs_word_tokenizer()
-        examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-        r = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", rank, world_size, batch_examples=2)
+        r = hellaswag.evaluate(_TableLM(table), _hs_word_tokenizer(), _hs_examples(), "cpu", rank, world_size,
+                               batch_examples=2)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
         dist.barrier()  # ranks leave together, as train.py does
     finally:
@@ -6775,23 +6932,12 @@ def _hs_ddp_worker(rank, world_size, port, table, out_dir):
 
 def test_hs_ddp_two_processes_equal_one_process(tmp_path):
     tok = _hs_word_tokenizer()
-    labels = [r[1] for r in _HS_ROWS]
-    table = _hs_bigram_table(tok, labels[:2] + [(l + 3) % 4 for l in labels[2:]])  # 2/7 right
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    single = hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu")
+    table = _hs_bigram_table(tok, _HS_LABELS[:2] + [(l + 3) % 4 for l in _HS_LABELS[2:]])  # 2/7 right
+    single = hellaswag.evaluate(_TableLM(table), tok, _hs_examples(), "cpu")
     assert single["num_correct_norm"] == 2 and single["num_total"] == 7
     _spawn_ranks(_hs_ddp_worker, table, str(tmp_path))
     for rank in range(2):  # 7 examples split 4 + 3, every rank gets the all-reduced totals
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == single
-
-
-def _hs_tiny_model(arch, vocab_size, context_length=64, seed=0):
-    torch.manual_seed(seed)
-    if arch == "gpt2":
-        return M.GPT(M.GPTConfig(block_size=context_length, vocab_size=vocab_size,
-                                                 n_layer=1, n_head=2, n_embd=32))
-    return M.TransformerLM(vocab_size=vocab_size, context_length=context_length, d_model=32,
-                                   num_layers=1, num_heads=2, d_ff=64, rope_theta=10000.0)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -6799,57 +6945,13 @@ def test_hs_tiny_model_trained_on_the_right_endings_scores_them(arch):
     # either model.py architecture, trained for a few steps on context + the right ending of each row,
     # then prefers exactly those endings; the same weights untrained are near chance
     tok = _hs_word_tokenizer()
-    model = _hs_tiny_model(arch, tok.vocab_size)
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    model = _eval_tiny_model(arch, tok.vocab_size)
+    examples = _hs_examples()
     assert hellaswag.evaluate(model, tok, examples, "cpu")["num_correct_norm"] < 7
-    rows = [tok.encode(r["ctx"]) + tok.encode(" " + r["endings"][r["label"]]) for r in examples]
-    T = max(map(len, rows))
-    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
-    for _ in range(40):
-        logits = M.logits(model, data[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _eval_fit(model, [tok.encode(r["ctx"]) + tok.encode(" " + r["endings"][r["label"]]) for r in examples], steps=40)
     r = hellaswag.evaluate(model, tok, examples, "cpu")
     assert (r["num_correct_norm"], r["num_total"]) == (7, 7)
     assert model.training  # left as it was found
-
-
-def _hs_run_main(monkeypatch, capsys, *argv, script=hellaswag):
-    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
-    script.main()
-    return capsys.readouterr().out
-
-
-def _hs_gpt2_tokenizer_checkpoint(tmp_path):
-    """(model, tokenizer, path): a train.py-format checkpoint of a tiny Llama-style model with the GPT-2 tokenizer."""
-    import bpe
-    tok = bpe.load_tokenizer("gpt2")
-    model = _hs_tiny_model("llama", tok.vocab_size, context_length=128)
-    ckpt = tmp_path / "ckpt.pt"
-    torch.save({"model": model.state_dict(), "model_config": model.model_config(), "tokenizer": "gpt2",
-                "iteration": 0, "config": {}}, ckpt)
-    return model, tok, ckpt
-
-
-@needs_gpt2_files
-def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
-    # a train.py-format checkpoint through main()
-    model, tok, ckpt = _hs_gpt2_tokenizer_checkpoint(tmp_path)
-    data = _hs_write_rows(tmp_path / "val.jsonl")
-    expected = hellaswag.result_line(hellaswag.evaluate(model, tok, hellaswag.load_examples(data), "cpu"))
-    out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--device", "cpu")
-    assert out.strip().splitlines()[-1] == expected and expected.startswith("hellaswag acc_norm ")
-    out = _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose")
-    assert out.count("--- example") == 3 and out.strip().splitlines()[-1].endswith("/3)")
-    with pytest.raises(SystemExit, match=r"--ckpt .*nope.pt: no such checkpoint"):
-        _hs_run_main(monkeypatch, capsys, "--ckpt", tmp_path / "nope.pt", "--data", data)
-    with pytest.raises(SystemExit, match=r"--data .*missing.jsonl: no such file"):
-        _hs_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", tmp_path / "missing.jsonl")
-    with pytest.raises(SystemExit, match="exactly one of --ckpt"):
-        _hs_run_main(monkeypatch, capsys, "--data", data)
 
 
 @needs_data
@@ -6861,7 +6963,7 @@ def test_hs_smoke_real_rows_tiny_random_gpt():
     examples = hellaswag.load_examples(DATA / "hellaswag" / "hellaswag_val_subset.jsonl")[:20]
     assert examples[0]["ind"] == 20022 and examples[0]["label"] == 3
     tok = tiktoken.get_encoding("gpt2")
-    model = _hs_tiny_model("gpt2", tok.n_vocab, context_length=256)
+    model = _eval_tiny_model("gpt2", tok.n_vocab, context_length=256)
     r = hellaswag.evaluate(model, tok, examples, "cpu", batch_examples=4)
     assert r["num_total"] == 20 and 0 <= r["num_correct_norm"] <= 20 and r["acc"] == r["num_correct"] / 20
     tokens, mask, _ = hellaswag.render_example(examples[0], tok, 256)
@@ -6883,7 +6985,7 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
     hf = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.3)).eval()
     hf.save_pretrained(tmp_path / "hf")
     enc = tiktoken.get_encoding("gpt2")
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
+    examples = _hs_examples()
     ref_correct = ref_correct_norm = ref_correct_char = 0
     ref_scores = []
     with torch.no_grad():
@@ -6899,19 +7001,39 @@ def test_hs_init_from_hf_directory_matches_transformers_reference(tmp_path, monk
             ref_correct += min(range(4), key=sums.__getitem__) == ex["label"]
             ref_correct_norm += min(range(4), key=avgs.__getitem__) == ex["label"]
             ref_correct_char += min(range(4), key=lambda j: sums[j] / len(ex["endings"][j])) == ex["label"]
-    from model import GPT
-    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    ours = M.GPT.from_pretrained(str(tmp_path / "hf"))
     for ex, (sums, avgs) in zip(examples, ref_scores):
         tokens, mask, _ = hellaswag.render_example(ex, enc, 64)
         sum_loss, avg_loss = hellaswag.score_endings(ours, tokens, mask)
         assert sum_loss.tolist() == pytest.approx(sums, rel=1e-4)
         assert avg_loss.tolist() == pytest.approx(avgs, rel=1e-4)
     data = _hs_write_rows(tmp_path / "val.jsonl")
-    out = _hs_run_main(monkeypatch, capsys, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device", "cpu")
+    out, _ = _eval_run(monkeypatch, capsys, hellaswag, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device=cpu")
     n = len(examples)
-    assert out.strip().splitlines()[-1] == (f"hellaswag acc_norm {ref_correct_norm / n:.4f} ({ref_correct_norm}/{n}) "
-                                            f"acc {ref_correct / n:.4f} ({ref_correct}/{n}) "
-                                            f"acc_norm_char {ref_correct_char / n:.4f} ({ref_correct_char}/{n})")
+    assert _eval_figures(out.strip().splitlines()[-1]) == {
+        "acc_norm": (round(ref_correct_norm / n, 4), ref_correct_norm, n),
+        "acc": (round(ref_correct / n, 4), ref_correct, n),
+        "acc_norm_char": (round(ref_correct_char / n, 4), ref_correct_char, n), "skipped": 0}
+
+
+# ---- hellaswag.py: the command line
+
+
+@needs_gpt2_files
+def test_hs_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
+    # a train.py-format checkpoint through main(): the score evaluate() gives it; --limit N scores the first N
+    # examples, and --verbose prints each of them
+    model, tok, ckpt = _eval_gpt2_checkpoint(tmp_path)
+    data = _hs_write_rows(tmp_path / "val.jsonl")
+    expected = hellaswag.result_line(hellaswag.evaluate(model, tok, hellaswag.load_examples(data), "cpu"))
+    out = _eval_run(monkeypatch, capsys, hellaswag, "--ckpt", ckpt, "--data", data, "--device", "cpu").out
+    assert out.strip().splitlines()[-1] == expected and _eval_figures(expected)["acc_norm"][2] == 7
+    out = _eval_run(monkeypatch, capsys, hellaswag, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose").out
+    assert _eval_figures(out.strip().splitlines()[-1])["acc_norm"][2] == 3
+    assert [ctx in out for ctx, _, _ in _HS_ROWS] == [True] * 3 + [False] * 4
+
+
+# ---- lambada.py: hand-written passages, a piece tokenizer, an independent scorer
 
 
 # Hand-written passages in the LAMBADA format: the last word is easy to guess from the whole passage. The last
@@ -7006,6 +7128,23 @@ def _lb_designed_table(tok):
 _LB_DESIGNED_VERDICTS = [True, True, False, True, False, True, False]
 
 
+def _lb_one_row(toks, num_target):
+    """score_targets' input for one unpadded passage: its tokens and the mask of its target tokens, as batches of 1."""
+    return torch.tensor([toks]), torch.tensor([[0] * (len(toks) - num_target) + [1] * num_target])
+
+
+# ---- lambada.py: the data: a passage split at its last space, the rows, the download
+
+
+def test_lambada_split_passage_at_the_last_space():
+    assert lambada.split_passage("the cat sat on the mat") == ("the cat sat on the", " mat")
+    assert lambada.split_passage("He said,\n\"Come in.\" She smiled") == ("He said,\n\"Come in.\" She", " smiled")
+    assert lambada.split_passage("two  spaces") == ("two ", " spaces")  # only the last space goes to the target
+    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
+        context, got = lambada.split_passage(text)
+        assert got == target and context + target == text
+
+
 def test_lambada_load_examples_reads_jsonl_with_blank_lines(tmp_path):
     path = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
     with open(path, "a", encoding="utf-8", newline="") as f:  # a CRLF line and an extra key are fine too
@@ -7019,45 +7158,32 @@ def test_lambada_load_examples_reads_jsonl_with_blank_lines(tmp_path):
     assert lambada.parse_example('{"text": "a b"}', "x:1") == {"text": "a b"}
 
 
-@pytest.mark.parametrize("bad, expect", [
-    ("not json", "not a JSON object"),
-    ('{"text": "unterminated', "not a JSON object"),
-    (json.dumps({"txt": "He opened the door"}), 'expected a JSON object with a "text" string'),
-    (json.dumps({"text": 42}), 'expected a JSON object with a "text" string'),
-    (json.dumps({"text": None}), 'expected a JSON object with a "text" string'),
-    (json.dumps(["He opened the door"]), 'expected a JSON object with a "text" string'),
-    (json.dumps("He opened the door"), 'expected a JSON object with a "text" string'),
-    (json.dumps({"text": "Goodbye"}), "several words ending in the word to predict"),
-    (json.dumps({"text": "  Goodbye  "}), "several words ending in the word to predict"),
-    (json.dumps({"text": "He opened the door "}), "several words ending in the word to predict"),
-    (json.dumps({"text": " "}), "several words ending in the word to predict"),
+@pytest.mark.parametrize("bad, named", [
+    ("not json", "JSON"),
+    ('{"text": "unterminated', "JSON"),
+    (json.dumps({"txt": "He opened the door"}), '"text"'),
+    (json.dumps({"text": 42}), '"text"'),
+    (json.dumps({"text": None}), '"text"'),
+    (json.dumps(["He opened the door"]), '"text"'),
+    (json.dumps("He opened the door"), '"text"'),
+    (json.dumps({"text": "Goodbye"}), "'text'"),               # no word before the one to predict
+    (json.dumps({"text": "  Goodbye  "}), "'text'"),
+    (json.dumps({"text": "He opened the door "}), "'text'"),   # no word to predict after the last space
+    (json.dumps({"text": " "}), "'text'"),
 ])
-def test_lambada_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, expect):
+def test_lambada_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, named):
     path = tmp_path / "lambada.jsonl"
     # line 2 is blank: the line number counts it
     path.write_text(json.dumps({"text": _LB_PASSAGES[0]}) + "\n\n" + bad + "\n" + json.dumps({"text": "a b"}) + "\n",
                     encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:3: .*{re.escape(expect)}") as exc:
+    with pytest.raises(ValueError) as e:
         lambada.load_examples(path)
-    assert "\n" not in str(exc.value)
-
-
-def test_lambada_load_examples_rejects_missing_empty_and_non_utf8_files(tmp_path):
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'missing.jsonl'))}: no such file"):
-        lambada.load_examples(tmp_path / "missing.jsonl")
-    with pytest.raises(ValueError, match=r"a folder \(expected a LAMBADA jsonl file\)"):
-        lambada.load_examples(tmp_path)  # a directory is no file
-    for content in (b"", b"\n  \n\n"):
-        (tmp_path / "empty.jsonl").write_bytes(content)
-        with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'empty.jsonl'))}: no examples"):
-            lambada.load_examples(tmp_path / "empty.jsonl")
-    (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "a caf\xe9 au lait"}\n')
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'latin1.jsonl'))}: not UTF-8 text"):
-        lambada.load_examples(tmp_path / "latin1.jsonl")
+    _bad_says(str(e.value), f"{path}:3: ", named)
 
 
 def test_lambada_load_examples_uses_cached_download(tmp_path):
-    # path=None reads data_dir/lambada_test.jsonl when it is already there (no network in tests)
+    # path=None reads data_dir/lambada_test.jsonl when it is already there (no network in tests); the download is
+    # OpenAI's copy (the one the harness's lambada_openai task and the reference figures use), cached in data/lambada
     _lb_write(tmp_path / "lambada_test.jsonl")
     assert [e["text"] for e in lambada.load_examples(None, data_dir=tmp_path)] == _LB_PASSAGES
     assert [e["text"] for e in lambada.load_examples(data_dir=str(tmp_path))] == _LB_PASSAGES
@@ -7071,17 +7197,12 @@ def test_lambada_load_examples_downloads_when_not_cached(tmp_path, monkeypatch):
     assert [e["text"] for e in lambada.load_examples(None, data_dir=tmp_path / "cache")] == _LB_PASSAGES
     assert (tmp_path / "cache" / "lambada_test.jsonl").read_bytes() == (tmp_path / "remote.jsonl").read_bytes()
     monkeypatch.setattr(lambada, "TEST_URL", (tmp_path / "gone.jsonl").as_uri())
-    with pytest.raises(RuntimeError, match="cannot download .*gone.jsonl"):
+    with pytest.raises(RuntimeError) as e:
         lambada.load_examples(None, data_dir=tmp_path / "other")
+    _bad_says(str(e.value), "", lambada.TEST_URL)
 
 
-def test_lambada_split_passage_at_the_last_space():
-    assert lambada.split_passage("the cat sat on the mat") == ("the cat sat on the", " mat")
-    assert lambada.split_passage("He said,\n\"Come in.\" She smiled") == ("He said,\n\"Come in.\" She", " smiled")
-    assert lambada.split_passage("two  spaces") == ("two ", " spaces")  # only the last space goes to the target
-    for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
-        context, got = lambada.split_passage(text)
-        assert got == target and context + target == text
+# ---- lambada.py: rendering: context and " " + last word encoded apart, the context cut from its start to fit
 
 
 def test_lambada_render_token_by_token_with_a_word_level_stand_in():
@@ -7112,19 +7233,26 @@ def test_lambada_render_cuts_the_context_from_the_start_to_fit_max_len():
         assert num_target == 1 and cut is True
     example = {"text": _LB_PASSAGES[4]}  # " ice-" "cream": two target pieces
     full, _, _ = lambada.render_example(example, tok)
-    # exactly max_len target tokens keep one context token; one more than that cannot be scored
+    # exactly max_len target tokens keep one context token; one more than that cannot be scored (evaluate skips it)
     assert lambada.render_example(example, tok, max_len=2) == (full[-3:], 2, True)
-    with pytest.raises(hellaswag.Unscorable, match=r"target ' ice-cream' has 2 tokens, too long for context length 1"):
+    with pytest.raises(hellaswag.Unscorable) as e:
         lambada.render_example(example, tok, max_len=1)
+    _bad_says(str(e.value), "lambada: ", "' ice-cream'", 2, 1)
     assert issubclass(hellaswag.Unscorable, ValueError)
 
 
-def test_lambada_render_refuses_a_context_that_encodes_to_nothing():
-    class DropsContext(_LbPieceTokenizer):  # a tokenizer that has nothing for the context
+@pytest.mark.parametrize("drop, named", [(lambda text, ids: [] if not text.startswith(" ") else ids, "context"),
+                                         (lambda text, ids: ids[:-1] if text.endswith(" kite") else ids, "' kite'")],
+                         ids=["context", "target"])
+def test_lambada_render_refuses_a_context_or_a_target_that_encodes_to_nothing(drop, named):
+    # a tokenizer that drops what it does not know (not a byte-level one) can leave nothing to condition on, or
+    # nothing to score (the whole passage no longer than its context): Unscorable, which evaluate skips and counts
+    class Dropping(_LbPieceTokenizer):
         def encode(self, text):
-            return [] if not text.startswith(" ") else super().encode(text)
-    with pytest.raises(hellaswag.Unscorable, match="context encodes to no tokens"):
-        lambada.render_example({"text": _LB_PASSAGES[0]}, DropsContext(_LB_PASSAGES))
+            return drop(text, super().encode(text))
+    with pytest.raises(hellaswag.Unscorable) as e:
+        lambada.render_example(_lb_examples()[0], Dropping(_LB_PASSAGES))
+    _bad_says(str(e.value), "lambada: ", named)
 
 
 @needs_gpt2_files
@@ -7145,13 +7273,16 @@ def test_lambada_render_with_tiktoken_context_and_target_apart():
         lambada.render_example({"text": _LB_PASSAGES[4]}, enc, max_len=num_target - 1)
 
 
+# ---- lambada.py: scoring: the target's summed negative log-likelihood, and whether every token was the argmax
+
+
 @pytest.mark.parametrize("gpt_style", [False, True])
 def test_lambada_score_targets_matches_hand_computed_nll(gpt_style):
     # a random bigram model makes each target token's loss depend on the token before it, so any off-by-one in
     # the shift or the mask changes the numbers; all 7 passages in one right-padded batch and one at a time
     tok = _lb_tokenizer()
     table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(0)) * 2
-    model = _HsTableLM(table, gpt_style=gpt_style)
+    model = _TableLM(table, gpt_style=gpt_style)
     rendered = [lambada.render_example(e, tok) for e in _lb_examples()]
     refs = [_lb_reference(table, toks[:-n], toks[-n:]) for toks, n, _ in rendered]
     T = max(len(toks) for toks, _, _ in rendered)
@@ -7162,8 +7293,22 @@ def test_lambada_score_targets_matches_hand_computed_nll(gpt_style):
     assert greedy.tolist() == [r[1] for r in refs]
     assert model.seen[-1][2] == (7, T - 1)  # the last token is never an input
     for (toks, n, _), (ref_nll, ref_greedy) in zip(rendered, refs):
-        one_nll, one_greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
+        one_nll, one_greedy = lambada.score_targets(model, *_lb_one_row(toks, n))
         assert one_nll.item() == pytest.approx(ref_nll, rel=1e-5) and one_greedy.item() == ref_greedy
+
+
+def test_lambada_score_targets_takes_the_nll_in_float32_from_bf16_logits():
+    tok = _lb_tokenizer()
+    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()
+    model = _TableLM(table.float()).to(torch.bfloat16)
+    for ex in _lb_examples():
+        toks, n, _ = lambada.render_example(ex, tok)
+        nll, greedy = lambada.score_targets(model, *_lb_one_row(toks, n))
+        ref_nll, ref_greedy = _lb_reference(table.float(), toks[:-n], toks[-n:])
+        assert nll.item() == pytest.approx(ref_nll, rel=1e-5) and greedy.item() == ref_greedy
+
+
+# ---- lambada.py: evaluate: accuracy and perplexity over passages, batched, skipping what cannot be scored, DDP
 
 
 def test_lambada_evaluate_controlled_model_gives_known_acc_and_ppl():
@@ -7177,48 +7322,52 @@ def test_lambada_evaluate_controlled_model_gives_known_acc_and_ppl():
     assert refs[4][0] > refs[0][0] > 0
     nll = sum(n for n, _ in refs)
     for batch_size in (1, 2, 3, 8):  # batching and padding never change the result
-        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu", batch_size=batch_size)
+        r = lambada.evaluate(_TableLM(table), tok, _lb_examples(), "cpu", batch_size=batch_size)
         assert set(r) == {"acc", "ppl", "num_correct", "num_total", "num_skipped", "nll"}  # no num_cut: nothing cut
         assert (r["num_correct"], r["num_total"], r["num_skipped"]) == (4, 7, 0)
         assert r["acc"] == pytest.approx(4 / 7)
         assert r["nll"] == pytest.approx(nll, rel=1e-6)
         assert r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-6)
-    assert lambada.result_line(r) == f"lambada acc 0.5714 (4/7) ppl {math.exp(nll / 7):.2f}"
+    assert _eval_figures(lambada.result_line(r)) == {"acc": (0.5714, 4, 7), "ppl": pytest.approx(r["ppl"], abs=0.005),
+                                                     "skipped": 0}
     # a model sure of every target: acc 1, ppl close to 1
     sure = torch.full((tok.vocab_size, tok.vocab_size), -30.0)
     for text, target in zip(_LB_PASSAGES, _LB_TARGETS):
         ids = tok.encode(text[:-len(target)])[-1:] + tok.encode(target)
         for a, b in zip(ids, ids[1:]):
             sure[a, b] = 30.0
-    r = lambada.evaluate(_HsTableLM(sure, gpt_style=True), tok, _lb_examples(), "cpu")
+    r = lambada.evaluate(_TableLM(sure, gpt_style=True), tok, _lb_examples(), "cpu")
     assert (r["num_correct"], r["acc"]) == (7, 1.0) and r["ppl"] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_lambada_evaluate_runs_in_eval_no_grad_restores_mode_and_prints_verbose(capsys):
+def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
+    # a uniform model: every target piece costs log(V). 20 copies of the 7 passages (9 target pieces) sum to an
+    # nll far above 700, as any real test set does; ppl is exp(mean nll per passage) = V ** (9 / 7)
     tok = _lb_tokenizer()
-    model = _HsTableLM(_lb_designed_table(tok))
-    model.train()
-    r = lambada.evaluate(model, tok, _lb_examples(), "cpu", verbose=True, batch_size=3)
-    assert model.training and torch.is_grad_enabled()
-    assert [s[:2] for s in model.seen] == [(False, False)] * 3  # 7 passages in batches of 3 -> 3 forwards
-    assert [s[2][0] for s in model.seen] == [3, 3, 1]
-    out = capsys.readouterr().out
-    lines = [line for line in out.splitlines() if line.startswith("--- ")]
-    assert len(lines) == 7 and r["num_correct"] == 4
-    assert [line.startswith("--- right") for line in lines] == _LB_DESIGNED_VERDICTS
-    assert "target 'ice-cream'" in lines[4] and lines[-1].endswith("(rank 0: acc 4/7)")
-    model.eval()
-    lambada.evaluate(model, tok, _lb_examples(), "cpu", progress=True)
-    assert not model.training
-    assert "lambada 7/7 acc 0.5714" in capsys.readouterr().err
+    model = _TableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
+    r = lambada.evaluate(model, tok, _lb_examples() * 20, "cpu", batch_size=32)
+    nll = 20 * 9 * math.log(tok.vocab_size)
+    assert r["num_total"] == 140 and r["nll"] > 700 and r["nll"] == pytest.approx(nll, rel=1e-5)
+    assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
 
 
-def test_lambada_evaluate_unwraps_compiled_module():
+def test_lambada_perplexity_of_a_confidently_wrong_model_is_not_capped_early():
+    # a model that gives every target piece a logit 100 below the rest: the mean nll per passage is ~130 nats, so
+    # ppl is exp(~130) (~1e56), a finite float64: only a mean above ~709 would overflow, and only there may it be
+    # capped (a cap at, say, 70 would report e^70 for any model this bad)
     tok = _lb_tokenizer()
-    model = _HsTableLM(_lb_designed_table(tok))
-    compiled = torch.compile(model)
-    r = lambada.evaluate(compiled, tok, _lb_examples(), "cpu", batch_size=4)
-    assert r["num_correct"] == 4 and len(model.seen) == 2  # ran eagerly on the plain module
+    for penalty in (100.0, 1000.0):
+        table = torch.zeros(tok.vocab_size, tok.vocab_size)
+        for target in _LB_TARGETS:
+            table[:, tok.encode(target)] = -penalty
+        nll = sum(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target))[0]
+                  for text, target in zip(_LB_PASSAGES, _LB_TARGETS))
+        r = lambada.evaluate(_TableLM(table), tok, _lb_examples(), "cpu")
+        assert r["num_total"] == 7 and r["nll"] == pytest.approx(nll, rel=1e-5)
+        if nll / 7 < 700:
+            assert 100 < nll / 7 and r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-4)
+        else:   # exp(1290) overflows a float64: capped, finite, still above every uncapped perplexity below it
+            assert math.isfinite(r["ppl"]) and r["ppl"] >= math.exp(700)
 
 
 def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
@@ -7230,7 +7379,7 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
     kept = [i for i, g in enumerate(_LB_TARGETS) if len(tok.encode(g)) == 1]
     assert kept == [0, 1, 2, 3, 6]
     for batch_size in (1, 2, 8):
-        model = _HsTableLM(table)
+        model = _TableLM(table)
         model.context_length = 1
         r = lambada.evaluate(model, tok, _lb_examples(), "cpu", batch_size=batch_size)
         assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (2, 5, 3, 5)
@@ -7238,26 +7387,58 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
         assert r["nll"] == pytest.approx(sum(refs[i][0] for i in kept), rel=1e-6)
         assert r["ppl"] == pytest.approx(math.exp(r["nll"] / 5), rel=1e-9)
         assert max(shape[1] for _, _, shape in model.seen) == 1
-    assert lambada.result_line(r) == (f"lambada acc 0.6000 (3/5) ppl {r['ppl']:.2f}, 2 skipped "
-                                      "(a target too long for the context, or an empty context)")
+    assert _eval_figures(lambada.result_line(r)) == {"acc": (0.6, 3, 5), "ppl": pytest.approx(r["ppl"], abs=0.005),
+                                                     "skipped": 2}
     # context_length 2: every target fits, the 2-piece ones with one context token: nothing skipped, all cut
-    model = _HsTableLM(table)
+    model = _TableLM(table)
     model.context_length = 2
     r = lambada.evaluate(model, tok, _lb_examples(), "cpu")
     assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (0, 7, 4, 7)
     assert r["nll"] == pytest.approx(sum(n for n, _ in refs), rel=1e-6)
-    assert "skipped" not in lambada.result_line(r)
+    assert _eval_figures(lambada.result_line(r))["skipped"] == 0
     # nothing fits at all: no passage scored, nan perplexity, every one skipped
-    model = _HsTableLM(table)
+    model = _TableLM(table)
     model.context_length = 1
     r = lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu")
     assert (r["num_total"], r["num_skipped"], r["acc"]) == (0, 2, 0.0) and math.isnan(r["ppl"])
     # the progress line counts skipped passages too, also when a whole batch is skipped (here: every batch)
     capsys.readouterr()
     lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu", batch_size=1, progress=True)
-    assert capsys.readouterr().err.split("\r")[-1] == "lambada 2/2 acc 0.0000\n"
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {"2/2", "0.0000"} <= words and ended
     lambada.evaluate(model, tok, _lb_examples()[3:6], "cpu", batch_size=2, progress=True)  # the last batch: skipped
-    assert capsys.readouterr().err.split("\r")[-1] == "lambada 3/3 acc 1.0000\n"
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {"3/3", "1.0000"} <= words and ended
+
+
+def test_lambada_evaluate_runs_in_eval_no_grad_restores_mode_and_prints_verbose(capsys):
+    tok = _lb_tokenizer()
+    model = _TableLM(_lb_designed_table(tok))
+    model.train()
+    r = lambada.evaluate(model, tok, _lb_examples(), "cpu", verbose=True, batch_size=3)
+    assert model.training and torch.is_grad_enabled()
+    assert [s[:2] for s in model.seen] == [(False, False)] * 3  # 7 passages in batches of 3 -> 3 forwards
+    assert [s[2][0] for s in model.seen] == [3, 3, 1]
+    assert r["num_correct"] == 4
+    # verbose: every passage in order with its verdict and its target word, and the running count of right ones
+    out = capsys.readouterr().out
+    assert re.findall(r"\b(right|wrong)\b", out) == ["right" if v else "wrong" for v in _LB_DESIGNED_VERDICTS]
+    where = [out.find(repr(target.strip())) for target in _LB_TARGETS]
+    assert -1 not in where and where == sorted(where)
+    assert re.findall(r"\b\d+/\d+\b", out)[-1] == "4/7"
+    model.eval()
+    lambada.evaluate(model, tok, _lb_examples(), "cpu", progress=True)
+    assert not model.training
+    words, ended = _eval_progress(capsys.readouterr().err)
+    assert {"7/7", "0.5714"} <= words and ended
+
+
+def test_lambada_evaluate_unwraps_compiled_module():
+    tok = _lb_tokenizer()
+    model = _TableLM(_lb_designed_table(tok))
+    compiled = torch.compile(model)
+    r = lambada.evaluate(compiled, tok, _lb_examples(), "cpu", batch_size=4)
+    assert r["num_correct"] == 4 and len(model.seen) == 2  # ran eagerly on the plain module
 
 
 def _lb_model_reference(model, tokens, num_target):
@@ -7274,17 +7455,8 @@ def _lb_model_reference(model, tokens, num_target):
 def test_lambada_batched_padded_scoring_equals_one_passage_at_a_time(arch):
     # a tiny model trained a few steps on the first 4 passages gets some targets right and some wrong
     tok = _lb_tokenizer()
-    model = _hs_tiny_model(arch, tok.vocab_size, context_length=64)
-    rows = [tok.encode(t) for t in _LB_PASSAGES[:4]]
-    T = max(map(len, rows))
-    data = torch.tensor([row + [0] * (T - len(row)) for row in rows])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.0)
-    for _ in range(25):
-        logits = M.logits(model, data[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), data[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    model = _eval_tiny_model(arch, tok.vocab_size, context_length=64)
+    _eval_fit(model, [tok.encode(t) for t in _LB_PASSAGES[:4]], steps=25)
     model.eval()
     refs = [_lb_model_reference(model, *lambada.render_example(e, tok)[:2]) for e in _lb_examples()]
     greedy = [g for _, g in refs]
@@ -7299,6 +7471,35 @@ def test_lambada_batched_padded_scoring_equals_one_passage_at_a_time(arch):
             assert model.training == (mode == "train")  # left as it was found
 
 
+def _lb_ddp_worker(rank, world_size, port, table, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        model = _TableLM(table)
+        model.context_length = 1  # the 2-piece targets are skipped: the skip and cut counts are summed too
+        r = lambada.evaluate(model, _lb_tokenizer(), _lb_examples(), "cpu", rank, world_size, batch_size=2)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
+        dist.barrier()  # ranks leave together, as train.py does
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
+    tok = _lb_tokenizer()
+    table = _lb_designed_table(tok)
+    model = _TableLM(table)
+    model.context_length = 1
+    single = lambada.evaluate(model, tok, _lb_examples(), "cpu")
+    assert (single["num_correct"], single["num_total"], single["num_skipped"], single["num_cut"]) == (3, 5, 2, 5)
+    _spawn_ranks(_lb_ddp_worker, table, str(tmp_path))
+    for rank in range(2):  # passages 0,2,4,6 and 1,3,5: every rank gets the all-reduced totals
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert {k: v for k, v in r.items() if k not in ("nll", "ppl")} == {
+            k: v for k, v in single.items() if k not in ("nll", "ppl")}
+        assert r["nll"] == pytest.approx(single["nll"], rel=1e-9) and r["ppl"] == pytest.approx(single["ppl"], rel=1e-9)
+
+
 @needs_gpt2_files
 def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path, monkeypatch, capsys):
     # the --init_from path (GPT.from_pretrained + tiktoken) on a small random GPT-2 saved by transformers, against
@@ -7307,7 +7508,6 @@ def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path,
     # longer than the 64-token context and keeps its last 64 + 1 - len(target) context tokens.
     import tiktoken
     from transformers import GPT2Config, GPT2LMHeadModel
-    from model import GPT
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, initializer_range=0.3)).eval()
     hf.save_pretrained(tmp_path / "hf")
@@ -7336,104 +7536,89 @@ def test_lambada_init_from_hf_directory_matches_transformers_reference(tmp_path,
     refs = [reference(t) for t in texts]
     assert [g for _, g in refs[7:9]] == [True, True] and not any(g for _, g in refs[:7])
     assert len(enc.encode(texts[-1])) > 64 and max(len(enc.encode(t)) for t in texts[:-1]) <= 64
-    ours = GPT.from_pretrained(str(tmp_path / "hf"))
+    ours = M.GPT.from_pretrained(str(tmp_path / "hf"))
     examples = [{"text": t} for t in texts]
     for ex, (ref_nll, ref_greedy) in zip(examples, refs):
         tokens, k, _ = lambada.render_example(ex, enc, 64)
-        nll, greedy = lambada.score_targets(ours.eval(), torch.tensor([tokens]),
-                                            torch.tensor([[0] * (len(tokens) - k) + [1] * k]))
+        nll, greedy = lambada.score_targets(ours.eval(), *_lb_one_row(tokens, k))
         assert nll.item() == pytest.approx(ref_nll, rel=1e-4) and greedy.item() == ref_greedy
     n, correct, nll = len(texts), sum(g for _, g in refs), sum(x for x, _ in refs)
     r = lambada.evaluate(ours, enc, examples, "cpu")
     assert (r["num_total"], r["num_correct"], r["num_cut"], r["num_skipped"]) == (n, correct, 1, 0)
     assert r["nll"] == pytest.approx(nll, rel=1e-4) and r["ppl"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+    # the command line: the same figures, and one warning naming how many contexts of how many were cut to fit how
+    # long a context
     data = _lb_write(tmp_path / "lambada.jsonl", texts)
-    monkeypatch.setattr(sys, "argv", ["lambada.py", f"--init_from={tmp_path / 'hf'}", "--data", str(data),
-                                      "--device", "cpu"])
-    lambada.main()
-    out, err = capsys.readouterr()
+    out, err = _eval_run(monkeypatch, capsys, lambada, f"--init_from={tmp_path / 'hf'}", "--data", data, "--device=cpu")
     last = out.strip().splitlines()[-1]
-    assert last == lambada.result_line(r) and last.startswith(f"lambada acc {correct / n:.4f} ({correct}/{n}) ppl ")
-    assert float(last.split(" ppl ")[1]) == pytest.approx(math.exp(nll / n), rel=1e-4)
-    assert ("lambada.py: warning: 1 of 10 contexts were too long for the model's context (64 tokens): cut from the "
-            "start") in err.splitlines()
+    assert last == lambada.result_line(r)
+    assert _eval_figures(last) == {"acc": (round(correct / n, 4), correct, n),
+                                   "ppl": pytest.approx(math.exp(nll / n), rel=1e-4), "skipped": 0}
+    (warning,) = [line for line in err.splitlines() if line.startswith("lambada.py: ") and "warning" in line]
+    _bad_says(warning, "lambada.py: ", 1, 10, 64)
 
 
-def _lb_ddp_worker(rank, world_size, port, table, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        model = _HsTableLM(table)
-        model.context_length = 1  # the 2-piece targets are skipped: the skip and cut counts are summed too
-        r = lambada.evaluate(model, _lb_tokenizer(), _lb_examples(), "cpu", rank, world_size, batch_size=2)
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(r))
-        dist.barrier()  # ranks leave together, as train.py does
-    finally:
-        dist.destroy_process_group()
-
-
-def test_lambada_ddp_two_processes_equal_one_process(tmp_path):
-    tok = _lb_tokenizer()
-    table = _lb_designed_table(tok)
-    model = _HsTableLM(table)
-    model.context_length = 1
-    single = lambada.evaluate(model, tok, _lb_examples(), "cpu")
-    assert (single["num_correct"], single["num_total"], single["num_skipped"], single["num_cut"]) == (3, 5, 2, 5)
-    _spawn_ranks(_lb_ddp_worker, table, str(tmp_path))
-    for rank in range(2):  # passages 0,2,4,6 and 1,3,5: every rank gets the all-reduced totals
-        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert {k: v for k, v in r.items() if k not in ("nll", "ppl")} == {
-            k: v for k, v in single.items() if k not in ("nll", "ppl")}
-        assert r["nll"] == pytest.approx(single["nll"], rel=1e-9) and r["ppl"] == pytest.approx(single["ppl"], rel=1e-9)
-
-
-def _lb_run_main(monkeypatch, capsys, *argv):
-    return _hs_run_main(monkeypatch, capsys, *argv, script=lambada)
+# ---- lambada.py: the command line
 
 
 @needs_gpt2_files
 def test_lambada_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
-    # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main()
-    model, tok, ckpt = _hs_gpt2_tokenizer_checkpoint(tmp_path)
+    # a train.py-format checkpoint of the Llama-style model with the GPT-2 tokenizer, through main(): the score
+    # evaluate() gives it and the number of passages scored; --limit N scores the first N, --verbose prints each
+    model, tok, ckpt = _eval_gpt2_checkpoint(tmp_path)
     data = _lb_write(tmp_path / "lambada.jsonl", blank_lines=True)
     expected = lambada.result_line(lambada.evaluate(model, tok, _lb_examples(), "cpu"))
-    assert re.fullmatch(r"lambada acc \d\.\d{4} \(\d/7\) ppl \d+\.\d\d", expected), expected
-    out = _lb_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--device", "cpu", "--batch_size", 3)
-    assert out.strip().splitlines()[-1] == expected
-    assert out.strip().splitlines()[-2].startswith("7 passages scored in ")
+    assert _eval_figures(expected)["acc"][2] == 7
+    out, _ = _eval_run(monkeypatch, capsys, lambada, "--ckpt", ckpt, "--data", data, "--device=cpu", "--batch_size=3")
+    assert out.strip().splitlines()[-1] == expected and "7 passages" in out
     expected3 = lambada.result_line(lambada.evaluate(model, tok, _lb_examples()[:3], "cpu"))
-    out = _lb_run_main(monkeypatch, capsys, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose", "--device", "cpu")
-    assert sum(line.startswith("--- ") for line in out.splitlines()) == 3
-    assert out.strip().splitlines()[-1] == expected3 and "/3) ppl " in expected3
+    assert _eval_figures(expected3)["acc"][2] == 3
+    out = _eval_run(monkeypatch, capsys, lambada, "--ckpt", ckpt, "--data", data, "--limit", 3, "--verbose",
+                    "--device", "cpu").out
+    assert out.strip().splitlines()[-1] == expected3 and len(re.findall(r"\b(right|wrong)\b", out)) == 3
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--ckpt=x.pt", "--init_from=gpt2"], "lambada.py: give exactly one of --ckpt PATH or --init_from NAME"),
-    ([], "lambada.py: give exactly one of --ckpt PATH or --init_from NAME"),
-    (["--init_from=gpt2", "--limit=0"], "lambada.py: --limit must be a positive integer, got 0"),
-    (["--init_from=gpt2", "--limit=-3"], "lambada.py: --limit must be a positive integer, got -3"),
-    (["--init_from=gpt2", "--batch_size=0"], "lambada.py: --batch_size must be a positive integer, got 0"),
-])
-def test_lambada_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
-    assert _bad_exit(monkeypatch, lambada, *argv) == expect
+# ---- hellaswag.py and lambada.py: the command line's mistakes and warnings: one line each, before any work
 
 
-def test_lambada_bad_files_are_one_line(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=64)
-    missing = tmp_path / "nope.pt"
-    _one_line_naming(_bad_exit(monkeypatch, lambada, f"--ckpt={missing}", "--device=cpu"), f"lambada.py: --ckpt {missing}: ",
-                     "no such checkpoint")
-    data = tmp_path / "missing.jsonl"
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"lambada.py: --data {data}: no such file (expected a LAMBADA jsonl file)")
-    data = tmp_path / "latin1.jsonl"
-    data.write_bytes(b'{"text": "un caf\xe9 noir"}\n')
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"lambada.py: --data {data}: not UTF-8 text (expected a LAMBADA jsonl file)")
-    data = _lb_write(tmp_path / "lambada.jsonl", ["He opened the door", "Goodbye"])
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"lambada.py: --data {data}:2: 'text' must be a passage of several words ending in the word to predict")
+@pytest.mark.parametrize("script", [hellaswag, lambada])
+@pytest.mark.parametrize("argv, flag, named", [
+    ([], "", ["--ckpt", "--init_from"]),
+    (["--ckpt=x.pt", "--init_from=gpt2"], "", ["--ckpt", "--init_from"]),
+    # (a --limit of -3 would otherwise drop the last 3 examples, and 0 leave none to score)
+    (["--init_from=gpt2", "--limit=0"], "--limit", ["0"]),
+    (["--init_from=gpt2", "--limit=-3"], "--limit", ["-3"]),
+    (["--init_from=gpt2", "--batch=0"], "--batch", ["0"]),   # hellaswag.py's --batch_examples, lambada's --batch_size
+], ids=["no-model", "two-models", "limit-0", "limit-negative", "batch-0"])
+def test_eval_bad_flags_are_one_line_before_any_work(monkeypatch, script, argv, flag, named):
+    batch = {hellaswag: "--batch_examples", lambada: "--batch_size"}[script]
+    flag, argv = flag.replace("--batch", batch), [a.replace("--batch=", f"{batch}=") for a in argv]
+    monkeypatch.setattr(script, "setup_device", lambda *a, **k: pytest.fail("went on to pick a device"))
+    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("went on to load a model"))
+    _bad_says(_bad_exit(monkeypatch, script, *argv), f"{script.__name__}.py: {flag}", *named)
+
+
+@pytest.mark.parametrize("script", [hellaswag, lambada])
+def test_eval_cli_names_a_missing_checkpoint_or_data_file(tmp_path, monkeypatch, script):
+    name, ckpt, missing = f"{script.__name__}.py", _tiny_llama_ckpt(tmp_path), tmp_path / "nope"
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={missing}", "--device=cpu"), f"{name}: --ckpt {missing}: ",
+              "no such")
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={missing}", "--device=cpu"),
+              f"{name}: --data {missing}: ", "no such")
+
+
+@pytest.mark.parametrize("script, good_row, bad_row, field", [
+    (hellaswag, _hs_row(0, *_HS_ROWS[0]), {"ctx": "A man", "endings": ["a", "b"], "label": 0}, "'endings'"),
+    (lambada, {"text": _LB_PASSAGES[0]}, {"text": "Goodbye"}, "'text'")])
+def test_eval_cli_names_a_data_file_it_cannot_read(tmp_path, monkeypatch, script, good_row, bad_row, field):
+    # a file that is not UTF-8 text: the file; a row that is not an example: the file, the line and the field
+    name, ckpt, data = f"{script.__name__}.py", _tiny_llama_ckpt(tmp_path, context_length=64), tmp_path / "data.jsonl"
+    data.write_bytes(b'{"ctx": "un caf\xe9 noir", "text": "un caf\xe9 noir"}\n')
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"),
+              f"{name}: --data {data}: ", "UTF-8")
+    data.write_text(json.dumps(good_row) + "\n" + json.dumps(bad_row) + "\n", encoding="utf-8")
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"),
+              f"{name}: --data {data}:2: ", field)
 
 
 @pytest.mark.parametrize("script", [hellaswag, lambada])
@@ -7441,176 +7626,34 @@ def test_eval_cli_data_dir_that_is_a_file_or_ctrl_c_is_one_line(tmp_path, monkey
     ckpt = _tiny_llama_ckpt(tmp_path, context_length=64)
     name = f"{script.__name__}.py"
     (tmp_path / "a_file").write_text("x")   # where the download would be cached
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data_dir={tmp_path / 'a_file'}", "--device=cpu") == (
-        f"{name}: (no --data) [Errno 17] File exists: '{tmp_path / 'a_file'}'")
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data_dir={tmp_path / 'a_file'}", "--device=cpu"),
+              f"{name}: (no --data) ", tmp_path / "a_file")
 
     def ctrl_c(*a, **k):
         raise KeyboardInterrupt
+    # Ctrl-C: one line after a newline (which leaves the terminal's ^C line), saying what was cut short
     monkeypatch.setattr(sys, "argv", [name, f"--ckpt={ckpt}", "--device=cpu"])
     monkeypatch.setattr(script, "load_examples", ctrl_c)
-    with pytest.raises(SystemExit, match=f"^\n{name}: interrupted while reading the data$"):
-        script.main()   # (the newline leaves the terminal's ^C line)
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    assert e.value.code.startswith("\n")
+    _bad_says(e.value.code[1:], f"{name}: ", "interrupted", "data")
     monkeypatch.setattr(script, "load_examples", lambda *a, **k: [])
     monkeypatch.setattr(script, "evaluate", ctrl_c)
-    with pytest.raises(SystemExit, match=f"^\n{name}: interrupted before the last (example|passage): no score$"):
+    with pytest.raises(SystemExit) as e:
         script.main()
-
-
-def test_lambada_fails_when_no_passage_fits_the_context(tmp_path, monkeypatch):
-    # byte-level tokens: " extraordinarily" is 16 tokens, longer than the 8-token context: every passage skipped
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=8)
-    data = _lb_write(tmp_path / "lambada.jsonl", ["The view was extraordinarily", "She sang extraordinarily"])
-    assert _bad_exit(monkeypatch, lambada, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        "lambada.py: no passage fits the model's context (8 tokens): all 2 skipped")
-
-
-def test_lambada_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
-    # byte-level tokens, 16-token context: the first passage (30 context + 7 target bytes) is cut, "Hi you" is not;
-    # a passage whose target is too long is skipped, and the result line says so
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
-    data = _lb_write(tmp_path / "lambada.jsonl", ["A man sat down on the bench. He smiled", "Hi you",
-                                                  "It was all quite incomprehensible"])
-    monkeypatch.setattr(sys, "argv", ["lambada.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
-    lambada.main()
-    out, err = capsys.readouterr()
-    warnings = [line for line in err.splitlines() if "warning" in line]
-    assert warnings == ["lambada.py: warning: 1 of 2 contexts were too long for the model's context (16 tokens): "
-                        "cut from the start"]
-    assert re.fullmatch(r"lambada acc \d\.\d{4} \(\d/2\) ppl \d+\.\d\d, 1 skipped \(a target too long for the "
-                        r"context, or an empty context\)", out.strip().splitlines()[-1])
-
-
-def test_lambada_render_refuses_a_target_that_encodes_to_nothing():
-    class Dropping(_LbPieceTokenizer):  # a (non byte-level) tokenizer that drops words it does not know
-        def encode(self, text):
-            return super().encode(text)[:-1] if text.endswith(" kite") else super().encode(text)
-    tok = Dropping(_LB_PASSAGES)
-    with pytest.raises(hellaswag.Unscorable, match="the target ' kite' encodes to no tokens"):
-        lambada.render_example(_lb_examples()[0], tok)
-
-
-def test_hs_fails_when_no_example_fits_the_context(tmp_path, monkeypatch):
-    # byte-level tokens: every ending is longer than the 16-token context, so every example is skipped
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
-    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits.", ["then he stands up and walks away"] * 4)] * 2)
-    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        "hellaswag.py: no example fits the model's context (16 tokens): all 2 skipped "
-        "(an ending too long for it, or an empty context)")
-
-
-def test_hs_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys):
-    ckpt = _tiny_llama_ckpt(tmp_path, context_length=32)
-    data = _bad_hs_data(tmp_path / "val.jsonl", [("A man sits down on a bench in the park.", ["a", "b", "c", "d"]),
-                                             ("He", ["e", "f", "g", "h"])])
-    monkeypatch.setattr(sys, "argv", ["hellaswag.py", f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"])
-    hellaswag.main()
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert warnings == ["hellaswag.py: warning: 1 of 2 contexts were too long for the model's context (32 tokens) "
-                        "with their endings: cut from the start"]
-
-
-def test_hs_names_a_data_file_that_is_not_utf8(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    data = tmp_path / "val.jsonl"
-    data.write_bytes(b'{"ctx": "caf\xe9"}\n')
-    assert _bad_exit(monkeypatch, hellaswag, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu") == (
-        f"hellaswag.py: --data {data}: not UTF-8 text (expected a HellaSwag jsonl file)")
-
-
-def test_lambada_perplexity_of_many_passages_is_exp_of_the_mean_nll():
-    # a uniform model: every target piece costs log(V). 20 copies of the 7 passages (9 target pieces) sum to an
-    # nll far above 700, as any real test set does; ppl is exp(mean nll per passage) = V ** (9 / 7)
-    tok = _lb_tokenizer()
-    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
-    r = lambada.evaluate(model, tok, _lb_examples() * 20, "cpu", batch_size=32)
-    nll = 20 * 9 * math.log(tok.vocab_size)
-    assert r["num_total"] == 140 and r["nll"] > 700 and r["nll"] == pytest.approx(nll, rel=1e-5)
-    assert r["ppl"] == pytest.approx(tok.vocab_size ** (9 / 7), rel=1e-5)
-
-
-def test_lambada_perplexity_of_a_confidently_wrong_model_is_not_capped_early():
-    # a model that gives every target piece a logit 100 below the rest: the mean nll per passage is ~130 nats, so
-    # ppl is exp(~130) (~1e56), a finite float64: only a mean above ~709 would overflow, and only there may it be
-    # capped (a cap at, say, 70 would report e^70 for any model this bad)
-    tok = _lb_tokenizer()
-    for penalty in (100.0, 1000.0):
-        table = torch.zeros(tok.vocab_size, tok.vocab_size)
-        for target in _LB_TARGETS:
-            table[:, tok.encode(target)] = -penalty
-        nll = sum(_lb_reference(table, tok.encode(text[:-len(target)]), tok.encode(target))[0]
-                  for text, target in zip(_LB_PASSAGES, _LB_TARGETS))
-        r = lambada.evaluate(_HsTableLM(table), tok, _lb_examples(), "cpu")
-        assert r["num_total"] == 7 and r["nll"] == pytest.approx(nll, rel=1e-5)
-        if nll / 7 < 700:
-            assert 100 < nll / 7 and r["ppl"] == pytest.approx(math.exp(nll / 7), rel=1e-4)
-        else:   # exp(1290) overflows a float64: capped, finite, still above every uncapped perplexity below it
-            assert math.isfinite(r["ppl"]) and r["ppl"] >= math.exp(700)
-
-
-def test_hs_score_endings_takes_the_loss_in_float32_from_bf16_logits():
-    # a bfloat16 model's logits are upcast before the cross-entropy: the losses are those of the bf16 logits
-    # computed in float32, not rounded to bf16's 8 bits
-    tok = _hs_word_tokenizer()
-    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(1)) * 3).bfloat16()
-    model = _HsTableLM(table.float()).to(torch.bfloat16)
-    assert model.table.dtype == torch.bfloat16
-    ctx, _, endings = _HS_ROWS[0]
-    tokens, mask, _ = hellaswag.render_example(_hs_row(0, ctx, 0, endings), tok)
-    sum_loss, avg_loss = hellaswag.score_endings(model, tokens, mask)
-    assert sum_loss.dtype == torch.float32
-    for j, ending in enumerate(endings):
-        ref_sum, ref_avg = _hs_reference_losses(table.float(), tok.encode(ctx), tok.encode(ending))
-        assert sum_loss[j].item() == pytest.approx(ref_sum, rel=1e-5)
-        assert avg_loss[j].item() == pytest.approx(ref_avg, rel=1e-5)
-
-
-def test_lambada_score_targets_takes_the_nll_in_float32_from_bf16_logits():
-    tok = _lb_tokenizer()
-    table = (torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()
-    model = _HsTableLM(table.float()).to(torch.bfloat16)
-    for ex in _lb_examples():
-        toks, n, _ = lambada.render_example(ex, tok)
-        nll, greedy = lambada.score_targets(model, torch.tensor([toks]), torch.tensor([[0] * (len(toks) - n) + [1] * n]))
-        ref_nll, ref_greedy = _lb_reference(table.float(), toks[:-n], toks[-n:])
-        assert nll.item() == pytest.approx(ref_nll, rel=1e-5) and greedy.item() == ref_greedy
-
-
-def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
-    # examples of different lengths in one padded forward: every example's 4 losses (printed by verbose) are
-    # the ones it gets alone, whichever example of the batch is the longest
-    tok = _hs_word_tokenizer()
-    examples = [_hs_row(i, *r) for i, r in enumerate(_HS_ROWS)]
-    lengths = [len(tok.encode(r["ctx"])) + max(len(tok.encode(" " + e)) for e in r["endings"]) for r in examples]
-    assert lengths[0] < max(lengths)  # the first example of the batch is not the widest
-    table = torch.randn(tok.vocab_size, tok.vocab_size, generator=torch.Generator().manual_seed(3)) * 2
-    outputs = []
-    for batch_examples in (1, 8):
-        hellaswag.evaluate(_HsTableLM(table), tok, examples, "cpu", verbose=True, batch_examples=batch_examples)
-        outputs.append(capsys.readouterr().out)
-    assert outputs[0].count("avg ") == 4 * len(examples) and outputs[0] == outputs[1]
-
-
-def test_hs_ties_go_to_the_lowest_ending_index():
-    # a model with no preference (every logit equal) gives all 4 endings of equal length the same summed and mean
-    # loss: both acc and acc_norm must pick ending 0 (the documented tie rule), so only the rows labelled 0 count
-    endings = ["ran home", "sat down", "ate fish", "was sad"]
-    rows = [_hs_row(i, ctx, label, endings) for i, (ctx, label) in enumerate([("The cat", 0), ("The dog", 2),
-                                                                             ("A cow", 0)])]
-    tok = _HsWordTokenizer([r["ctx"] for r in rows] + endings)
-    model = _HsTableLM(torch.zeros(tok.vocab_size, tok.vocab_size))
-    for batch_examples in (1, 3):
-        r = hellaswag.evaluate(model, tok, rows, "cpu", batch_examples=batch_examples)
-        assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (2, 2, 3)
+    assert e.value.code.startswith("\n")
+    _bad_says(e.value.code[1:], f"{name}: ", "interrupted", "no score")
 
 
 def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_checks_its_size(tmp_path, monkeypatch):
     # --tokenizer overrides the tokenizer a checkpoint names and, with --init_from, the default gpt2; one of another
     # size than the model's vocabulary (ids past its embedding table, or ids it cannot decode) is refused at load time
-    import argparse
     transformers = pytest.importorskip("transformers")
     GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
     ckpt = _tiny_llama_ckpt(tmp_path)  # names tmp_path/tok: 257 byte tokens with <|endoftext|>
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=[]).save_dir(str(tmp_path / "bytes"))
+    byte_tok = tmp_path / "bytes"
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=[]).save_dir(str(byte_tok))
     GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
         tmp_path / "hf")
 
@@ -7618,26 +7661,51 @@ def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_check
         args = argparse.Namespace(**{"ckpt": None, "init_from": None, "tokenizer": None, **kw})
         return hellaswag.load_model(args, "cpu")
     assert load(ckpt=str(ckpt))[1].vocab_size == 257
-    with pytest.raises(SystemExit, match="has 256 tokens but this model 257"):
-        load(ckpt=str(ckpt), tokenizer=str(tmp_path / "bytes"))
-    with pytest.raises(SystemExit, match="has 256 tokens but this model 300"):
-        load(init_from=str(tmp_path / "hf"), tokenizer=str(tmp_path / "bytes"))
+    with pytest.raises(SystemExit) as e:
+        load(ckpt=str(ckpt), tokenizer=str(byte_tok))
+    _bad_says(e.value.code, f"hellaswag.py: --ckpt {ckpt}: ", repr(str(byte_tok)), 256, 257)
+    with pytest.raises(SystemExit) as e:
+        load(init_from=str(tmp_path / "hf"), tokenizer=str(byte_tok))
+    _bad_says(e.value.code, f"hellaswag.py: --init_from {tmp_path / 'hf'}: ", repr(str(byte_tok)), 256, 300)
     (tmp_path / "small").mkdir()
     small = _tiny_llama_ckpt(tmp_path / "small", vocab_size=200)
     for script in (hellaswag, lambada):
         name = f"{script.__name__}.py"
-        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu"), f"{name}: --ckpt {small}: ",
-                         repr(str(tmp_path / 'small' / 'tok')), "257", "200")
+        _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={small}", "--device=cpu"), f"{name}: --ckpt {small}: ",
+                  repr(str(tmp_path / 'small' / 'tok')), 257, 200)
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--init_from=gpt2", "--limit=0"], "hellaswag.py: --limit must be a positive integer, got 0"),
-    (["--init_from=gpt2", "--limit=-3"], "hellaswag.py: --limit must be a positive integer, got -3"),
-    (["--init_from=gpt2", "--batch_examples=0"], "hellaswag.py: --batch_examples must be a positive integer, got 0"),
-])
-def test_hs_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
-    # (a --limit of -3 would otherwise drop the last 3 examples, and 0 end with "no example fits the context")
-    assert _bad_exit(monkeypatch, hellaswag, *argv) == expect
+@pytest.mark.parametrize("script, context_length, items", [
+    # byte-level tokens: every ending is longer than the 16-token context
+    (hellaswag, 16, [("A man sits.", ["then he stands up and walks away"] * 4)] * 2),
+    # byte-level tokens: " extraordinarily" is 16 tokens, longer than the 8-token context
+    (lambada, 8, ["The view was extraordinarily", "She sang extraordinarily"])], ids=["hellaswag", "lambada"])
+def test_eval_cli_fails_when_nothing_fits_the_context(tmp_path, monkeypatch, script, context_length, items):
+    # every example skipped is no score: one line naming the context length and how many were skipped
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=context_length)
+    data = _eval_write(script, tmp_path / "data.jsonl", items)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu"),
+              f"{script.__name__}.py: ", context_length, 2)
+
+
+@pytest.mark.parametrize("script, context_length, items, skipped", [
+    # byte-level tokens, 32-token context: the first context (39 bytes) is cut to fit its endings, "He" is not
+    (hellaswag, 32, [("A man sits down on a bench in the park.", ["a", "b", "c", "d"]), ("He", ["e", "f", "g", "h"])],
+     0),
+    # byte-level tokens, 16-token context: the first passage (30 context + 7 target bytes) is cut, "Hi you" is not,
+    # and the last one's target is too long: skipped
+    (lambada, 16, ["A man sat down on the bench. He smiled", "Hi you", "It was all quite incomprehensible"], 1)],
+    ids=["hellaswag", "lambada"])
+def test_eval_cli_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys, script, context_length, items,
+                                                       skipped):
+    # one warning line naming how many of the scored contexts were cut, and to fit how long a context; the result
+    # line says how many were skipped
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=context_length)
+    data = _eval_write(script, tmp_path / "data.jsonl", items)
+    out, err = _eval_run(monkeypatch, capsys, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu")
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    _bad_says(warning, f"{script.__name__}.py: ", 1, 2, context_length)
+    assert _eval_figures(out.strip().splitlines()[-1])["skipped"] == skipped
 
 
 # ====================================================================================================================
@@ -7645,8 +7713,87 @@ def test_hs_bad_flags_are_one_line_before_any_work(monkeypatch, argv, expect):
 # ====================================================================================================================
 
 
+# ---- stand-ins: results/ redirected, logs as `run` writes them, a tiny preset; results.md and `list` read back
+
+
+@pytest.fixture
+def _experiments_results(tmp_path, monkeypatch):
+    """results/ and results/logs/ redirected into tmp_path/results (not made)."""
+    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
+    return tmp_path / "results"
+
+
+def _experiments_fake_log(path, name, groups=("ablation",), final=4.0, lr=3e-3, nan=False, steps=(5, 10), evals=None):
+    """A log as `experiments.py run` leaves it in results/logs: the experiment record, train.py's config (10 steps),
+    train records at steps (nan losses if nan) and evaluations at evals, (step, val loss) pairs: by default step 0's
+    and the final one, val loss final at step 10."""
+    evals = ((0, 7.6), (10, final)) if evals is None else evals
+    rows = [dict(type="experiment", name=name, groups=list(groups), change=name, flags={"learning_rate": lr}, args=[],
+                 wall=3.0),
+            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=lr, warmup_iters=1,
+                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
+                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
+    rows += [dict(type="train", step=s, loss=float("nan") if nan else 5.0 - s / 10, lr=lr, tokens_per_sec=100.0,
+                  elapsed=s * 1.0, tokens=s * 32) for s in steps]
+    rows += [dict(type="eval", step=s, val_loss=v, val_bpb=v / math.log(2) / 3.6, elapsed=s * 1.0) for s, v in evals]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _experiments_logs(results, *runs):
+    """A finished fake log in results/logs for each (name, groups, final val loss[, lr])."""
+    for name, groups, final, *lr in runs:
+        _experiments_fake_log(results / "logs" / f"{name}.jsonl", name, groups, final, *lr)
+
+
+@pytest.fixture
+def _experiments_tiny_preset(tmp_path, monkeypatch):
+    """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
+    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
+             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
+             extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
+             base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
+                       learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
+                       grad_clip=1.0, sampler="random", eval_interval=100, num_threads=1))
+    monkeypatch.setitem(experiments.PRESETS, "tiny", p)
+    return "tiny"
+
+
+def _experiments_tag(path):
+    return str(path).replace("/", "-")   # an absolute path outside the repository: /tmp/x/mine -> -tmp-x-mine
+
+
+def _experiments_tables(md):
+    """results.md read back: {section title: [{column title: cell} for each row of the section's table]}."""
+    tables = {}
+    for section in md.split("\n## ")[1:]:
+        title, *lines = section.split("\n")
+        cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+        if cells:
+            tables[title] = [dict(zip(cells[0], row)) for row in cells[2:]]   # (cells[1] is the |---| line)
+    return tables
+
+
+def _experiments_row(table, run):
+    (row,) = [r for r in table if r["run"] == run]
+    return row
+
+
+def _experiments_listed(out):
+    """The train.py command lines `experiments.py list` printed, each split as a shell would split it."""
+    return [shlex.split(line.split("python train.py ", 1)[1]) for line in out.splitlines()
+            if "python train.py " in line]
+
+
+# ---- experiments.py: the plan: which runs, with which train.py flags
+
+
 @pytest.mark.parametrize("preset", sorted(experiments.PRESETS))
-def test_experiments_plan_covers_the_issue(preset):
+def test_experiments_plan_has_the_sweeps_and_ablations_on_equal_validation_tokens(preset):
+    # a baseline first, then at least 5 learning rates, 3 batch sizes, the four ablations and a time-budget run;
+    # every run scores the same validation tokens, and the batch-size runs train on the same number of tokens
     runs = experiments.plan(preset)
     names = [r["name"] for r in runs]
     assert names[0] == "baseline" and len(names) == len(set(names))
@@ -7668,248 +7815,6 @@ def test_experiments_plan_covers_the_issue(preset):
             assert f["max_iters"] * f["batch_size"] == base["max_iters"] * base["batch_size"]
 
 
-def test_experiments_flags_parse_in_train_py():
-    # every run's command line is valid train.py syntax and sets what the plan says
-    for r in experiments.plan("cpu", steps=7):
-        cfg, _ = train.get_config(experiments.train_args(r["flags"], "d", "o"))
-        for k, v in r["flags"].items():
-            assert cfg[k] == v or str(cfg[k]) == str(v), (r["name"], k, cfg[k], v)
-        assert cfg["fresh"] is True and cfg["num_samples"] == 0
-    assert experiments.plan("cpu", steps=7)[0]["flags"]["max_iters"] == 7
-
-
-def _experiments_fake_log(path, name, groups, final, lr=3e-3, nan=False):
-    rows = [dict(type="experiment", name=name, groups=groups, change=name, flags={"learning_rate": lr}, args=[],
-                 wall=12.5),
-            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=lr, warmup_iters=1,
-                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
-                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
-    for s in (5, 10):
-        rows.append(dict(type="train", step=s, loss=float("nan") if nan else 5.0 - s / 10, lr=lr, tokens_per_sec=100.0,
-                         elapsed=s * 1.0, tokens=s * 32))
-    rows += [dict(type="eval", step=0, val_loss=7.6, val_bpb=3.0, elapsed=0.0),
-             dict(type="eval", step=10, val_loss=final, val_bpb=final / math.log(2) / 3.6, elapsed=10.0)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _experiments_logs(tmp_path, monkeypatch, *runs):
-    """report() pointed at tmp_path, with a fake log in tmp_path/logs for each (name, groups, final val loss[, lr])."""
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path)
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "logs")
-    (tmp_path / "logs").mkdir()
-    for name, groups, final, *lr in runs:
-        _experiments_fake_log(tmp_path / "logs" / f"{name}.jsonl", name, groups, final, *lr)
-
-
-def test_experiments_report_from_logs_alone(tmp_path, monkeypatch):
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
-    _experiments_fake_log(tmp_path / "logs" / "lr_1e-1.jsonl", "lr_1e-1", ["lr"], float("nan"), lr=0.1, nan=True)
-    experiments.report(log=lambda *a: None)
-    md = (tmp_path / "results.md").read_text()
-    assert "| nope |" in md and "+0.2500" in md          # Δ vs baseline
-    assert "| lr_1e-1 |" in md and "nan" in md            # a divergent run is reported, not dropped
-    assert (tmp_path / "ablation.png").stat().st_size > 0 and (tmp_path / "lr.png").stat().st_size > 0
-    # the best run skips the non-finite one
-    runs = [dict(name=n) for n in ("baseline", "nope", "lr_1e-1")]
-    assert experiments.best_run(runs)[0] == "baseline"
-
-
-def test_experiments_report_orders_the_sweep_by_lr_and_takes_ablation_lr_deltas_against_that_lr(tmp_path, monkeypatch):
-    # the lr table reads from the smallest lr to the largest (not in run order); the ablations at the sweep's best
-    # lr are compared with the run at that lr, not with the baseline; a train.py log without the experiment record
-    # (copied in by hand) is skipped with a note
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0, 3e-3), ("lr_1e-1", ["lr"], 4.5, 1e-1),
-                      ("lr_3e-4", ["lr"], 4.4, 3e-4), ("lr_1e-2", ["lr"], 3.8, 1e-2),
-                      ("nope_lr_1e-2", ["ablation_lr"], 3.9, 1e-2), ("plain", ["lr"], 3.0))
-    rows = (tmp_path / "logs" / "plain.jsonl").read_text().splitlines()[1:]   # no experiment record
-    (tmp_path / "logs" / "plain.jsonl").write_text("\n".join(rows) + "\n")
-    said = []
-    experiments.report(log=said.append)
-    assert [s for s in said if "plain.jsonl" in s] == [
-        f"experiments.py: report: skipping {experiments._rel(tmp_path / 'logs' / 'plain.jsonl')}: no experiment record "
-        f"(not written by experiments.py run)"]
-    md = (tmp_path / "results.md").read_text()
-    sweep = md.split("## Learning-rate sweep")[1].split("## ")[0]
-    assert [line.split(" | ")[0][2:] for line in sweep.splitlines() if line.startswith(("| lr_", "| baseline"))] == [
-        "lr_3e-4", "baseline", "lr_1e-2", "lr_1e-1"]
-    at_best = md.split("## Ablations at the sweep's best learning rate")[1]
-    assert "| Δ vs lr_1e-2 |" in at_best
-    (nope,) = [line for line in at_best.splitlines() if line.startswith("| nope_lr_1e-2 |")]
-    assert nope.split(" | ")[6] == "+0.1000"   # 3.9 - 3.8, not 3.9 - 4.0 (the baseline)
-
-
-def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(tmp_path, monkeypatch):
-    # matplotlib is optional at run time (README): `report`, which `run` ends with after all its training, writes
-    # results.md without the plots and says how to get them, rather than a traceback
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
-    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
-    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    said = []
-    experiments.report(log=said.append)
-    md = (tmp_path / "results.md").read_text()
-    assert "| nope |" in md and "+0.2500" in md and ".png" not in md
-    assert not list(tmp_path.glob("*.png"))
-    assert said and "matplotlib is not installed" in said[-1] and "pip install matplotlib" in said[-1]
-
-
-def test_experiments_negative_steps_refused_before_anything_runs(tmp_path, _bad_results):
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", "--steps=-5", "--only=baseline", f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
-    assert str(e.value.code).startswith("experiments.py: --steps -5: expected")
-    assert not (tmp_path / "scratch").exists() and not _bad_results.exists()
-
-
-def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_bad_results):
-    _bad_results.joinpath("logs").mkdir(parents=True)
-    _bad_fake_log(_bad_results / "logs" / "baseline.jsonl", "baseline", steps=(), evals=((0, 7.69),))   # what --steps=-5 left
-    _bad_fake_log(_bad_results / "logs" / "post_norm.jsonl", "post_norm", evals=())                    # never evaluated
-    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope")
-    _bad_fake_log(_bad_results / "logs" / "lr_1e-2.jsonl", "lr_1e-2", evals=((0, 7.6), (5, 5.0)))     # cut short
-    (_bad_results / "logs" / "silu_ffn.jsonl").write_text('{"type": "train", "step": 1\nnot json\n')
-    (_bad_results / "logs" / "lr_3e-3.jsonl").write_text('{"type": "experiment"}\n[1, 2]\n')
-    (_bad_results / "logs" / "folder.jsonl").mkdir()
-    (_bad_results / "setup.json").write_text('{"preset": "foo"}')
-    said = []
-    experiments.report(log=said.append)
-    notes = [s for s in said if "skipping" in s]
-    assert len(notes) == 6 and all("\n" not in s for s in said)
-    for name in ("baseline", "post_norm", "lr_1e-2"):
-        assert any(f"{name}.jsonl: incomplete run" in s for s in notes), name
-    for name in ("silu_ffn", "lr_3e-3", "folder"):
-        assert any(f"{name}.jsonl: not a JSON-lines log" in s for s in notes), name
-    assert any("setup.json is unreadable or incomplete: the data figures are left out" in s for s in said)
-    md = (_bad_results / "results.md").read_text()
-    assert "| nope |" in md and "| baseline |" not in md
-    # a copy of a log under another name (sorted before or after the original): the run is reported once, from
-    # the file experiments.py wrote, and the copy is named in a note
-    for copy in ("nope-copy.jsonl", "zz.jsonl"):
-        _bad_fake_log(_bad_results / "logs" / copy, "nope", evals=((0, 7.6), (10, 9.0)))
-        said.clear()
-        experiments.report(log=said.append)
-        assert [s for s in said if "another log" in s] == [
-            f"experiments.py: report: skipping {experiments._rel(_bad_results / 'logs' / copy)}: another log of run "
-            f"'nope' ({experiments._rel(_bad_results / 'logs' / 'nope.jsonl')})"]
-        md = (_bad_results / "results.md").read_text()
-        assert md.count("| nope |") == 1 and "9.0" not in md, md
-        (_bad_results / "logs" / copy).unlink()
-
-
-def test_experiments_results_folder_per_preset_and_data(tmp_path, _bad_results, capsys):
-    # each main() call picks its folder from the root: the cpu preset on its own data reports in results/, any
-    # other preset or --data_dir in a folder of its own, however many calls came before
-    for argv, want in [(["list", "--preset=cs336"], _bad_results / "cs336"),
-                       (["list", "--preset=cs336"], _bad_results / "cs336"),
-                       (["list", f"--data_dir={tmp_path / 'mine'}"], _bad_results / f"cpu{_bad_tag(tmp_path / 'mine')}"),
-                       (["list", f"--data_dir={tmp_path / 'b' / 'mine'}"],   # another folder of that name: another
-                        _bad_results / f"cpu{_bad_tag(tmp_path / 'b' / 'mine')}"),   # report
-                       (["list", "--data_dir=data/mine"], _bad_results / "cpu-data-mine"),   # inside the repository
-                       (["list"], _bad_results)]:
-        experiments.main(argv)
-        assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
-
-
-def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(tmp_path, _bad_results, capsys):
-    # another step count never shares a table with the preset's runs, and its warmup and evaluations keep their
-    # fractions of the run (20 of 200 warmup steps stayed 20 before, so --steps=10 never reached the peak lr)
-    experiments.main(["list", "--steps=50", "--only=baseline,nope"])
-    assert (experiments.RESULTS, experiments.LOGS) == (_bad_results / "cpu-50steps", _bad_results / "cpu-50steps" / "logs")
-    out = capsys.readouterr().out
-    assert out.count("python train.py") == 2 and "--out_dir=data/experiments/cpu-50steps/runs/nope " in out
-    base = experiments.plan("cpu")[0]["flags"]
-    small = experiments.plan("cpu", 50)[0]["flags"]
-    assert (small["max_iters"], small["warmup_iters"], small["eval_interval"]) == (
-        50, base["warmup_iters"] * 50 // base["max_iters"], base["eval_interval"] * 50 // base["max_iters"])
-    with pytest.raises(SystemExit, match=r"^experiments.py: --only ',': expected run names"):
-        experiments.main(["run", "--only=,"])
-
-
-def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _bad_results, monkeypatch):
-    def interrupted(*a, **k):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(experiments, "prepare_data", interrupted)
-    with pytest.raises(SystemExit, match=r"^\nexperiments.py: interrupted; `python experiments.py run` again"):
-        experiments.main(["run", "--only=baseline"])
-    (tmp_path / "a_file").write_text("x")
-    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
-    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "a_file")
-    with pytest.raises(SystemExit, match=r"^experiments.py: \[Errno 20\] Not a directory"):
-        experiments.main(["run", "--only=baseline"])
-
-
-def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _bad_results, capsys):
-    # real folders, not placeholders: the data folder and each run's out_dir, as run_one passes them to train.py
-    experiments.main(["list"])
-    out = capsys.readouterr().out
-    assert ("python train.py --data_dir=data/experiments/cpu/data --prepare_data=false "
-            "--out_dir=data/experiments/cpu/runs/baseline --fresh") in out and "<" not in out
-    experiments.main(["list", f"--data_dir={tmp_path / 'my data'}"])   # commands that paste into a shell
-    lines = [line.split("python train.py ", 1)[1] for line in capsys.readouterr().out.splitlines() if "train.py" in line]
-    assert shlex.split(lines[1])[:4] == [f"--data_dir={tmp_path / 'my data'}", "--prepare_data=false",
-                                         f"--out_dir=data/experiments/cpu{_bad_tag(tmp_path / 'my data')}/runs/nope",
-                                         "--fresh"]
-
-
-def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _bad_results):
-    # the best run's ckpt.pt must be the run in results/logs (same final step and val loss), not one left by an
-    # interrupted --rerun, another --steps or other data
-    _bad_results.joinpath("logs").mkdir(parents=True)
-    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope", evals=((0, 7.6), (10, 4.0)))
-    _bad_fake_log(_bad_results / "logs" / "baseline.jsonl", "baseline", evals=((0, 7.6), (10, 4.5)))
-    runs = [dict(name="baseline"), dict(name="nope")]
-    scratch = tmp_path / "runs"
-    for name, iteration, val_loss in [("nope", 3, 6.1), ("baseline", 10, 4.5)]:  # nope's is stale
-        (scratch / name).mkdir(parents=True)
-        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / name / "ckpt.pt")
-    assert experiments.best_run(runs) == ("nope", 4.0)
-    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("baseline", 4.5)
-    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
-    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
-
-
-def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _bad_results, _bad_tiny_preset, capsys):
-    scratch = tmp_path / "scratch"
-    experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={scratch}", "--no_samples"])
-    results = _bad_results / "tiny"  # a preset other than cpu reports in its own folder
-    rec = experiments.experiment_record(experiments.read_log(results / "logs" / "baseline.jsonl"))
-    assert f"--out_dir={scratch / 'tiny' / 'runs' / 'baseline'}" in rec["args"]
-    assert (scratch / "tiny" / "runs" / "baseline" / "ckpt.pt").is_file() and (results / "results.md").is_file()
-    assert json.loads((results / "setup.json").read_text())["tokenizer"] == str(scratch / "tiny" / "tokenizer-300")
-    assert not (_bad_results / "logs").exists()
-
-
-def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _bad_results, _bad_tiny_preset):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "train.bin").write_bytes(b"\0" * 64)   # no sidecar: train.py refuses it
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", f"--preset={_bad_tiny_preset}", "--only=baseline", f"--scratch={tmp_path / 's'}",
-                          f"--data_dir={data}", "--no_samples"])
-    msg = str(e.value.code)
-    assert msg.startswith("experiments.py: run baseline failed (train.py exit 1: ") and "sidecar" in msg
-    assert msg.endswith(f"see {tmp_path / 's' / f'tiny{_bad_tag(data)}' / 'runs' / 'baseline' / 'console.txt'}")
-    assert "\n" not in msg
-
-
-def test_experiments_best_run_skips_a_divergent_run_listed_first(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiments, "LOGS", tmp_path)
-    _experiments_fake_log(tmp_path / "lr_1e+00.jsonl", "lr_1e+00", ["lr"], float("nan"), lr=1.0, nan=True)
-    _experiments_fake_log(tmp_path / "lr_3e-02.jsonl", "lr_3e-02", ["lr"], float("inf"), lr=0.03)
-    _experiments_fake_log(tmp_path / "baseline.jsonl", "baseline", ["lr"], 4.0)
-    _experiments_fake_log(tmp_path / "nope.jsonl", "nope", ["ablation"], 4.25)
-    names = ["lr_1e+00", "lr_3e-02", "baseline", "nope"]
-    for order in (names, names[::-1]):
-        assert experiments.best_run([dict(name=n) for n in order]) == ("baseline", 4.0)
-
-
-def test_experiments_summary_reports_the_median_tokens_per_second():
-    rows = [dict(type="train", step=s, loss=5.0, lr=1e-3, tokens_per_sec=v, elapsed=float(s), tokens=32 * s)
-            for s, v in enumerate([None, 120.0, 100.0, 400.0, 110.0, 90.0], 1)]
-    rows.append(dict(type="eval", step=6, val_loss=4.0, val_bpb=1.5, elapsed=6.0))
-    s = experiments.summarize(rows)
-    assert s["tok_s"] == 110.0  # median of 90, 100, 110, 120, 400: neither the last step's nor the fastest
-    assert (s["step"], s["val_loss"], s["tokens"], s["final_train_loss"]) == (6, 4.0, 192, 5.0)
-
-
 @pytest.mark.parametrize("preset, lr0, want", [("cpu", 3e-3, {16: 2.1e-3, 64: 4.2e-3, 128: 6e-3}),
                                                ("cs336", 1e-3, {64: 1.4e-3, 128: 2e-3, 256: 2.8e-3})])
 def test_experiments_batch_runs_scale_the_lr_by_the_sqrt_of_the_batch(preset, lr0, want):
@@ -7921,9 +7826,175 @@ def test_experiments_batch_runs_scale_the_lr_by_the_sqrt_of_the_batch(preset, lr
             assert runs[f"batch_{B}_lr0"]["learning_rate"] == lr0
 
 
-def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss(tmp_path, _bad_results, monkeypatch):
-    _bad_results.joinpath("logs").mkdir(parents=True)
-    _bad_fake_log(_bad_results / "logs" / "nope.jsonl", "nope", evals=((0, 7.6), (10, 4.0)))
+def test_experiments_time_budget_and_batch_runs_keep_their_schedule_fractions():
+    runs = {r["name"]: r["flags"] for r in experiments.plan("cpu")}
+    base, t = runs["baseline"], runs["time_budget"]
+    # the clock ends the time-budget run, so its max_iters lies beyond what it can reach; the warmup keeps its share
+    assert t["time_budget"] and base["time_budget"] == "" and t["max_iters"] > base["max_iters"]
+    assert t["warmup_iters"] / t["max_iters"] == base["warmup_iters"] / base["max_iters"]
+    for B in (16, 64, 128):   # evaluations at the same token counts as the baseline's
+        f = runs[f"batch_{B}"]
+        assert f["eval_interval"] * B == base["eval_interval"] * base["batch_size"], B
+        assert f["warmup_iters"] * B == base["warmup_iters"] * base["batch_size"], B
+
+
+def test_experiments_steps_scale_the_time_budget_runs_clock_too():
+    # with --steps the baseline is shorter: the clock-limited run gets the same share of its budget (2.5m at 200),
+    # and its label in the report says the budget it ran with
+    assert experiments.plan("cpu")[0]["flags"]["max_iters"] == 200
+    for steps, budget in [(None, "2.5m"), (50, "37.5s"), (400, "300s")]:
+        t = next(r for r in experiments.plan("cpu", steps) if r["name"] == "time_budget")
+        assert t["flags"]["time_budget"] == budget and budget in t["change"]
+
+
+def test_experiments_flags_parse_in_train_py():
+    # every run's command line is valid train.py syntax and sets what the plan says
+    for r in experiments.plan("cpu", steps=7):
+        cfg, _ = train.get_config(experiments.train_args(r["flags"], "d", "o"))
+        for k, v in r["flags"].items():
+            assert cfg[k] == v or str(cfg[k]) == str(v), (r["name"], k, cfg[k], v)
+        assert cfg["fresh"] is True and cfg["num_samples"] == 0
+    assert experiments.plan("cpu", steps=7)[0]["flags"]["max_iters"] == 7
+
+
+# ---- experiments.py: step 1, the data: a tokenizer and token files made once, and the figures the report quotes
+
+
+def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_path, _experiments_results,
+                                                                             _experiments_tiny_preset):
+    # an edited preset (another train_text) gets a tokenizer trained on it and its own tokens, not the old ones
+    scratch = tmp_path / "scratch"
+    d = experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None)
+    first = (d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()
+    assert experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None) == d   # unchanged: reused
+    assert ((d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()) == first
+    experiments.PRESETS[_experiments_tiny_preset]["train_text"] = _bad_corpus(tmp_path / "other.txt", 120, 7)
+    said = []
+    experiments.prepare_data(_experiments_tiny_preset, scratch, log=said.append)
+    _bad_says(said[0], "data: ", scratch)   # says which data it makes again
+    assert (scratch / "tokenizer-300" / "merges.txt").read_bytes() != first[1]
+    assert (d / "train.bin").read_bytes() != first[0]
+    setup = json.loads((_experiments_results / "setup.json").read_text())
+    assert (setup["train_text"], setup["train_tokens"]) == ("other.txt", (d / "train.bin").stat().st_size // 2)
+    # a token file encoded by an earlier tokenizer of the same folder (its sidecar has another fingerprint) is
+    # encoded again, not kept beside a tokenizer whose ids it does not hold
+    side = d / "val.bin.json"
+    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="stale")))
+    experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None)
+    assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
+
+
+def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, _experiments_results):
+    d = tmp_path / "data"
+    d.mkdir()
+    np.array([0, 0, 0, 1], dtype="<u2").tofile(d / "train.bin")
+    np.array([1, 2], dtype="<u2").tofile(d / "val.bin")
+    (tmp_path / "train.txt").write_text("abcdefgh")
+    (tmp_path / "val.txt").write_text("ijkl")
+    p = dict(vocab_size=4, train_text=tmp_path / "train.txt", val_text=tmp_path / "val.txt")
+    meta = {"train": {"num_tokens": 4, "num_docs": 1}, "val": {"num_tokens": 2, "num_docs": 1}}
+    experiments.write_setup("cpu", d, "tok", meta, p)
+    setup = json.loads((_experiments_results / "setup.json").read_text())
+    # add-one smoothed train counts [4, 2, 1, 1] of 8: val token 1 costs log(8/2), token 2 log(8/1)
+    assert setup["unigram_val_loss"] == pytest.approx((math.log(4) + math.log(8)) / 2)
+    assert (setup["train_tokens"], setup["val_tokens"], setup["rare_tokens"]) == (4, 2, 4)
+    assert (setup["train_bytes"], setup["val_bytes"]) == (8, 4)
+
+
+# ---- experiments.py: step 2, the runs: a finished log on the same flags and data is reused, nothing else
+
+
+def test_experiments_a_time_budget_run_is_finished_before_max_iters():
+    def rows(time_budget):
+        return [dict(type="config", max_iters=1000, time_budget=time_budget),
+                dict(type="train", step=37, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=150.0, tokens=37 * 4096),
+                dict(type="eval", step=37, val_loss=2.1, val_bpb=0.8, elapsed=150.0)]
+    assert experiments.finished(experiments.summarize(rows("2.5m")))      # stopped by the clock: done
+    assert not experiments.finished(experiments.summarize(rows("")))      # stopped at 37 of 1000 steps: cut short
+    assert not experiments.finished(experiments.summarize(rows("2.5m")[:2]))   # no validation loss: nothing to report
+
+
+def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_data(tmp_path, _experiments_results,
+                                                                                      monkeypatch):
+    class Trained(Exception):
+        pass
+
+    def popen(*a, **k):
+        raise Trained
+    monkeypatch.setattr(experiments.subprocess, "Popen", popen)
+    run = experiments.plan("cpu")[0]
+    data, scratch = tmp_path / "data", tmp_path / "scratch"
+    data.mkdir()
+    _train_write_tokens(data / "train.bin", _train_docs(300, 0), 64)
+    args = [str(a) for a in experiments.train_args(run["flags"], data, scratch / "runs" / "baseline")]
+    dest = _experiments_results / "logs" / "baseline.jsonl"
+    dest.parent.mkdir(parents=True)
+
+    def write(args, last_eval, **data_record):
+        rows = [dict(type="experiment", name="baseline", groups=run["groups"], change="baseline", flags=run["flags"],
+                     args=args, wall=3.0, **data_record),
+                dict(type="config", max_iters=200, time_budget=""),
+                dict(type="train", step=200, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=9.0, tokens=819200),
+                dict(type="eval", step=last_eval, val_loss=2.1, val_bpb=0.8, elapsed=9.0)]
+        dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    now = experiments.data_stamp(data)
+    assert now == {"train.bin": [(data / "train.bin").stat().st_size, 64, None]}
+    write(args, 200, data=now)   # a finished log of this very run on this very data: reused
+    assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest
+    for other_args, last_eval, record in [([*args[:-1], "--seed=7"], 200, {"data": now}), (args, 100, {"data": now}),
+                                          (args, 200, {})]:
+        write(other_args, last_eval, **record)   # other flags, a log short of max_iters, no data record: again
+        with pytest.raises(Trained):
+            experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
+    write(args, 200, data=now)   # --rerun: trained again even though the log matches
+    with pytest.raises(Trained):
+        experiments.run_one(run, "cpu", data, scratch, rerun=True, log=lambda *a: None)
+    write(args, 200, data=now)
+    _train_write_tokens(data / "train.bin", _train_docs(200, 0), 64)   # the same name, other tokens: trained again
+    with pytest.raises(Trained):
+        experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
+    # the same file sizes under a retrained tokenizer of the same size (another fingerprint): other tokens, trained
+    # again
+    side = data / "train.bin.json"
+    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="aaaa")))
+    write(args, 200, data=experiments.data_stamp(data))
+    assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest
+    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="bbbb")))
+    with pytest.raises(Trained):
+        experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
+
+
+# ---- experiments.py: step 3, samples: from the best finished run, and only from the checkpoint its log describes
+
+
+def test_experiments_best_run_skips_a_divergent_run_listed_first(_experiments_results):
+    logs = _experiments_results / "logs"
+    _experiments_fake_log(logs / "lr_1e+00.jsonl", "lr_1e+00", ["lr"], float("nan"), lr=1.0, nan=True)
+    _experiments_fake_log(logs / "lr_3e-02.jsonl", "lr_3e-02", ["lr"], float("inf"), lr=0.03)
+    _experiments_logs(_experiments_results, ("baseline", ["lr"], 4.0), ("nope", ["ablation"], 4.25))
+    names = ["lr_1e+00", "lr_3e-02", "baseline", "nope"]
+    for order in (names, names[::-1]):
+        assert experiments.best_run([dict(name=n) for n in order]) == ("baseline", 4.0)
+
+
+def test_experiments_samples_only_from_the_checkpoint_its_log_describes(tmp_path, _experiments_results):
+    # the best run's ckpt.pt must be the run in results/logs (same final step and val loss), not one left by an
+    # interrupted --rerun, another --steps or other data
+    _experiments_logs(_experiments_results, ("nope", ["ablation"], 4.0), ("baseline", ["ablation"], 4.5))
+    runs = [dict(name="baseline"), dict(name="nope")]
+    scratch = tmp_path / "runs"
+    for name, iteration, val_loss in [("nope", 3, 6.1), ("baseline", 10, 4.5)]:  # nope's is stale
+        (scratch / name).mkdir(parents=True)
+        torch.save({"iteration": iteration, "val_loss": val_loss}, scratch / name / "ckpt.pt")
+    assert experiments.best_run(runs) == ("nope", 4.0)
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("baseline", 4.5)
+    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
+    assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
+
+
+def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss(tmp_path, _experiments_results,
+                                                                                 monkeypatch):
+    _experiments_logs(_experiments_results, ("nope", ["ablation"], 4.0))
     scratch = tmp_path / "runs"
     (scratch / "nope").mkdir(parents=True)
     runs = [dict(name="nope")]
@@ -7934,31 +8005,27 @@ def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss
     assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
     (scratch / "nope" / "ckpt.pt").write_bytes(b"garbage")   # unreadable: not the checkpoint the log describes
     assert experiments.best_run(runs, require_ckpt_in=scratch) is None
-    # and write_samples asks for that match: no sample.py run from the unreadable one
+    # and write_samples asks for that match: no sample.py run from the unreadable one, one line saying so
     ran, said = [], []
     monkeypatch.setattr(experiments.subprocess, "run", lambda *a, **k: ran.append(a))
     experiments.write_samples(runs, tmp_path, log=said.append)
-    assert ran == [] and said == ["samples: no finished run with a checkpoint: skipped"]
+    (note,) = said
+    assert ran == []
+    _bad_says(note, "samples: ", "skipped")
     (scratch / "nope" / "ckpt.pt").unlink()   # none at all (deleted, or never written by this --scratch)
     assert experiments.best_run(runs, require_ckpt_in=scratch) is None
 
 
-def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, monkeypatch):
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
-    d = tmp_path / "data"
-    d.mkdir()
-    np.array([0, 0, 0, 1], dtype="<u2").tofile(d / "train.bin")
-    np.array([1, 2], dtype="<u2").tofile(d / "val.bin")
-    (tmp_path / "train.txt").write_text("abcdefgh")
-    (tmp_path / "val.txt").write_text("ijkl")
-    p = dict(vocab_size=4, train_text=tmp_path / "train.txt", val_text=tmp_path / "val.txt")
-    meta = {"train": {"num_tokens": 4, "num_docs": 1}, "val": {"num_tokens": 2, "num_docs": 1}}
-    experiments.write_setup("cpu", d, "tok", meta, p)
-    setup = json.loads((tmp_path / "results" / "setup.json").read_text())
-    # add-one smoothed train counts [4, 2, 1, 1] of 8: val token 1 costs log(8/2), token 2 log(8/1)
-    assert setup["unigram_val_loss"] == pytest.approx((math.log(4) + math.log(8)) / 2)
-    assert (setup["train_tokens"], setup["val_tokens"], setup["rare_tokens"]) == (4, 2, 4)
-    assert (setup["train_bytes"], setup["val_bytes"]) == (8, 4)
+# ---- experiments.py: the report: each log summarized, results.md grouped as the plan groups, from the logs alone
+
+
+def test_experiments_summary_reports_the_median_tokens_per_second():
+    rows = [dict(type="train", step=s, loss=5.0, lr=1e-3, tokens_per_sec=v, elapsed=float(s), tokens=32 * s)
+            for s, v in enumerate([None, 120.0, 100.0, 400.0, 110.0, 90.0], 1)]
+    rows.append(dict(type="eval", step=6, val_loss=4.0, val_bpb=1.5, elapsed=6.0))
+    s = experiments.summarize(rows)
+    assert s["tok_s"] == 110.0  # median of 90, 100, 110, 120, 400: neither the last step's nor the fastest
+    assert (s["step"], s["val_loss"], s["tokens"], s["final_train_loss"]) == (6, 4.0, 192, 5.0)
 
 
 def test_experiments_summary_reports_the_last_eval_not_the_best():
@@ -7969,8 +8036,171 @@ def test_experiments_summary_reports_the_last_eval_not_the_best():
     assert (s["step"], s["val_loss"], s["val_bpb"]) == (10, 4.3, 1.7)
 
 
-def test_experiments_run_selection_only_in_the_order_given_and_extras_with_all(tmp_path, _bad_results, monkeypatch,
-                                                                               capsys):
+def test_experiments_time_budget_run_counts_the_steps_after_its_last_train_record(tmp_path):
+    # the clock stops a run at step 12 while train records come every 5 steps: its tokens and training time are
+    # the final evaluation's (12 steps x 32 tokens, 12.4 s), not those of step 10's record
+    path = tmp_path / "t.jsonl"
+    _experiments_fake_log(path, "time_budget", ["time"], 4.0)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[-1].update(step=12, elapsed=12.4)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = experiments.summarize(experiments.read_log(path))
+    assert (r["step"], r["tokens"], r["train_time"]) == (12, 12 * 32, 12.4)
+
+
+def test_experiments_report_from_logs_alone(_experiments_results):
+    results = _experiments_results
+    _experiments_logs(results, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
+    _experiments_fake_log(results / "logs" / "lr_1e-1.jsonl", "lr_1e-1", ["lr"], float("nan"), lr=0.1, nan=True)
+    experiments.report(log=lambda *a: None)
+    tables = _experiments_tables((results / "results.md").read_text())
+    assert _experiments_row(tables["Ablations"], "nope")["Δ vs baseline"] == "+0.2500"
+    # a divergent run is reported, not dropped
+    assert _experiments_row(tables["Learning-rate sweep"], "lr_1e-1")["val loss"] == "nan"
+    assert (results / "ablation.png").stat().st_size > 0 and (results / "lr.png").stat().st_size > 0
+    # the best run skips the non-finite one
+    runs = [dict(name=n) for n in ("baseline", "nope", "lr_1e-1")]
+    assert experiments.best_run(runs)[0] == "baseline"
+
+
+def test_experiments_report_orders_the_sweep_by_lr_and_takes_ablation_lr_deltas_against_that_lr(
+        _experiments_results):
+    # the lr table reads from the smallest lr to the largest (not in run order); the ablations at the sweep's best
+    # lr are compared with the run at that lr, not with the baseline; a train.py log without the experiment record
+    # (copied in by hand) is skipped with a note naming it
+    results = _experiments_results
+    _experiments_logs(results, ("baseline", ["lr", "ablation"], 4.0, 3e-3), ("lr_1e-1", ["lr"], 4.5, 1e-1),
+                      ("lr_3e-4", ["lr"], 4.4, 3e-4), ("lr_1e-2", ["lr"], 3.8, 1e-2),
+                      ("nope_lr_1e-2", ["ablation_lr"], 3.9, 1e-2), ("plain", ["lr"], 3.0))
+    plain = results / "logs" / "plain.jsonl"
+    plain.write_text("\n".join(plain.read_text().splitlines()[1:]) + "\n")   # no experiment record
+    said = []
+    experiments.report(log=said.append)
+    (note,) = [s for s in said if "plain.jsonl" in s]
+    _bad_says(note, "experiments.py: report: ", experiments._rel(plain), "experiment record")
+    tables = _experiments_tables((results / "results.md").read_text())
+    assert [r["run"] for r in tables["Learning-rate sweep"]] == ["lr_3e-4", "baseline", "lr_1e-2", "lr_1e-1"]
+    nope = _experiments_row(tables["Ablations at the sweep's best learning rate"], "nope_lr_1e-2")
+    assert nope["Δ vs lr_1e-2"] == "+0.1000"   # 3.9 - 3.8, not 3.9 - 4.0 (the baseline)
+
+
+def test_experiments_report_groups_runs_as_the_plan_does(_experiments_results):
+    # nope's log records a stale grouping (lr): the plan's (ablation) wins
+    _experiments_logs(_experiments_results, ("baseline", ["lr"], 4.0), ("nope", ["lr"], 4.25))
+    experiments.report(log=lambda *a: None)
+    tables = _experiments_tables((_experiments_results / "results.md").read_text())
+    assert [r["run"] for r in tables["Ablations"]] == ["baseline", "nope"]
+    assert [r["run"] for r in tables["Learning-rate sweep"]] == ["baseline"]
+
+
+def test_experiments_report_groups_by_the_presets_plan(_experiments_results):
+    # `report --preset=cs336` groups as the cs336 plan does (no ablations at the best lr there), not as the cpu plan
+    _experiments_logs(_experiments_results, ("baseline", ["lr"], 4.0), ("lr_1e-2", ["lr", "ablation_lr"], 3.9, 1e-2))
+    for preset in ("cpu", "cs336"):
+        experiments.report(preset, log=lambda *a: None)
+        tables = _experiments_tables((_experiments_results / "results.md").read_text())
+        assert ("Ablations at the sweep's best learning rate" in tables) == (preset == "cpu"), preset
+
+
+def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_experiments_results):
+    # each log it cannot report is one line naming the file and why (an unfinished run, or not a JSON-lines log);
+    # the finished runs are reported
+    results, logs = _experiments_results, _experiments_results / "logs"
+    _experiments_fake_log(logs / "baseline.jsonl", "baseline", steps=(), evals=((0, 7.69),))   # stopped before step 1
+    _experiments_fake_log(logs / "post_norm.jsonl", "post_norm", evals=())                    # never evaluated
+    _experiments_fake_log(logs / "nope.jsonl", "nope")
+    _experiments_fake_log(logs / "lr_1e-2.jsonl", "lr_1e-2", evals=((0, 7.6), (5, 5.0)))     # cut short
+    (logs / "silu_ffn.jsonl").write_text('{"type": "train", "step": 1\nnot json\n')
+    (logs / "lr_3e-3.jsonl").write_text('{"type": "experiment"}\n[1, 2]\n')
+    (logs / "folder.jsonl").mkdir()
+    (results / "setup.json").write_text('{"preset": "foo"}')
+    said = []
+    experiments.report(log=said.append)
+    assert all("\n" not in s for s in said) and not [s for s in said if "nope.jsonl" in s]
+    for name, why in [("baseline", "incomplete"), ("post_norm", "incomplete"), ("lr_1e-2", "incomplete"),
+                      ("silu_ffn", "JSON"), ("lr_3e-3", "JSON"), ("folder", "JSON")]:
+        (note,) = [s for s in said if f"{name}.jsonl" in s]
+        _bad_says(note, "experiments.py: report: ", experiments._rel(logs / f"{name}.jsonl"), why)
+    (note,) = [s for s in said if "setup.json" in s]   # unreadable figures are left out, with a note
+    _bad_says(note, "experiments.py: report: ", experiments._rel(results / "setup.json"))
+    tables = _experiments_tables((results / "results.md").read_text())
+    assert {r["run"] for table in tables.values() for r in table} == {"nope"}
+    # a copy of a log under another name (sorted before or after the original): the run is reported once, from
+    # the file experiments.py wrote, and the copy is the one skipped, in a note naming both
+    for copy in ("nope-copy.jsonl", "zz.jsonl"):
+        _experiments_fake_log(logs / copy, "nope", final=9.0)
+        said.clear()
+        experiments.report(log=said.append)
+        (note,) = [s for s in said if copy in s]
+        _bad_says(note, f"experiments.py: report: skipping {experiments._rel(logs / copy)}: ", "'nope'",
+                  experiments._rel(logs / "nope.jsonl"))
+        tables = _experiments_tables((results / "results.md").read_text())
+        assert [(r["run"], r["val loss"]) for table in tables.values() for r in table] == [("nope", "4.0000")]
+        (logs / copy).unlink()
+
+
+def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(_experiments_results, monkeypatch):
+    # matplotlib is optional at run time (README): `report`, which `run` ends with after all its training, writes
+    # results.md without the plots and says how to get them, rather than a traceback
+    _experiments_logs(_experiments_results, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    said = []
+    experiments.report(log=said.append)
+    md = (_experiments_results / "results.md").read_text()
+    assert _experiments_row(_experiments_tables(md)["Ablations"], "nope")["Δ vs baseline"] == "+0.2500"
+    assert ".png" not in md and not list(_experiments_results.glob("*.png"))
+    assert "\n" not in said[-1] and "pip install matplotlib" in said[-1]
+
+
+# ---- experiments.py: the command line: where each set of runs reports, `list`, `run`, its mistakes
+
+
+def test_experiments_results_folder_per_preset_and_data(tmp_path, _experiments_results, capsys):
+    # each main() call picks its folder from the root: the cpu preset on its own data reports in results/, any
+    # other preset or --data_dir in a folder of its own, however many calls came before
+    results, mine = _experiments_results, tmp_path / "mine"
+    for argv, want in [(["list", "--preset=cs336"], results / "cs336"),
+                       (["list", "--preset=cs336"], results / "cs336"),
+                       (["list", f"--data_dir={mine}"], results / f"cpu{_experiments_tag(mine)}"),
+                       (["list", f"--data_dir={tmp_path / 'b' / 'mine'}"],   # another folder of that name: another
+                        results / f"cpu{_experiments_tag(tmp_path / 'b' / 'mine')}"),   # report
+                       (["list", "--data_dir=data/mine"], results / "cpu-data-mine"),   # inside the repository
+                       (["list"], results)]:
+        experiments.main(argv)
+        assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
+
+
+def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(_experiments_results, capsys):
+    # another step count never shares a table with the preset's runs, and its warmup and evaluations keep their
+    # fractions of the run (a warmup kept at 20 steps would outlast a --steps=10 run, which would never reach the
+    # peak lr)
+    experiments.main(["list", "--steps=50", "--only=baseline,nope"])
+    want = _experiments_results / "cpu-50steps"
+    assert (experiments.RESULTS, experiments.LOGS) == (want, want / "logs")
+    listed = _experiments_listed(capsys.readouterr().out)
+    assert len(listed) == 2 and "--out_dir=data/experiments/cpu-50steps/runs/nope" in listed[1]
+    base = experiments.plan("cpu")[0]["flags"]
+    small = experiments.plan("cpu", 50)[0]["flags"]
+    assert (small["max_iters"], small["warmup_iters"], small["eval_interval"]) == (
+        50, base["warmup_iters"] * 50 // base["max_iters"], base["eval_interval"] * 50 // base["max_iters"])
+
+
+def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _experiments_results, capsys):
+    # real folders, not placeholders: the data folder and each run's out_dir, as run_one passes them to train.py
+    experiments.main(["list"])
+    listed = _experiments_listed(capsys.readouterr().out)
+    assert {"--data_dir=data/experiments/cpu/data", "--prepare_data=false",
+            "--out_dir=data/experiments/cpu/runs/baseline", "--fresh"} <= set(listed[0])
+    assert not [arg for args in listed for arg in args if "<" in arg]
+    experiments.main(["list", f"--data_dir={tmp_path / 'my data'}"])   # commands that paste into a shell
+    assert {f"--data_dir={tmp_path / 'my data'}", "--prepare_data=false",
+            f"--out_dir=data/experiments/cpu{_experiments_tag(tmp_path / 'my data')}/runs/nope", "--fresh"} <= set(
+        _experiments_listed(capsys.readouterr().out)[1])
+
+
+def test_experiments_run_selection_only_in_the_order_given_and_extras_with_all(tmp_path, _experiments_results,
+                                                                               monkeypatch, capsys):
     extras = {"batch_128", "batch_16_lr0", "batch_64_lr0", "baseline_seed2", "nope_lr_1e-2", "post_norm_lr_1e-2",
               "no_rmsnorm_lr_1e-2", "silu_ffn_lr_1e-2"}
     runs = experiments.plan("cpu")
@@ -7991,136 +8221,61 @@ def test_experiments_run_selection_only_in_the_order_given_and_extras_with_all(t
     assert out.index("nope ") < out.index("baseline ")
 
 
-def test_experiments_time_budget_and_batch_runs_keep_their_schedule_fractions():
-    runs = {r["name"]: r["flags"] for r in experiments.plan("cpu")}
-    base, t = runs["baseline"], runs["time_budget"]
-    # the clock ends the time-budget run, so its max_iters lies beyond what it can reach; the warmup keeps its share
-    assert t["time_budget"] and base["time_budget"] == "" and t["max_iters"] > base["max_iters"]
-    assert t["warmup_iters"] / t["max_iters"] == base["warmup_iters"] / base["max_iters"]
-    for B in (16, 64, 128):   # evaluations at the same token counts as the baseline's
-        f = runs[f"batch_{B}"]
-        assert f["eval_interval"] * B == base["eval_interval"] * base["batch_size"], B
-        assert f["warmup_iters"] * B == base["warmup_iters"] * base["batch_size"], B
-
-
-def test_experiments_run_one_reuses_only_a_finished_log_with_the_same_flags_and_data(tmp_path, _bad_results,
-                                                                                      monkeypatch):
-    class Trained(Exception):
-        pass
-
-    def popen(*a, **k):
-        raise Trained
-    monkeypatch.setattr(experiments.subprocess, "Popen", popen)
-    run = experiments.plan("cpu")[0]
-    data, scratch = tmp_path / "data", tmp_path / "scratch"
-    data.mkdir()
-    _train_write_tokens(data / "train.bin", _train_docs(300, 0), 64)
-    args = [str(a) for a in experiments.train_args(run["flags"], data, scratch / "runs" / "baseline")]
-    dest = _bad_results / "logs" / "baseline.jsonl"
-    dest.parent.mkdir(parents=True)
-
-    def write(args, last_eval, **data_record):
-        rows = [dict(type="experiment", name="baseline", groups=run["groups"], change="baseline", flags=run["flags"],
-                     args=args, wall=3.0, **data_record),
-                dict(type="config", max_iters=200, time_budget=""),
-                dict(type="train", step=200, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=9.0, tokens=819200),
-                dict(type="eval", step=last_eval, val_loss=2.1, val_bpb=0.8, elapsed=9.0)]
-        dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    now = experiments.data_stamp(data)
-    assert now == {"train.bin": [(data / "train.bin").stat().st_size, 64, None]}
-    for record in ({}, {"data": now}):   # a log from before the data was recorded, or one on this very data
-        write(args, 200, **record)
-        assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest   # the same run: reused
-    for other_args, last_eval in [([*args[:-1], "--seed=7"], 200), (args, 100)]:
-        write(other_args, last_eval)     # other flags, or a log that does not reach max_iters: trained again
-        with pytest.raises(Trained):
-            experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
-    write(args, 200)   # --rerun: trained again even though the log matches
-    with pytest.raises(Trained):
-        experiments.run_one(run, "cpu", data, scratch, rerun=True, log=lambda *a: None)
-    write(args, 200, data=now)
-    _train_write_tokens(data / "train.bin", _train_docs(200, 0), 64)   # the same name, other tokens: trained again
-    with pytest.raises(Trained):
-        experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
-    # the same file sizes under a retrained tokenizer of the same size (another fingerprint): other tokens, trained again
-    side = data / "train.bin.json"
-    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="aaaa")))
-    write(args, 200, data=experiments.data_stamp(data))
-    assert experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None) == dest
-    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="bbbb")))
-    with pytest.raises(Trained):
-        experiments.run_one(run, "cpu", data, scratch, log=lambda *a: None)
-
-
-def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_path, _bad_results, _bad_tiny_preset):
-    # an edited preset (another train_text) gets a tokenizer trained on it and its own tokens, not the old ones
+def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _experiments_results, _experiments_tiny_preset,
+                                                       capsys):
+    # the whole `run` on a tiny preset: data, tokenizer, checkpoints and consoles in --scratch, the log and the
+    # report in the preset's own results folder
     scratch = tmp_path / "scratch"
-    d = experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None)
-    first = (d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()
-    assert experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None) == d   # unchanged: reused
-    assert ((d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()) == first
-    experiments.PRESETS[_bad_tiny_preset]["train_text"] = _bad_corpus(tmp_path / "other.txt", 120, 7)
-    said = []
-    experiments.prepare_data(_bad_tiny_preset, scratch, log=said.append)
-    assert said[0].startswith("data: ") and said[0].endswith("was made from other texts: training the tokenizer and "
-                                                              "encoding again")
-    assert (scratch / "tokenizer-300" / "merges.txt").read_bytes() != first[1]
-    assert (d / "train.bin").read_bytes() != first[0]
-    setup = json.loads((_bad_results / "setup.json").read_text())
-    assert (setup["train_text"], setup["train_tokens"]) == ("other.txt", (d / "train.bin").stat().st_size // 2)
-    # a token file encoded by an earlier tokenizer of the same folder (its sidecar has another fingerprint) is
-    # encoded again, not kept beside a tokenizer whose ids it does not hold
-    side = d / "val.bin.json"
-    side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="stale")))
-    experiments.prepare_data(_bad_tiny_preset, scratch, log=lambda *a: None)
-    assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
+    experiments.main(["run", f"--preset={_experiments_tiny_preset}", "--only=baseline", f"--scratch={scratch}",
+                      "--no_samples"])
+    results = _experiments_results / "tiny"  # a preset other than cpu reports in its own folder
+    rec = experiments.experiment_record(experiments.read_log(results / "logs" / "baseline.jsonl"))
+    assert f"--out_dir={scratch / 'tiny' / 'runs' / 'baseline'}" in rec["args"]
+    assert (scratch / "tiny" / "runs" / "baseline" / "ckpt.pt").is_file() and (results / "results.md").is_file()
+    assert json.loads((results / "setup.json").read_text())["tokenizer"] == str(scratch / "tiny" / "tokenizer-300")
+    assert not (_experiments_results / "logs").exists()
 
 
-def test_experiments_steps_scale_the_time_budget_runs_clock_too():
-    # with --steps the baseline is shorter: the clock-limited run gets the same share of its budget (2.5m at 200)
-    assert experiments.plan("cpu")[0]["flags"]["max_iters"] == 200
-    for steps, budget in [(None, "2.5m"), (50, "37.5s"), (400, "300s")]:
-        t = next(r for r in experiments.plan("cpu", steps) if r["name"] == "time_budget")
-        assert (t["flags"]["time_budget"], t["change"]) == (budget, f"--time_budget={budget}")
+@pytest.mark.parametrize("argv, prefix, named", [
+    (["--steps=-5"], "experiments.py: --steps ", [-5]),
+    (["--only=,"], "experiments.py: --only ", ["','"]),
+    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"])], ids=["negative-steps", "no-names", "unknown"])
+def test_experiments_bad_flags_are_one_line_before_anything_runs(tmp_path, _experiments_results, argv, prefix, named):
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", *argv, f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
+    _bad_says(str(e.value.code), prefix, *named)
+    assert not (tmp_path / "scratch").exists() and not _experiments_results.exists()
 
 
-def test_experiments_a_time_budget_run_is_finished_before_max_iters():
-    def rows(time_budget):
-        return [dict(type="config", max_iters=1000, time_budget=time_budget),
-                dict(type="train", step=37, loss=2.0, lr=3e-4, tokens_per_sec=100.0, elapsed=150.0, tokens=37 * 4096),
-                dict(type="eval", step=37, val_loss=2.1, val_bpb=0.8, elapsed=150.0)]
-    assert experiments.finished(experiments.summarize(rows("2.5m")))      # stopped by the clock: done
-    assert not experiments.finished(experiments.summarize(rows("")))      # stopped at 37 of 1000 steps: cut short
-    assert not experiments.finished(experiments.summarize(rows("2.5m")[:2]))   # no validation loss: nothing to report
+def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _experiments_results,
+                                                                     _experiments_tiny_preset):
+    # the run that failed, train.py's exit status and last line, and where its whole console is
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.bin").write_bytes(b"\0" * 64)   # no sidecar: train.py refuses it
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", f"--preset={_experiments_tiny_preset}", "--only=baseline",
+                          f"--scratch={tmp_path / 's'}", f"--data_dir={data}", "--no_samples"])
+    console = tmp_path / "s" / f"tiny{_experiments_tag(data)}" / "runs" / "baseline" / "console.txt"
+    _bad_says(str(e.value.code), "experiments.py: run baseline ", "train.py", "exit 1", "sidecar", console)
 
 
-def test_experiments_report_groups_runs_as_the_plan_does(tmp_path, monkeypatch):
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr"], 4.0), ("nope", ["lr"], 4.25))   # nope: a stale grouping
-    experiments.report(log=lambda *a: None)
-    sections = {s.split("\n", 1)[0]: s for s in (tmp_path / "results.md").read_text().split("## ")[1:]}
-    assert "| nope |" in sections["Ablations"] and "| nope |" not in sections["Learning-rate sweep"]
-    assert "| baseline |" in sections["Learning-rate sweep"] and "| baseline |" in sections["Ablations"]
-
-
-def test_experiments_report_groups_by_the_presets_plan(tmp_path, monkeypatch):
-    # `report --preset=cs336` groups as the cs336 plan does (no ablations at the best lr there), not as the cpu plan
-    _experiments_logs(tmp_path, monkeypatch, ("baseline", ["lr"], 4.0), ("lr_1e-2", ["lr", "ablation_lr"], 3.9, 1e-2))
-    for preset in ("cpu", "cs336"):
-        experiments.report(preset, log=lambda *a: None)
-        md = (tmp_path / "results.md").read_text()
-        assert ("## Ablations at the sweep's best learning rate" in md) == (preset == "cpu"), preset
-
-
-def test_experiments_time_budget_run_counts_the_steps_after_its_last_train_record(tmp_path):
-    # the clock stops a run at step 12 while train records come every 5 steps: its tokens and training time are
-    # the final evaluation's (12 steps x 32 tokens, 12.4 s), not those of step 10's record
-    path = tmp_path / "t.jsonl"
-    _experiments_fake_log(path, "time_budget", ["time"], 4.0)
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    rows[-1].update(step=12, elapsed=12.4)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = experiments.summarize(experiments.read_log(path))
-    assert (r["step"], r["tokens"], r["train_time"]) == (12, 12 * 32, 12.4)
+def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _experiments_results, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    # Ctrl-C: one line after a newline (which leaves the terminal's ^C line), saying how to go on
+    monkeypatch.setattr(experiments, "prepare_data", interrupted)
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", "--only=baseline"])
+    assert e.value.code.startswith("\n")
+    _bad_says(e.value.code[1:], "experiments.py: ", "interrupted", "python experiments.py run")
+    # a results folder that cannot be made: the path
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "a_file")
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["run", "--only=baseline"])
+    _bad_says(e.value.code, "experiments.py: ", tmp_path / "a_file" / "logs")
 
 
 # ====================================================================================================================
@@ -8128,72 +8283,51 @@ def test_experiments_time_budget_run_counts_the_steps_after_its_last_train_recor
 # ====================================================================================================================
 
 
+# ---- bench.py gpu: every device path checked against its reference, and each check shown able to fail
+
+
 def _bench_gpu_args(**kw):
-    return argparse.Namespace(**{**dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager"), **kw})
+    """bench.py gpu's flags for a quick CPU run: tiny shapes, a few steps, a backend that compiles fast."""
+    flags = dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager")
+    return argparse.Namespace(**{**flags, **kw})
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["sample", "--repeats", "0"], "bench.py: --repeats 0: expected at least 1"),
-    (["model", "--threads", "0"], "bench.py: --threads 0: expected at least 1"),
-    (["train", "--steps", "0"], "bench.py: --steps 0: expected at least 1"),
-    (["gpu", "--steps", "1", "--tiny"], "bench.py: --steps 1: expected at least 2"),
-    (["train", "--batch_size", "-2"], "bench.py: --batch_size -2: expected at least 1"),
-    (["sample", "--max_new_tokens", "0"], "bench.py: --max_new_tokens 0: expected at least 1"),
-    (["sample", "--prompt_len", "0"], "bench.py: --prompt_len 0: expected at least 1"),
-    (["sample", "--prompt_len", "-3"], "bench.py: --prompt_len -3: expected at least 1"),
-    (["sample", "--modes", "foo"], "bench.py: --modes 'foo': expected a comma list of greedy, top_p"),
-    (["tokenizer", "--parts", "trian"], "bench.py: --parts 'trian': expected a comma list of train, encode, encode_file"),
-    (["model", "--parts", ""], "bench.py: --parts '': expected a comma list of train, generate, compile"),
-    (["train", "--dtypes", "float32,float16"], "bench.py: --dtypes 'float32,float16': expected a comma list of "
-                                               "float32, bfloat16"),
-    (["sample", "--prompt_len", "1020", "--max_new_tokens", "10"],
-     "bench.py: --prompt_len 1020 + --max_new_tokens 10: the benchmark's GPT-2 has 1,024 positions"),
-    (["gpu", "--device", "foo", "--tiny"], "bench.py: --device: expected auto, cpu, cuda, cuda:N or mps, got 'foo'"),
-    (["tokenizer", "--mix20", "."], "bench.py: --mix20 .: expected the corpus file's path (made if absent), got a folder"),
-    (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "bench.py: --mix20 /nonexistent-dir/mix20.txt: no such "
-                                                             "file, and no folder /nonexistent-dir to make it in"),
-    (["gpu", "--compile_backend", "nope", "--tiny"], "bench.py: --compile_backend: expected a torch.compile backend "
-                                                      "(inductor, aot_eager, ...: see torch.compiler.list_backends()), got 'nope'")])
-def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, message):
-    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    for section in ("tokenizer", "model", "train", "gpu", "sample"):
-        monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
-    with pytest.raises(SystemExit) as e:
-        bench.main()
-    assert str(e.value) == message
-
-
-def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
-    # --mix20 names a file: ~ is expanded as in every script's path flags (README), not made into a folder "~"
-    monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "mix.txt").write_text("x")
-    ran = []
-    monkeypatch.setattr(sys, "argv", ["bench.py", "tokenizer", "--parts", "encode_file", "--mix20", "~/mix.txt"])
-    monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
-    bench.main()
-    assert ran == [str(tmp_path / "mix.txt")]
+def _bench_checks(out):
+    """bench_gpu's checks read back from what it printed: (passed, what it checked) for each line that starts with
+    OK or FAIL."""
+    return [(line.split()[0] == "OK", line.split(None, 1)[1]) for line in out.splitlines()
+            if line.split()[:1] in (["OK"], ["FAIL"])]
 
 
 def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
+    # on the CPU (the "device" is the CPU) all 13 checks pass and it returns, after timing train.train for both
+    # architectures, compiled and eager; its data and checkpoints (GPT-2-sized on a GPU) go when bench.py exits
     removed_at_exit, register = [], atexit.register
     monkeypatch.setattr(atexit, "register", lambda f, *a, **k: removed_at_exit.append(a[0]) if f is shutil.rmtree
                         else register(f, *a, **k))
     bench.bench_gpu(_bench_gpu_args())
     out = capsys.readouterr().out
-    assert out.count("\nOK ") == 13 and "FAIL" not in out and out.rstrip().endswith("all checks passed")
-    assert all(f"\n{a} {m} " in out for a in ("gpt2", "llama") for m in ("compiled", "eager"))  # each timed run printed
-    (tmp,) = removed_at_exit  # the data and both checkpoints (GPT-2-sized on a GPU) go when bench.py exits
+    checks = _bench_checks(out)
+    assert len(checks) == 13 and all(ok for ok, _ in checks), checks
+    assert "passed" in out.splitlines()[-1]
+    timed = [(a, m) for a in ("gpt2", "llama") for m in ("compiled", "eager")]
+    assert {f"{a} {m}" for a, m in timed} <= {" ".join(line.split()[:2]) for line in out.splitlines()}  # each printed
+    (tmp,) = removed_at_exit
     assert tmp.name.startswith("bench_gpu_") and (tmp / "llama_compiled" / "ckpt.pt").is_file()
+    assert all((tmp / f"{a}_{m}" / "log.jsonl").is_file() for a, m in timed)
     shutil.rmtree(tmp)
 
 
 def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch):
+    # a from-scratch attention that is wrong: that check, and only it, fails; the last line names it; exit status 1
     monkeypatch.setattr(M, "scaled_dot_product_attention", lambda q, k, v, mask=None: torch.zeros_like(q))
     with pytest.raises(SystemExit) as e:
         bench.bench_gpu(_bench_gpu_args(steps=2))
     out = capsys.readouterr().out
-    assert e.value.code == 1 and "FAIL  SDPA (no flash kernel here) vs from scratch" in out
-    assert out.rstrip().endswith("FAILED: SDPA (no flash kernel here) vs from scratch")
+    failed = [what for ok, what in _bench_checks(out) if not ok]
+    assert e.value.code == 1 and len(failed) == 1
+    assert failed[0].startswith("SDPA (no flash kernel here) vs from scratch")
+    assert "SDPA (no flash kernel here) vs from scratch" in out.splitlines()[-1]
 
 
 def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
@@ -8230,12 +8364,45 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     monkeypatch.setattr(M, "KVCache", Forgetful)
     with pytest.raises(SystemExit):
         bench.bench_gpu(_bench_gpu_args(steps=2))
-    out = capsys.readouterr().out
+    failed = [what for ok, what in _bench_checks(capsys.readouterr().out) if not ok]
     for what in ("llama: float32 forward on the device vs CPU", "gpt2: float32 forward on the device vs CPU",
                  "llama: bf16 autocast loss vs float32", "gpt2: bf16 autocast loss vs float32",
                  "fused AdamW vs train.AdamW, 5 steps", "torch.compile forward vs eager (bf16)",
                  "KV-cached greedy decoding vs uncached", "HellaSwag and LAMBADA on the device vs CPU"):
-        assert f"\nFAIL  {what}" in out, what
+        assert any(f.startswith(what) for f in failed), what
+
+
+# ---- bench.py: the command line: every count and list checked before any benchmark runs
+
+
+@pytest.mark.parametrize("argv, flag, named", [
+    (["sample", "--repeats", "0"], "--repeats", ["0", "1"]),
+    (["model", "--threads", "0"], "--threads", ["0", "1"]),
+    (["train", "--steps", "0"], "--steps", ["0", "1"]),
+    (["gpu", "--steps", "1", "--tiny"], "--steps", ["1", "2"]),   # the gpu section times the second half of its steps
+    (["train", "--batch_size", "-2"], "--batch_size", ["-2", "1"]),
+    (["sample", "--max_new_tokens", "0"], "--max_new_tokens", ["0", "1"]),
+    (["sample", "--prompt_len", "0"], "--prompt_len", ["0", "1"]),
+    (["sample", "--prompt_len", "-3"], "--prompt_len", ["-3", "1"]),
+    # a list with a typo would time nothing, or mislabel a row: the bad list and the choices
+    (["sample", "--modes", "foo"], "--modes", ["'foo'", "greedy", "top_p"]),
+    (["tokenizer", "--parts", "trian"], "--parts", ["'trian'", "train", "encode", "encode_file"]),
+    (["model", "--parts", ""], "--parts", ["''", "train", "generate", "compile"]),
+    (["train", "--dtypes", "float32,float16"], "--dtypes", ["'float32,float16'", "bfloat16"]),
+    (["sample", "--prompt_len", "1020", "--max_new_tokens", "10"], "--prompt_len",   # past GPT-2's positions
+     ["1020", "--max_new_tokens", "10", "1,024"]),
+    (["gpu", "--device", "foo", "--tiny"], "--device", ["'foo'"]),
+    (["tokenizer", "--mix20", "."], "--mix20", [".", "folder"]),
+    (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "--mix20", ["/nonexistent-dir/mix20.txt",
+                                                                         "/nonexistent-dir"]),
+    (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"])])
+def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
+    monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
+    for section in ("tokenizer", "model", "train", "gpu", "sample"):
+        monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    _bad_says(str(e.value), f"bench.py: {flag}", *named)
 
 
 @pytest.mark.parametrize("argv,section", [
@@ -8250,18 +8417,83 @@ def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
     assert len(ran) == 1
 
 
+def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
+    # --mix20 names a file: ~ is expanded as in every script's path flags (README), not made into a folder "~"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mix.txt").write_text("x")
+    ran = []
+    monkeypatch.setattr(sys, "argv", ["bench.py", "tokenizer", "--parts", "encode_file", "--mix20", "~/mix.txt"])
+    monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
+    bench.main()
+    assert ran == [str(tmp_path / "mix.txt")]
+
+
 def test_bench_ctrl_c_is_one_line(monkeypatch):
+    # one line after a newline (which leaves the terminal's ^C line)
     def ctrl_c(args):
         raise KeyboardInterrupt
     monkeypatch.setattr(bench, "bench_sample", ctrl_c)
     monkeypatch.setattr(sys, "argv", ["bench.py", "sample"])
-    with pytest.raises(SystemExit, match=r"^\nbench\.py: interrupted$"):
+    with pytest.raises(SystemExit) as e:
         bench.main()
+    assert e.value.code.startswith("\n")
+    _bad_says(e.value.code[1:], "bench.py: ", "interrupted")
 
 
 # ====================================================================================================================
 # command lines and bad input: every script's flags, one clear line per mistake, nothing half-written
 # ====================================================================================================================
+
+
+# ---- helpers for the sections above: a script's exit message, what a message says, a tiny checkpoint, stories
+
+
+def _bad_exit(monkeypatch, script, *argv):
+    """The message main() exits with for this command line; it must be one line."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    with pytest.raises(SystemExit) as exc:
+        script.main()
+    message = str(exc.value)
+    assert "\n" not in message, message
+    return message
+
+
+def _bad_says(message, prefix, *named):
+    """_one_line_naming, with each named value looked for after the prefix and as a whole word or number: a prefix
+    that holds a tmp_path (named after the test, numbered by pytest) cannot name it by accident, nor "16" a 1, nor
+    the file /a/b.txt its folder /a."""
+    _one_line_naming(message, prefix)
+    rest = message[len(prefix):]
+    for value in map(str, named):
+        assert re.search(rf"(?<![\w./-]){re.escape(value)}(?![\w/]|\.\d)", rest), (message, value)
+
+
+def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
+    """A tiny train.py-format Llama checkpoint with a byte-level bpe.py tokenizer (257 tokens with <|endoftext|>)."""
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
+    tok.save_dir(str(tmp_path / "tok"))
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=16,
+                           num_layers=1, num_heads=2, d_ff=32))
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": str(tmp_path / "tok"),
+                "iteration": 0}, path)
+    return path
+
+
+BAD_EOT = "<|endoftext|>"
+
+
+def _bad_corpus(path, n=60, seed=0):
+    path.write_text("".join(d + stories.SEPARATOR for d in stories.generate_stories(n, seed)), encoding="utf-8")
+    return path
+
+
+def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
+    """A small bpe.py tokenizer directory (vocab 300) trained on generated stories."""
+    vocab, merges = bpe.train_bpe(_bad_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
+    bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
+    return tmp_path / "tok"
 
 
 def _bad_cfg(data_dir, out_dir, **kw):
@@ -8273,12 +8505,110 @@ def _bad_train_two_steps(data, out):
     assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
 
 
+# ---- every script: a flag argparse rejects, ~ in a path flag, output into a pipe that closes early
+
+
+@pytest.mark.parametrize("script", [bench, bpe, experiments, fineweb, flops, hellaswag, lambada, sample, stories,
+                                    train])
+def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys):
+    # one line on stderr (no usage block) naming the script and the flag or its bad value, exit status 2, before any
+    # work
+    name = Path(script.__file__).name
+    argv, prefix, named = {bench: (["sample", "--repeats=x"], "bench.py sample: ", ["--repeats", "'x'"]),
+                           experiments: (["report", "--bogus"], f"{name}: ", ["--bogus"])}.get(
+        script, (["--bogus"], f"{name}: ", ["--bogus"]))
+    monkeypatch.setattr(sys, "argv", [name, *argv])
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.endswith("\n"), err
+    _bad_says(err[:-1], prefix, *named)
+
+
+@pytest.mark.parametrize("script, argv", [
+    (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
+    (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
+    (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
+    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
+def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
+    # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    argv = [a.replace("CKPT", str(_tiny_llama_ckpt(tmp_path))) for a in argv]
+    message = _bad_exit(monkeypatch, script, *argv)
+    assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
+
+
+@pytest.mark.parametrize("which", ["stories", "sample"])
+def test_output_piped_into_head_ends_quietly(tmp_path, which):
+    # `python stories.py --print 2000 | head -1`: the reader goes away early; no BrokenPipeError traceback
+    if which == "stories":
+        cmd = ["stories.py", "--print", "2000"]
+    else:
+        m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+                               num_heads=2, d_ff=32))
+        _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
+        cmd = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--max_new_tokens=100000", "--no_stop", "--device=cpu"]
+    p = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    # (at most one line on stderr: sample.py's "loaded ...")
+    assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err
+
+
+# ---- the scripts that load a checkpoint (sample.py, flops.py, hellaswag.py, lambada.py): files and devices they
+# cannot use
+
+
+@pytest.mark.parametrize("script", [sample, flops, hellaswag, lambada])
+@pytest.mark.parametrize("kind, named", [("truncated", "readable"), ("empty", "readable"), ("garbage", "readable"),
+                                         ("directory", "directory")])
+def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, named):
+    good = _tiny_llama_ckpt(tmp_path).read_bytes()
+    bad = tmp_path / "bad.pt"
+    if kind == "directory":
+        bad.mkdir()
+    else:
+        bad.write_bytes({"truncated": good[:len(good) // 2], "empty": b"", "garbage": b"\x0e\xff not a pickle"}[kind])
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={bad}"), f"{script.__name__}.py: --ckpt {bad}: ", named)
+
+
+@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
+@pytest.mark.parametrize("kind, named", [("bare", ["train.py"]), ("no_config", ["train.py"]),
+                                         ("list", ["dict", "list"])])
+def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script, kind, named):
+    # a readable file that is not a train.py checkpoint: a bare state dict, weights without their model_config, a list
+    good = torch.load(_tiny_llama_ckpt(tmp_path), weights_only=True)
+    content = {"bare": good["model"], "no_config": {k: v for k, v in good.items() if k != "model_config"},
+               "list": [1, 2]}[kind]
+    path = tmp_path / f"{kind}.pt"
+    torch.save(content, path)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={path}", "--device=cpu"),
+              f"{script.__name__}.py: --ckpt {path}: ", *named)
+
+
+@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
+def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
+    # a device torch does not know (the ones it takes named), CUDA where there is none, a GPU past the visible ones
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    name = f"{script.__name__}.py"
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=tpu"), f"{name}: --device", "'tpu'", "cpu",
+              "cuda", "mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda"), f"{name}: --device cuda", "CUDA")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3"), f"{name}: --device cuda:3", 1)
+
+
+# ---- a tokenizer retrained into its folder: refused by every script that reads its ids
+
+
 def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch,
                                                                                           capsys):
     # bpe.py --out into an existing tokenizer folder keeps its path and size but changes what the ids mean: the token
     # files and the checkpoint record its content fingerprint, so train.py, sample.py, hellaswag.py and lambada.py
-    # refuse it in one line instead of scoring, sampling and evaluating with the wrong tokens
-    import argparse
+    # refuse it in one line naming both fingerprints, instead of scoring, sampling and evaluating with the wrong tokens
     d, tok_dir = tmp_path / "data", tmp_path / "data" / "tok"
     d.mkdir()
     _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(tok_dir)
@@ -8301,198 +8631,28 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     assert new != old
     with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
-    _one_line_naming(str(e.value), f"{d / 'train.bin'}.json: ", str(tok_dir), old, new)
+    _bad_says(str(e.value), f"{d / 'train.bin'}.json: ", repr(str(tok_dir)), old, new)
     with pytest.raises(ValueError) as e:
         sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
-    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new, "--tokenizer")
+    _bad_says(str(e.value), f"--ckpt {ckpt}: ", repr(str(tok_dir)), old, new, "--tokenizer")
     for script in (hellaswag, lambada):
-        _one_line_naming(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu"),
-                         f"{script.__name__}.py: --ckpt {ckpt}: ", old, new)
+        _bad_says(_bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cpu"),
+                  f"{script.__name__}.py: --ckpt {ckpt}: ", old, new)
     # the original kept elsewhere is accepted by all; another tokenizer given with --tokenizer is refused too
     assert sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tmp_path / "original"))[1].vocab_size == 300
     args = argparse.Namespace(ckpt=str(ckpt), init_from=None, tokenizer=str(tmp_path / "original"))
     assert hellaswag.load_model(args, "cpu")[1].vocab_size == 300
     with pytest.raises(ValueError) as e:
         sample.load_model_and_tokenizer(str(ckpt), None, "cpu", str(tok_dir))
-    _one_line_naming(str(e.value), f"--ckpt {ckpt}: ", str(tok_dir), old, new)
+    _bad_says(str(e.value), f"--ckpt {ckpt}: ", repr(str(tok_dir)), old, new)
+    # token files of both versions in one data folder: refused, naming the tokenizer and both fingerprints
     encode("val")
-    with pytest.raises(ValueError, match=f"^{re.escape(str(d))}: token files were written by different versions of "
-                                         f"tokenizer {re.escape(repr(str(tok_dir)))} \\(fingerprints "):
+    with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)
+    _bad_says(str(e.value), f"{d}: ", repr(str(tok_dir)), old, new)
     encode("train")
     assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
     # the model trained on the old ids is not resumed on the new ones
     with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
-    _one_line_naming(str(e.value), f"{ckpt}: ", old, new, "--fresh")
-
-
-def _bad_exit(monkeypatch, script, *argv):
-    """The message main() exits with for this command line; it must be one line."""
-    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
-    with pytest.raises(SystemExit) as exc:
-        script.main()
-    message = str(exc.value)
-    assert "\n" not in message, message
-    return message
-
-
-def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
-    """A tiny train.py-format Llama checkpoint with a byte-level bpe.py tokenizer (257 tokens with <|endoftext|>)."""
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
-    tok.save_dir(str(tmp_path / "tok"))
-    torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=16,
-                           num_layers=1, num_heads=2, d_ff=32))
-    path = tmp_path / "ckpt.pt"
-    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": str(tmp_path / "tok"),
-                "iteration": 0}, path)
-    return path
-
-
-@pytest.mark.parametrize("script", [sample, flops, hellaswag, lambada])
-@pytest.mark.parametrize("kind, expect", [("truncated", "not a readable checkpoint"),
-                                          ("empty", "not a readable checkpoint"),
-                                          ("garbage", "not a readable checkpoint"),
-                                          ("directory", "is a directory")])
-def test_cli_rejects_a_checkpoint_it_cannot_load(tmp_path, monkeypatch, script, kind, expect):
-    good = _tiny_llama_ckpt(tmp_path).read_bytes()
-    bad = tmp_path / "bad.pt"
-    if kind == "directory":
-        bad.mkdir()
-    else:
-        bad.write_bytes({"truncated": good[:len(good) // 2], "empty": b"", "garbage": b"\x0e\xff not a pickle"}[kind])
-    message = _bad_exit(monkeypatch, script, f"--ckpt={bad}")
-    assert message.startswith(f"{script.__name__}.py: --ckpt {bad}: {expect}")
-
-
-@pytest.mark.parametrize("script, argv", [
-    (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
-    (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
-    (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
-    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
-def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
-    # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    argv = [a.replace("CKPT", str(_tiny_llama_ckpt(tmp_path))) for a in argv]
-    message = _bad_exit(monkeypatch, script, *argv)
-    assert f"{tmp_path / 'home' / 'missing'}" in message and "~" not in message, message
-
-
-@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
-def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, script):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    name = f"{script.__name__}.py"
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=tpu") == (
-        f"{name}: --device: expected auto, cpu, cuda, cuda:N or mps, got 'tpu'")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda") == (
-        f"{name}: --device cuda: CUDA is not available on this machine")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert _bad_exit(monkeypatch, script, f"--ckpt={ckpt}", "--device=cuda:3") == (
-        f"{name}: --device cuda:3: no such GPU (1 visible)")
-
-
-def _bad_hs_data(path, rows):
-    """rows: (ctx, endings) with label 0."""
-    path.write_text("".join(json.dumps({"ind": i, "ctx": ctx, "endings": endings, "label": 0}) + "\n"
-                            for i, (ctx, endings) in enumerate(rows)), encoding="utf-8")
-    return path
-
-
-BAD_EOT = "<|endoftext|>"
-
-
-def _bad_corpus(path, n=60, seed=0):
-    path.write_text("".join(d + stories.SEPARATOR for d in stories.generate_stories(n, seed)), encoding="utf-8")
-    return path
-
-
-def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
-    """A small bpe.py tokenizer directory (vocab 300) trained on generated stories."""
-    vocab, merges = bpe.train_bpe(_bad_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
-    bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
-    return tmp_path / "tok"
-
-
-@pytest.fixture
-def _bad_results(tmp_path, monkeypatch):
-    """results/ and results/logs/ redirected into tmp_path."""
-    monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
-    monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
-    return tmp_path / "results"
-
-
-def _bad_fake_log(path, name, steps=(5, 10), evals=((0, 7.6), (10, 4.0))):
-    rows = [dict(type="experiment", name=name, groups=["ablation"], change=name, flags={}, args=[], wall=3.0),
-            dict(type="config", batch_size=4, context_length=8, max_iters=10, learning_rate=3e-3, warmup_iters=1,
-                 min_lr_ratio=0.1, weight_decay=0.1, grad_clip=1.0, seed=1, num_threads=1, eval_iters=2,
-                 model_config=dict(num_layers=1, d_model=8, num_heads=2, d_ff=16, context_length=8))]
-    rows += [dict(type="train", step=s, loss=5.0 - s / 10, lr=3e-3, tokens_per_sec=100.0, elapsed=s * 1.0, tokens=s * 32)
-             for s in steps]
-    rows += [dict(type="eval", step=s, val_loss=v, val_bpb=v / math.log(2) / 3.6, elapsed=s * 1.0) for s, v in evals]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _bad_tag(path):
-    return str(path).replace("/", "-")   # an absolute path outside the repository: /tmp/x/mine -> -tmp-x-mine
-
-
-@pytest.fixture
-def _bad_tiny_preset(tmp_path, monkeypatch):
-    """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
-    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
-             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
-             extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
-             base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
-                       learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
-                       grad_clip=1.0, sampler="random", eval_interval=100, num_threads=1))
-    monkeypatch.setitem(experiments.PRESETS, "tiny", p)
-    return "tiny"
-
-
-@pytest.mark.parametrize("script", [sample, hellaswag, lambada])
-def test_cli_rejects_a_checkpoint_of_another_kind(tmp_path, monkeypatch, script):
-    # a readable file that is not a train.py checkpoint: a bare state dict, weights without their model_config, a list
-    good = torch.load(_tiny_llama_ckpt(tmp_path), weights_only=True)
-    for name, content in [("bare", good["model"]), ("no_config", {k: v for k, v in good.items() if k != "model_config"}),
-                          ("list", [1, 2])]:
-        path = tmp_path / f"{name}.pt"
-        torch.save(content, path)
-        message = _bad_exit(monkeypatch, script, f"--ckpt={path}", "--device=cpu")
-        if name == "list":
-            assert message == f"{script.__name__}.py: --ckpt {path}: not a checkpoint (expected a dict, found list)"
-        else:
-            _one_line_naming(message, f"{script.__name__}.py: --ckpt {path}: ", "not a train.py checkpoint")
-
-
-# every script: a flag argparse rejects is one line (no usage block), exit status 2, before any work
-@pytest.mark.parametrize("script", [bench, bpe, experiments, fineweb, flops, hellaswag, lambada, sample, stories, train])
-def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys):
-    name = Path(script.__file__).name
-    argv = {bench: ["sample", "--repeats=x"], experiments: ["report", "--bogus"]}.get(script, ["--bogus"])
-    monkeypatch.setattr(sys, "argv", [name, *argv])
-    with pytest.raises(SystemExit) as e:
-        script.main()
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1, err
-    assert re.fullmatch(rf"{re.escape(name)}( sample)?: .*(--bogus|'x').* \(see --help\)\n", err), err
-
-
-@pytest.mark.parametrize("which", ["stories", "sample"])
-def test_output_piped_into_head_ends_quietly(tmp_path, which):
-    # `python stories.py --print 2000 | head -1`: the reader goes away early; no BrokenPipeError traceback
-    if which == "stories":
-        cmd = ["stories.py", "--print", "2000"]
-    else:
-        m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
-                               num_heads=2, d_ff=32))
-        _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
-        cmd = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--max_new_tokens=100000", "--no_stop", "--device=cpu"]
-    p = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdout.readline()
-    p.stdout.close()
-    err = p.stderr.read().decode()
-    assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err   # (sample.py: "loaded ...")
+    _bad_says(str(e.value), f"{ckpt}: ", old, new, "--fresh")
