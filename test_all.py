@@ -2048,6 +2048,12 @@ def _train_records(out_dir, kind):
     return [r for r in map(json.loads, (out_dir / "log.jsonl").read_text().splitlines()) if r["type"] == kind]
 
 
+def _train_two_steps(data_dir, out_dir):
+    """A finished run of 2 steps in out_dir: the checkpoint a resume starts from."""
+    train.train(_train_cfg(data_dir, out_dir, max_iters=2), log=_train_quiet)
+    assert torch.load(out_dir / "ckpt.pt", weights_only=True)["iteration"] == 2
+
+
 def _train_fake_clock():
     t = [0.0]
 
@@ -2055,6 +2061,26 @@ def _train_fake_clock():
         t[0] += 1.0
         return t[0]
     return clock
+
+
+def _train_slow_first_step_clock():
+    """A fake clock whose first optimizer step takes 61 s (a compilation) and every other step 1 s (clock calls:
+    the run's start, then each step's start and end)."""
+    t, calls = [0.0], [0]
+
+    def clock():
+        calls[0] += 1
+        t[0] += 61.0 if calls[0] == 3 else 1.0
+        return t[0]
+    return clock
+
+
+def _train_crash_at(n):
+    """An on_step hook that kills the run after optimizer step n (a crash, as far as the checkpoints can tell)."""
+    def crash(step):
+        if step == n:
+            raise RuntimeError("simulated crash")
+    return crash
 
 
 @pytest.mark.parametrize("eps, grad_scale", [(1e-8, 1.0), (1e-6, 1e-6)])  # gradients ~eps: where eps enters shows
@@ -2441,12 +2467,9 @@ def test_train_fresh_run_removes_the_old_runs_checkpoint_with_its_log(tmp_path, 
     out = tmp_path / "o"
     train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
     said = []
-
-    def crash(step):
-        if step == 2:
-            raise RuntimeError("killed")
-    with pytest.raises(RuntimeError, match="killed"):
-        train.train(_train_cfg(_train_data, out, fresh=True, max_iters=100), log=said.append, on_step=crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(_train_cfg(_train_data, out, fresh=True, max_iters=100), log=said.append,
+                    on_step=_train_crash_at(2))
     assert f"train.py: starting over in {out}: removed the previous run's checkpoint" in said
     assert not (out / "ckpt.pt").exists()
     train.train(_train_cfg(_train_data, out, max_iters=2), log=said.append)   # nothing to remove: said once
@@ -2734,7 +2757,7 @@ def test_train_device_this_machine_does_not_have(tmp_path, _train_data, monkeypa
                         ("mps", "--device mps: MPS is not available on this machine"),
                         ("gpu", "--device: expected auto, cpu, cuda, cuda:N or mps, got 'gpu'")]:
         with pytest.raises(ValueError) as e:
-            train.train(_bad_cfg(data, tmp_path / "o", device=device), log=_train_quiet)
+            train.train(_train_cfg(data, tmp_path / "o", device=device), log=_train_quiet)
         assert str(e.value) == msg
     assert not (tmp_path / "o").exists()
 
@@ -2745,11 +2768,11 @@ def test_train_sidecar_without_vocab_size_or_with_a_different_one(tmp_path, _tra
     meta = json.loads(side.read_text())
     side.write_text(json.dumps({k: v for k, v in meta.items() if k != "vocab_size"}))
     with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+        train.train(_train_cfg(data, tmp_path / "o"), log=_train_quiet)
     assert str(e.value) == f'{data / "val.bin"}.json: missing "vocab_size"'
     side.write_text(json.dumps(dict(meta, vocab_size=128)))
     with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+        train.train(_train_cfg(data, tmp_path / "o"), log=_train_quiet)
     assert str(e.value) == (f"{data}: token files disagree on vocab_size ({data / 'train.bin'}.json: 64, "
                             f"{data / 'val.bin'}.json: 128)")
     assert not (tmp_path / "o").exists()
@@ -2768,7 +2791,7 @@ def test_train_sidecar_that_is_not_an_object_or_has_a_bad_vocab_size_or_eot_id(t
         good = side.read_text()
         side.write_text(json.dumps(change(json.loads(good))))
         with pytest.raises(ValueError) as e:
-            train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+            train.train(_train_cfg(data, tmp_path / "o"), log=_train_quiet)
         assert str(e.value) == f"{side}: {problem}"
         side.write_text(good)
     assert not (tmp_path / "o").exists()
@@ -2782,7 +2805,7 @@ def test_train_sidecar_naming_a_tokenizer_of_another_size_is_refused(tmp_path, _
     for name in ("train.bin", "val.bin"):
         _train_write_tokens(data / name, np.fromfile(data / name, dtype=np.uint16), 64, tokenizer="gpt2")
     with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+        train.train(_train_cfg(data, tmp_path / "o"), log=_train_quiet)
     _one_line_naming(str(e.value), f"{data / 'train.bin'}.json: ", "'gpt2'", "50257", "64")
     assert not (tmp_path / "o").exists()
 
@@ -2813,13 +2836,13 @@ def test_train_too_short_validation_or_training_file_is_named(tmp_path, _train_d
     data = _train_data
     _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)                # one batch needs 4*16+1 = 65 tokens
     with pytest.raises(ValueError) as e:
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+        train.train(_train_cfg(data, tmp_path / "o"), log=_train_quiet)
     assert str(e.value) == (f"validation data too short: {data / 'val.bin'} has 50 tokens, one batch needs "
                             f"batch_size*context_length*world_size+1 = 65")
     _train_write_tokens(data / "val.bin", _train_docs(3000, 1), 64)
     _train_write_tokens(data / "train.bin", _train_docs(60, 0), 64)
     with pytest.raises(ValueError, match=f"^training data too short: {data / 'train.bin'} has 60 tokens"):
-        train.train(_bad_cfg(data, tmp_path / "o"), log=_train_quiet)
+        train.train(_train_cfg(data, tmp_path / "o"), log=_train_quiet)
 
 
 @pytest.mark.parametrize("content,msg", [
@@ -2961,27 +2984,13 @@ def test_train_random_sampler_draws_every_window_of_every_shard_in_proportion():
     assert 0.07 < n_small / n < 0.13, n_small / n            # 1 of 10 windows
 
 
-def _train_crash_at(n):
-    def crash(step):
-        if step == n:
-            raise RuntimeError("simulated crash")
-    return crash
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, compiled):
     # torch.compile compiles inside the first step (a minute for GPT-2 on a GPU): that is not training, so it
-    # neither spends the budget nor moves the clock-driven schedule past its warmup. The fake clock's step 1
-    # takes 61 s, every other step 1 s (clock calls: the run's start, then a step's start and end)
-    t, calls = [0.0], [0]
-
-    def clock():
-        calls[0] += 1
-        t[0] += 61.0 if calls[0] == 3 else 1.0
-        return t[0]
+    # neither spends the budget nor moves the clock-driven schedule past its warmup (step 1 takes 61 s here)
     cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=10,
                      learning_rate=1e-3, log_interval=1, compile=compiled, compile_backend="eager")
-    s = train.train(cfg, clock=clock, log=_train_quiet)
+    s = train.train(cfg, clock=_train_slow_first_step_clock(), log=_train_quiet)
     rows = [json.loads(l) for l in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
     lr = {r["step"]: r["lr"] for r in rows if r["type"] == "train"}
     if compiled:   # 20 one-second steps after the first; step 2 still warming up (the schedule at step 1)
@@ -3513,13 +3522,9 @@ def test_train_sequential_sampler_shuffles_documents_and_resumes():
 def test_train_resume_is_bit_identical(tmp_path, _train_data):
     straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=8, ckpt_interval=4), log=_train_quiet)
     assert straight["step"] == 8
-
-    def crash(step):
-        if step == 6:
-            raise RuntimeError("simulated crash")
     cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=8, ckpt_interval=4)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, on_step=crash, log=_train_quiet)
+        train.train(cfg, on_step=_train_crash_at(6), log=_train_quiet)
     assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["iteration"] == 4
     train.train(dict(cfg, resume=True), log=_train_quiet)
     a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
@@ -3541,12 +3546,8 @@ def test_train_resume_log_has_each_record_once_and_survives_a_torn_line(tmp_path
     kw = dict(max_iters=8, ckpt_interval=4, eval_interval=2, log_interval=1)
     train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
     cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
-
-    def crash(step):
-        if step == 6:
-            raise RuntimeError("simulated crash")
-    with pytest.raises(RuntimeError):
-        train.train(cfg, on_step=crash, log=_train_quiet)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=_train_crash_at(6), log=_train_quiet)
     with open(tmp_path / "b" / "log.jsonl", "a") as f:
         f.write('{"type": "train", "step": 7, "lo')
     train.train(dict(cfg, resume=True), log=_train_quiet)
@@ -3588,12 +3589,8 @@ def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_pat
     # run ends there and must report that step's loss, not the older one the checkpoint carried
     straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=3), log=_train_quiet)
     cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=6, ckpt_interval=3)
-
-    def crash(step):
-        if step == 5:
-            raise RuntimeError("simulated crash")
-    with pytest.raises(RuntimeError):
-        train.train(cfg, on_step=crash, log=_train_quiet)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train.train(cfg, on_step=_train_crash_at(5), log=_train_quiet)
     assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["val_step"] == 0
     s = train.train(dict(cfg, resume=True, max_iters=3), log=_train_quiet)
     assert s["step"] == 3 and s["val_loss"] == straight["val_loss"]
@@ -3877,7 +3874,7 @@ def test_train_batch_arithmetic_is_checked_with_torchruns_world_size(tmp_path, m
 def test_train_resume_with_a_bad_sample_flag_fails_before_training(tmp_path, _train_data):
     data = _train_data
     out = tmp_path / "o"
-    _bad_train_two_steps(data, out)
+    _train_two_steps(data, out)
     with pytest.raises(SystemExit) as e:
         train.main([f"--data_dir={data}", f"--out_dir={out}", "--resume", "--max_iters=4", "--sample_tokens=-3"])
     assert str(e.value) == "train.py: --sample_tokens must be >= 0, got -3"
@@ -3887,7 +3884,7 @@ def test_train_resume_with_a_bad_sample_flag_fails_before_training(tmp_path, _tr
 def test_train_resume_checkpoint_whose_weights_do_not_fit_its_model_config(tmp_path, _train_data):
     data = _train_data
     out = tmp_path / "o"
-    _bad_train_two_steps(data, out)
+    _train_two_steps(data, out)
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)
     mc = ckpt["model_config"]
     gpt2 = dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -3896,17 +3893,17 @@ def test_train_resume_checkpoint_whose_weights_do_not_fit_its_model_config(tmp_p
                                   (gpt2, r"state dict holds a llama model, but the model is gpt2")]:
         torch.save(dict(ckpt, model_config=model_config), out / "ckpt.pt")
         with pytest.raises(ValueError, match=f"^{out / 'ckpt.pt'}: {problem}$"):
-            train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet)
+            train.train(_train_cfg(data, out, resume=True, max_iters=4), log=_train_quiet)
 
 
 def test_train_short_validation_file_is_refused_before_a_resumed_run_trains(tmp_path, _train_data):
     data = _train_data
     out = tmp_path / "o"
-    _bad_train_two_steps(data, out)
+    _train_two_steps(data, out)
     _train_write_tokens(data / "val.bin", _train_docs(50, 1), 64)
     steps = []
     with pytest.raises(ValueError, match="^validation data too short"):
-        train.train(_bad_cfg(data, out, resume=True, max_iters=4), log=_train_quiet, on_step=steps.append)
+        train.train(_train_cfg(data, out, resume=True, max_iters=4), log=_train_quiet, on_step=steps.append)
     assert steps == []                                                 # not one step was trained (and lost)
 
 
@@ -4112,13 +4109,9 @@ def test_train_resume_under_a_budget_says_when_the_clock_moves_the_schedule(tmp_
     kw = dict(time_budget="20s", max_iters=20, lr_decay_iters=20, warmup_iters=2, log_interval=1, ckpt_interval=5)
     train.train(_train_cfg(_train_data, tmp_path / "full", **kw), clock=_train_fake_clock(), log=_train_quiet)
     full = {r["step"]: r["lr"] for r in _train_records(tmp_path / "full", "train")}
-
-    def crash(step):
-        if step == 6:
-            raise RuntimeError("killed")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="simulated crash"):
         train.train(_train_cfg(_train_data, tmp_path / "cut", **kw), clock=_train_fake_clock(), log=_train_quiet,
-                    on_step=crash)
+                    on_step=_train_crash_at(6))
     # (no "pass --lr_decay_iters" hint under a budget: that flag alone does not keep the schedule there)
     for change, expected in [({}, None), (dict(max_iters=40), "--max_iters 20 -> 40"),
                              (dict(max_iters=40, lr_decay_iters=0), "--max_iters 20 -> 40, --lr_decay_iters 20 -> 0"),
@@ -4244,23 +4237,14 @@ def test_train_restores_the_sigint_handler_and_a_second_ctrl_c_aborts_without_a_
 
 def test_train_time_budget_leaves_a_resumed_compiled_runs_first_step_off_the_clock(tmp_path, _train_data, monkeypatch):
     # a resumed run compiles again in its first step: that step is off the clock too (not only a fresh run's step 1)
-    monkeypatch.setattr(torch, "compile", lambda m, **k: m)   # --compile=true without the compiler: only the clock matters
-
-    def slow_first_step_clock():   # clock calls: the run's start, then a step's start and end: step 1 takes 61 s
-        t, calls = [0.0], [0]
-
-        def clock():
-            calls[0] += 1
-            t[0] += 61.0 if calls[0] == 3 else 1.0
-            return t[0]
-        return clock
+    monkeypatch.setattr(torch, "compile", lambda m, **k: m)   # --compile=true without the compiler: only the clock
     cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="20s", max_iters=1000, warmup_iters=0, ckpt_interval=4,
                      compile=True)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, clock=slow_first_step_clock(), on_step=_train_crash_at(5), log=_train_quiet)
+        train.train(cfg, clock=_train_slow_first_step_clock(), on_step=_train_crash_at(5), log=_train_quiet)
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert ck["iteration"] == 4 and ck["elapsed"] == pytest.approx(3.0)   # steps 2-4 counted, step 1 not
-    s = train.train(dict(cfg, resume=True), clock=slow_first_step_clock(), log=_train_quiet)
+    s = train.train(dict(cfg, resume=True), clock=_train_slow_first_step_clock(), log=_train_quiet)
     assert s["step"] == 4 + 1 + 17 and s["elapsed"] == pytest.approx(20.0)   # step 5 off the clock, 6-22 on it
 
 
