@@ -2854,7 +2854,7 @@ def test_train_sample_prompt_longer_than_the_context_is_said_once_and_cut(tmp_pa
                                    sample_tokens=2, sample_prompt="abcdefghijklmnopqrstuvwxyz"), log=lines.append)
     (note,) = [line for line in lines if "--sample_prompt" in line]
     _one_line_naming(note, "train.py: --sample_prompt", "26", "16")
-    _train_in_order(note, "26", "16")   # the prompt's length, then the context's
+    _train_in_order(note, "26", "16", "16")   # the prompt's length, the context's, the tokens kept
     assert len(s["samples"]) == 1 and s["samples"][0].startswith("klmnopqrstuvwxyz")
     # each evaluation's log record carries its samples (the last: the ones the run returns)
     evals = _train_records(tmp_path / "o", "eval")
