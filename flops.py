@@ -219,7 +219,8 @@ def _measure_cpu_peak(dtype_name, n=1024, repeats=10):
 def _cpu_key(dtype_name):
     """This machine's CPU, thread count and dtype: what a CPU peak holds for."""
     try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         model = platform.processor() or platform.machine()
     return f"{model} | {torch.get_num_threads()} threads | {dtype_name}"

@@ -1203,6 +1203,78 @@ def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
         assert not out.exists()
 
 
+def test_bpe_refuses_a_binary_input_before_training(tmp_path, monkeypatch):
+    data = tmp_path / "model.bin"
+    data.write_bytes(bytes(range(256)) * 4000)
+    noise = tmp_path / "noise.txt"
+    noise.write_bytes(bytes(random.Random(0).randrange(128, 256) for _ in range(50000)))
+    for path in (data, noise):
+        with pytest.raises(ValueError) as e:
+            bpe.train_bpe(path, 300, [_BPE_EOT], num_workers=1)
+        _one_line_naming(str(e.value), f"{path}: ", "UTF-8")
+        _one_line_naming(_bad_exit(monkeypatch, bpe, "--input", path, "--vocab", "300"), f"bpe.py: {path}: ")
+    text = tmp_path / "ok.txt"
+    text.write_text("caf\u00e9 " * 1000, encoding="utf-8")
+    assert len(bpe.train_bpe(text, 260, [], num_workers=1)[1]) == 4
+
+
+def test_bpe_refuses_an_out_it_cannot_write_before_training(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(bpe, "train_bpe", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path / "ro")
+    (tmp_path / "ro").mkdir()
+    corpus = _bad_corpus(tmp_path / "c.txt")
+    _one_line_naming(_bad_exit(monkeypatch, bpe, "--input", corpus, "--out", tmp_path / "ro" / "tok"),
+                     f"bpe.py: --out {tmp_path / 'ro' / 'tok'}: ", "not writable")
+    _one_line_naming(_bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "ro" / "x.bin"),
+                     f"bpe.py: --out {tmp_path / 'ro' / 'x.bin'}: ", "not writable")
+    assert not calls
+
+
+def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    made = []
+
+    def prepare(cmd, cwd):   # stands in for `python fineweb.py --prepare_tinystories`
+        made.append(cmd[1:])
+        Path("data/tinystories").mkdir(parents=True)
+        Path(bpe.MAIN_JOB_CORPUS).write_text(_bpe_synthetic_text(200, seed=3), encoding="utf-8")
+        return types.SimpleNamespace(returncode=0)
+    monkeypatch.setattr(bpe.subprocess, "run", prepare)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--vocab", "300", "--workers", "1"])
+    bpe.main()
+    assert made == [bpe.PREPARE_MAIN_JOB] and bpe.load_tokenizer("tokenizers/train-300").vocab_size == 300
+    assert f"training on {bpe.MAIN_JOB_CORPUS}" in capsys.readouterr().out
+    bpe.main()   # the corpus is there now: not prepared again
+    assert len(made) == 1
+
+
+def test_bpe_progress_in_a_log_file_is_a_line_per_update_without_carriage_returns(capsys):
+    bar = bpe.progress_bar(3, "work", "step")
+    for _ in range(3):
+        bar.update()
+    bar.close()
+    err = capsys.readouterr().err   # (pytest's capture is no terminal)
+    assert "\r" not in err and err.strip().splitlines()[-1].startswith("work: 100%")
+
+
+def test_bpe_broken_vocab_and_special_files_name_the_file_at_fault(tmp_path, monkeypatch):
+    d = _bpe_tok_dir(tmp_path)
+    vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+    for name, content, named in (
+            ("vocab.json", dict(vocab, **{"Ġzz": "7"}), "'Ġzz' has id '7'"),
+            ("vocab.json", {k: v for k, v in vocab.items() if v != 70}, "vocab.json"),   # a byte's token gone
+            ("special_tokens.json", "caf\xe9".encode("latin-1"), "special_tokens.json")):
+        saved = (d / name).read_bytes()
+        (d / name).write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+        with pytest.raises(ValueError) as e:
+            bpe.load_tokenizer(d)
+        _one_line_naming(str(e.value), str(d / name), named)
+        (d / name).write_bytes(saved)
+    _one_line_naming(_bpe_exit(monkeypatch, "--encode", tmp_path / "corpus.txt", "--tokenizer", d, "--out", tmp_path),
+                     f"bpe.py: --out {tmp_path}: ", "is a folder")
+
+
 # ====================================================================================================================
 # model.py: both models: building blocks against obvious references, whole models against transformers
 # ====================================================================================================================
@@ -3585,12 +3657,12 @@ def test_train_output_piped_into_a_reader_that_leaves_does_not_stop_training(tmp
 
 
 def test_train_plot_writes_pngs(tmp_path, _train_data):
-    # --plot=LOG draws loss against steps and against training time into two PNGs beside the log, and trains nothing
+    # --plot=LOG draws the run's curves into one PNG beside the log (curves.png), and trains nothing
     pytest.importorskip("matplotlib")
     train.train(_train_cfg(_train_data, tmp_path / "o", log_interval=1, max_iters=3), log=_train_quiet)
     before = (tmp_path / "o" / "ckpt.pt").read_bytes()
     train.main([f"--plot={tmp_path / 'o' / 'log.jsonl'}"])
-    assert all((tmp_path / "o" / name).stat().st_size > 1000 for name in ("loss_vs_steps.png", "loss_vs_time.png"))
+    assert (tmp_path / "o" / "curves.png").stat().st_size > 1000
     assert (tmp_path / "o" / "ckpt.pt").read_bytes() == before
 
 
@@ -3609,8 +3681,12 @@ def test_train_plot_draws_the_train_and_validation_curves(tmp_path, monkeypatch)
             dict(type="train", step=4, loss=2.5, elapsed=1.0), dict(type="eval", step=4, val_loss=2.7, elapsed=1.0)]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     runs.plot_log(tmp_path / "log.jsonl")
-    assert drawn == [([2, 4], [3.0, 2.5], "train"), ([4], [2.7], "validation"),
-                     ([0.5, 1.0], [3.0, 2.5], "train"), ([1.0], [2.7], "validation")]
+    series = [(x, y) for x, y, _ in drawn]
+    # the raw training loss and its running mean (2 points: both their mean), the validation loss, by step and by
+    # training time in minutes; the learning rate is not in this log: an empty curve
+    assert series[:6] == [([2, 4], [3.0, 2.5]), ([2, 4], [2.75, 2.75]), ([4], [2.7]),
+                          ([0.5 / 60, 1.0 / 60], [3.0, 2.5]), ([0.5 / 60, 1.0 / 60], [2.75, 2.75]), ([1.0 / 60], [2.7])]
+    assert [label for _, _, label in drawn[:2]] == [None, tmp_path.name]   # a run is named by its log's folder
 
 
 def test_train_plot_leaves_out_records_missing_a_figure(tmp_path):
@@ -3619,7 +3695,7 @@ def test_train_plot_leaves_out_records_missing_a_figure(tmp_path):
     log = tmp_path / "log.jsonl"
     log.write_text('{"type": "train", "step": 1, "loss": 2.0, "elapsed": 0.1}\n{"type": "train", "step": 2}\n'
                    '{"type": "eval", "step": 2, "val_loss": 1.9}\n')
-    assert runs.plot_log(log) == [str(tmp_path / "loss_vs_steps.png"), str(tmp_path / "loss_vs_time.png")]
+    assert runs.plot_log(log) == [str(tmp_path / "curves.png")]
 
 
 @pytest.mark.parametrize("content, named", [
@@ -3699,6 +3775,42 @@ def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, mo
         train.main(["--preset=tinystories-cpu"])
     assert str(e.value).splitlines()[-1].strip() == train.PREPARE_COMMANDS["tinystories-cpu"]
     assert not Path("out/tinystories-cpu").exists()
+
+
+def test_train_log_records_the_time_left(tmp_path, _train_data):
+    # each step takes 1 s (fake clock): the time left is the steps left at that pace, or the budget left if sooner
+    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=6, log_interval=1), clock=_train_fake_clock(),
+                log=_train_quiet)
+    assert [r["time_left"] for r in _train_records(tmp_path / "a", "train")] == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+    train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=60, log_interval=1, time_budget="4s"),
+                clock=_train_fake_clock(), log=_train_quiet)
+    assert [r["time_left"] for r in _train_records(tmp_path / "b", "train")] == [3.0, 2.0, 1.0, 0.0]
+
+
+def test_train_deterministic_switch_turns_on_deterministic_algorithms(tmp_path, _train_data, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+    try:
+        train.train(_train_cfg(_train_data, tmp_path / "o", deterministic=True, max_iters=2),
+                    on_step=lambda s: seen.append(torch.are_deterministic_algorithms_enabled()), log=_train_quiet)
+        assert seen == [True, True] and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    train.train(_train_cfg(_train_data, tmp_path / "p", max_iters=1), log=_train_quiet)
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_train_plot_draws_one_png_of_one_or_several_runs(tmp_path, _train_data):
+    pytest.importorskip("matplotlib")
+    for out in ("a", "b"):
+        train.train(_train_cfg(_train_data, tmp_path / out, max_iters=4, eval_interval=2), log=_train_quiet)
+    assert runs.plot_log(str(tmp_path / "a" / "log.jsonl")) == [str(tmp_path / "a" / "curves.png")]
+    both = f"{tmp_path / 'a' / 'log.jsonl'},{tmp_path / 'b' / 'log.jsonl'}"
+    assert runs.plot_log(both) == [str(tmp_path / "a" / "compare.png")]
+    assert (tmp_path / "a" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError) as e:
+        runs.plot_log(f"{tmp_path / 'a' / 'log.jsonl'},{tmp_path / 'missing.jsonl'}")
+    _one_line_naming(str(e.value), "--plot ", "missing.jsonl")
 
 
 # ====================================================================================================================
@@ -4576,6 +4688,57 @@ def test_train_torchrun_ctrl_c_checkpoints_every_rank_at_the_same_step(tmp_path,
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert 1 <= ck["iteration"] < 3000 and len(ck["loader"]) == 2
     assert _train_records(tmp_path / "o", "train")[-1]["step"] == ck["iteration"]   # the stop's step is logged
+
+
+_TRAIN_WIDE = dict(d_model=256, num_layers=2, num_heads=4, context_length=64, batch_size=8, max_iters=6,
+                   warmup_iters=2, eval_interval=3, ckpt_interval=3, num_threads=0)
+
+
+def test_train_two_identical_runs_at_the_default_thread_count_are_bit_for_bit_equal(tmp_path, _train_data):
+    # d_model 256 and torch's default threads reach the multi-threaded kernels (the embedding's backward once summed
+    # in a thread-timing order there): two runs of the same settings end with the same weights and the same log
+    assert torch.get_num_threads() >= 2 or pytest.skip("one CPU thread: nothing multi-threaded to check")
+    for out in ("a", "b"):
+        train.train(_train_cfg(_train_data, tmp_path / out, **_TRAIN_WIDE), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in _train_records(tmp_path / "a", "train")] == [
+        r["loss"] for r in _train_records(tmp_path / "b", "train")]
+
+
+def test_train_killed_with_sigkill_resumes_to_the_uninterrupted_runs_weights(tmp_path, _train_data):
+    # a real kill -9 after step 4 (no handler runs, the last checkpoint is step 3's), then --resume: the same weights
+    # as the run that was never interrupted, at the default thread count and a multi-threaded width
+    train.train(_train_cfg(_train_data, tmp_path / "straight", **_TRAIN_WIDE), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "killed", **_TRAIN_WIDE)
+    code = (f"import os, signal, train\n"
+            f"train.train({cfg!r}, log=lambda *a, **k: None, on_step=lambda s: s == 4 and os.kill(os.getpid(), "
+            f"signal.SIGKILL))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == -9, r.stderr[-2000:]
+    assert torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=True)["iteration"] == 3
+    train.train(dict(cfg, resume=True), log=_train_quiet)
+    a, b = _train_weights(tmp_path / "straight" / "ckpt.pt"), _train_weights(tmp_path / "killed" / "ckpt.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_summary_after_a_resume_gives_this_runs_time_and_the_total(tmp_path, _train_data):
+    cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=3)
+    train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
+    s = train.train(dict(cfg, max_iters=5, resume=True), clock=_train_fake_clock(), log=_train_quiet)
+    assert (s["elapsed_this_run"], s["elapsed"]) == (2.0, 5.0)
+
+
+def test_train_resumed_run_with_nothing_left_to_train_says_how_to_extend_it(tmp_path, _train_data):
+    for more, named in ((dict(max_iters=2), "--max_iters=2"), (dict(max_iters=50, time_budget="2s"), "--time_budget=2s")):
+        out = tmp_path / named[2:7]
+        cfg = _train_cfg(_train_data, out, **more)
+        train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
+        said = []
+        s = train.train(dict(cfg, resume=True), clock=_train_fake_clock(), log=said.append)
+        line = [x for x in said if "already reached" in x]
+        assert s["step"] == torch.load(out / "ckpt.pt", weights_only=True)["iteration"] and len(line) == 1
+        assert named in line[0] and "--fresh" in line[0]
 
 
 # ====================================================================================================================
@@ -5683,6 +5846,22 @@ def test_stories_bad_flags_one_line(tmp_path, monkeypatch, capsys, flag, value):
     msg = _fw_exit(monkeypatch, stories, f"--out={tmp_path / 'sub' / 's.txt'}", "--num_bytes=1000", f"{flag}={value}")
     _one_line_naming(msg, f"stories.py: {flag} {value}:")
     assert capsys.readouterr().out == "" and not (tmp_path / "sub").exists()
+
+
+def test_fw_dtype_that_cannot_hold_the_vocabulary_names_the_flag():
+    with pytest.raises(ValueError) as e:
+        fineweb.choose_dtype(70000, "uint16")
+    _one_line_naming(str(e.value), "--dtype uint16: ", "70000")
+
+
+def test_fw_foreign_token_files_with_an_unreadable_sidecar_are_refused_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x.bin").write_bytes(b"\0\0")
+    (out / "x.bin.json").write_text("[1, 2]")
+    with pytest.raises(ValueError) as e:
+        fineweb._resume_or_start(out, {"tokenizer": "gpt2", "tokenizer_fingerprint": "gpt2"})
+    _one_line_naming(str(e.value), f"{out}: ", "no meta.json")
 
 
 # ====================================================================================================================
