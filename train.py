@@ -779,7 +779,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
         f"{tokens_per_step:,} tokens/step = {B} x {T} x {accum} accum x {world} procs | {device} {hw['dtype']}"
         f"{' | compiled' if hw['compile'] else ''}")
     run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
-               resumed_at_step=state.step if ckpt is not None else None)
+               resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
 
     # ---- the loop
     start_step, start_elapsed, samples, stop_at, step_time = state.step, state.elapsed, [], None, None
