@@ -570,7 +570,7 @@ def _run_label(path, config):
 def _differences(configs):
     """For each run, the settings (and model fields) in which it differs from the first: what an overlay compares."""
     skip = {"type", "out_dir", "data_dir", "plot", "fresh", "resume", "preset", "wandb", "wandb_project", "device",
-            "num_threads", "resumed_at_step", "tokenizer", "world_size", "params", "model_config"}
+            "num_threads", "resumed_at_step", "tokenizer", "world_size", "params", "model_config", "used"}
     flat = [{**{k: v for k, v in c.items() if k not in skip}, **(c.get("model_config") or {})} for c in configs]
     return [", ".join(f"{k}={f.get(k)}" for k in sorted(f) if repr(f.get(k)) != repr(flat[0].get(k))) for f in flat]
 
