@@ -5323,20 +5323,10 @@ def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, ca
 # ====================================================================================================================
 
 
-@pytest.fixture
-def _sample_single_thread():
-    """Tiny models run far faster on one thread, and do not stall when the 2 cores are oversubscribed."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-# sample.py
 def _sample_models():
     torch.manual_seed(0)
     llama = M.build_model(dict(arch="llama", vocab_size=64, context_length=16, d_model=32, num_layers=2,
-                                       num_heads=4, d_ff=64))
+                               num_heads=4, d_ff=64))
     gpt = M.build_model(dict(arch="gpt2", vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32))
     return [llama, gpt]
 
@@ -5350,41 +5340,47 @@ def _sample_greedy_reference(model, prompt, n):
     return ids[len(prompt):]
 
 
+# ---- top-k / top-p: the tokens that may be sampled, by hand and against the definition
+
+
 def _sample_kept(probs, **kw):
-    # float64 and float32 probabilities: both must agree
+    """The ids filter_probs keeps of one row; float64 and float32 probabilities must agree, and sum to 1."""
     kept = []
     for dtype in (torch.float64, torch.float32):
         out = sample.filter_probs(torch.tensor([probs], dtype=dtype), **kw)[0]
         assert float(out.sum()) == pytest.approx(1.0)
         kept.append(sorted(torch.nonzero(out).flatten().tolist()))
-    assert kept[0] == kept[1] == kept[-1], (probs, kw)
+    assert kept[0] == kept[1], (probs, kw)
     return kept[0]
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_top_p_keeps_exactly_the_nucleus():
-    probs = [0.125, 0.5, 0.125, 0.25]  # sorted: id1 0.5, id3 0.25, then a tie id0 / id2 at 0.125
-    assert _sample_kept(probs, top_p=0.1) == [1]
-    assert _sample_kept(probs, top_p=0.5) == [1]            # 0.5 reaches 0.5: one token
-    assert _sample_kept(probs, top_p=0.5001) == [1, 3]
-    assert _sample_kept(probs, top_p=0.75) == [1, 3]
-    assert _sample_kept(probs, top_p=0.8) == [0, 1, 3]      # tie at the boundary: the lower id is kept
-    assert _sample_kept(probs, top_p=0.875) == [0, 1, 3]
-    assert _sample_kept(probs, top_p=0.9) == [0, 1, 2, 3]
-    assert _sample_kept(probs, top_p=1.0) == [0, 1, 2, 3]   # p = 1 keeps everything
-    assert _sample_kept([0.5, 0.0, 0.5, 0.0], top_p=1.0) == [0, 2]
-    assert _sample_kept([0.25] * 4, top_k=2) == [0, 1]      # top-k keeps exactly k, lower ids on ties
-    assert _sample_kept(probs, top_k=3, top_p=0.8) == [1, 3]  # top-p on the top-k renormalised mass (0.5/0.875)
+_SAMPLE_PROBS = [0.125, 0.5, 0.125, 0.25]  # sorted: id1 0.5, id3 0.25, then a tie id0 / id2 at 0.125
+
+
+@pytest.mark.parametrize("probs, kw, kept", [
+    (_SAMPLE_PROBS, dict(top_p=0.1), [1]),
+    (_SAMPLE_PROBS, dict(top_p=0.5), [1]),            # 0.5 reaches 0.5: one token
+    (_SAMPLE_PROBS, dict(top_p=0.5001), [1, 3]),
+    (_SAMPLE_PROBS, dict(top_p=0.75), [1, 3]),
+    (_SAMPLE_PROBS, dict(top_p=0.8), [0, 1, 3]),      # tie at the boundary: the lower id is kept
+    (_SAMPLE_PROBS, dict(top_p=0.875), [0, 1, 3]),
+    (_SAMPLE_PROBS, dict(top_p=0.9), [0, 1, 2, 3]),
+    (_SAMPLE_PROBS, dict(top_p=1.0), [0, 1, 2, 3]),   # p = 1 keeps everything
+    ([0.5, 0.0, 0.5, 0.0], dict(top_p=1.0), [0, 2]),   # ... that has any probability
+    ([0.25] * 4, dict(top_k=2), [0, 1]),             # top-k keeps exactly k, lower ids on ties
+    (_SAMPLE_PROBS, dict(top_k=3, top_p=0.8), [1, 3]),  # top-p on the top-k renormalised mass (0.5/0.875)
     # the top-2 mass is 0.3 and the smallest positive top_p times 0.3 is 0.0 in float64: "mass ranked above < p *
     # mass" then holds for no token, and the most likely one must still be kept (not 0/0 probabilities)
-    assert _sample_kept([0.08, 0.2, 0.09, 0.1, 0.1, 0.1, 0.1, 0.08, 0.05, 0.1], top_k=2, top_p=5e-324) == [1]
-    kept = sample.filter_probs(torch.tensor([probs]), top_p=0.75)[0]
+    ([0.08, 0.2, 0.09, 0.1, 0.1, 0.1, 0.1, 0.08, 0.05, 0.1], dict(top_k=2, top_p=5e-324), [1]),
+], ids=["p0.1", "p0.5", "p0.5001", "p0.75", "p0.8-tie", "p0.875", "p0.9", "p1", "p1-zeros", "k2-tie", "k3-p0.8",
+        "tiniest-p"])
+def test_sample_top_k_top_p_keep_exactly_the_nucleus(probs, kw, kept):
+    assert _sample_kept(probs, **kw) == kept
+
+
+def test_sample_filter_probs_renormalises_what_it_keeps():
+    kept = sample.filter_probs(torch.tensor([_SAMPLE_PROBS]), top_p=0.75)[0]
     assert kept.tolist() == pytest.approx([0, 2 / 3, 0, 1 / 3])
-    # sampling only ever draws from the nucleus, and draws all of it
-    g = torch.Generator().manual_seed(0)
-    logits = torch.log(torch.tensor([probs] * 400))
-    drawn = sample.sample_next(logits, 1.0, top_p=0.8, generator=g)
-    assert set(drawn.tolist()) == {0, 1, 3}
 
 
 def _sample_reference_kept(row, top_k, top_p):
@@ -5400,367 +5396,56 @@ def _sample_reference_kept(row, top_k, top_p):
     return sorted(kept)
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
-@pytest.mark.parametrize("scale,top_k,top_p,mult", [(4.0, None, 0.9, 1), (0.5, None, 0.9, 1), (0.5, None, 0.3, 1),
-                                                    (0.5, None, 0.6, 3e4), (4.0, 50, 0.8, 1), (2.0, 7, None, 1)])
-def test_sample_candidates_match_sorting_reference(scale, top_k, top_p, mult):
-    # rounded logits make many exact ties, on the cut-off too; at scale 4 the nucleus fits in the topk candidates,
-    # scale 0.5 is flat (a nucleus of thousands: the radix select);
-    # mult > 1: unnormalised weights of about 10, whose float bits use the radix select's top bit
+def _sample_rounded(scale, mult=1.0):
+    """3 rows of 3000 probabilities from rounded logits: many exact ties, on the cut-off too."""
     g = torch.Generator().manual_seed(1)
-    probs = torch.softmax(torch.round(torch.randn(3, 3000, generator=g) * scale), dim=-1) * mult
+    return torch.softmax(torch.round(torch.randn(3, 3000, generator=g) * scale), dim=-1) * mult
+
+
+def _sample_spike():
+    """A likely token or two over a flat tail of exact ties."""
+    probs = torch.ones(2, 3000)
+    probs[0, 17], probs[1, 5], probs[1, 6] = 3000.0, 1500.0, 1500.0
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _sample_peaked_and_flat():
+    """Row 0's nucleus is one token, row 1's most of the vocabulary (a 0.2 token over a flat tail)."""
+    V = 3000
+    probs = torch.ones(2, V)
+    probs[0, 5] = 20 * V
+    probs[1, 9] = 0.25 * (V - 1)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _sample_near_equal():
+    """A flat distribution of distinct values: thousands of tokens within a hair of each other."""
+    return torch.softmax(torch.randn(3, 3000, generator=torch.Generator().manual_seed(4)) * 0.05, dim=-1)
+
+
+@pytest.mark.parametrize("probs, top_k, top_p", [
+    (functools.partial(_sample_rounded, 4.0), None, 0.9),    # a steep distribution: a nucleus of a few tokens
+    (functools.partial(_sample_rounded, 0.5), None, 0.9),    # a flat one: a nucleus of thousands
+    (functools.partial(_sample_rounded, 0.5), None, 0.3),
+    (functools.partial(_sample_rounded, 0.5, 3e4), None, 0.6),   # unnormalised weights (about 10): p of their sum
+    (functools.partial(_sample_rounded, 4.0), 50, 0.8),
+    (functools.partial(_sample_rounded, 2.0), 7, None),
+    (_sample_spike, None, 0.3), (_sample_spike, None, 0.5), (_sample_spike, None, 0.7),
+    (_sample_peaked_and_flat, None, 0.5), (_sample_peaked_and_flat, None, 0.9),   # each row its own nucleus
+    (_sample_near_equal, None, 0.3), (_sample_near_equal, None, 0.77), (_sample_near_equal, None, 0.95),
+], ids=["steep-p0.9", "flat-p0.9", "flat-p0.3", "unnormalised-p0.6", "steep-k50-p0.8", "k7", "spike-p0.3",
+        "spike-p0.5", "spike-p0.7", "peaked-and-flat-p0.5", "peaked-and-flat-p0.9", "near-equal-p0.3",
+        "near-equal-p0.77", "near-equal-p0.95"])
+def test_sample_top_k_top_p_match_the_definition_over_a_large_vocabulary(probs, top_k, top_p):
+    probs = probs()
     out = sample.filter_probs(probs, top_k=top_k, top_p=top_p)
-    for b in range(3):
+    for b in range(len(probs)):
         expected = _sample_reference_kept(probs[b].double().tolist(), top_k, 1.0 if top_p is None else top_p)
         assert torch.nonzero(out[b]).flatten().tolist() == expected
         assert float(out[b].sum()) == pytest.approx(1.0)
 
 
-def test_sample_top_p_spike_over_a_flat_tail():
-    # a likely token or two over a flat tail of exact ties: the topk candidates look as if they may hold the
-    # nucleus but fall short at p 0.7 (then the radix select decides, ties by id), and hold it at p 0.3
-    probs = torch.ones(2, 3000)
-    probs[0, 17], probs[1, 5], probs[1, 6] = 3000.0, 1500.0, 1500.0
-    probs /= probs.sum(-1, keepdim=True)
-    for p in (0.3, 0.5, 0.7):
-        out = sample.filter_probs(probs, top_p=p)
-        for b in range(2):
-            assert torch.nonzero(out[b]).flatten().tolist() == _sample_reference_kept(probs[b].double().tolist(), None, p)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_temperature_zero_is_argmax():
-    logits = torch.randn(5, 64)
-    assert torch.equal(sample.sample_next(logits, 0.0), logits.argmax(-1))
-    for m in _sample_models():
-        got = sample.generate(m, [[1, 2, 3]], 10, temperature=0.0)
-        assert got == [_sample_greedy_reference(m, [1, 2, 3], 10)]
-
-
-def test_sample_a_temperature_float32_rounds_to_zero_is_greedy():
-    # below ~7e-46 the float32 division by the temperature is 0/0: NaN probabilities drew id V, outside the vocabulary
-    logits = torch.randn(5, 64)
-    # 2**-150 itself rounds to 0 in float32 (half the smallest subnormal, ties to even): greedy, or NaN probabilities;
-    # the next double above rounds to 2**-149, a finite division: sampled, and still the argmax
-    for t in (1e-46, 1e-300, 2 ** -150, math.nextafter(2 ** -150, 1.0)):
-        assert torch.equal(sample.sample_next(logits, t), logits.argmax(-1)), t
-    m = _sample_models()[0]
-    assert sample.generate(m, [[1, 2, 3]], 5, temperature=1e-46) == [_sample_greedy_reference(m, [1, 2, 3], 5)]
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_greedy_matches_transformers_generate(tmp_path):
-    # independent reference: Hugging Face's GPT2LMHeadModel.generate on the same weights (saved and reloaded)
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
-                                                               n_head=4)).eval()
-    hf.save_pretrained(tmp_path)
-    ours = M.GPT.from_pretrained(str(tmp_path))
-    prompts = [[5, 9, 2], [7, 1, 1, 4, 3, 8, 2]]
-    got = sample.generate(ours, prompts, 12, temperature=0.0)
-    for p, g in zip(prompts, got):
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                          pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        assert g == ref[0, len(p):].tolist()
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_seeded_sampling_is_reproducible():
-    for m in _sample_models():
-        run = lambda seed: sample.generate(m, [[1, 2], [3]], 12, temperature=1.0, top_k=20, top_p=0.95,
-                                           generator=torch.Generator().manual_seed(seed))
-        first = run(7)
-        assert run(7) == first and run(8) != first
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_stops_at_end_of_text():
-    prompts = [[1, 2, 3], [4]]
-    for m in _sample_models():
-        run = lambda **kw: sample.generate(m, prompts, 12, temperature=1.0, generator=torch.Generator().manual_seed(5), **kw)
-        free = run()
-        i = next(i for i in range(1, 12) if free[0][i] not in free[0][:i])  # a token first drawn at step i
-        stop = free[0][i]
-        streamed = []
-        got = run(stop_token=stop, on_token=lambda row, t: streamed.append((row, t)))
-        assert got[0] == free[0][:i]  # stops there; the stop token is not returned
-        assert got[1] == (free[1][:free[1].index(stop)] if stop in free[1] else free[1])
-        assert [t for r, t in streamed if r == 0] == got[0] and [t for r, t in streamed if r == 1] == got[1]
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cached_equals_uncached_under_fixed_seed():
-    # different prompt lengths, top-k/top-p sampling, and generation past the 16-token context (window slides)
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
-    for m in _sample_models():
-        for kw in (dict(temperature=0.0), dict(temperature=0.8, top_k=10, top_p=0.9), dict(temperature=1.2, top_p=0.7)):
-            a = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=True, **kw)
-            b = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
-            assert a == b and [len(x) for x in a] == [30, 30, 30]
-
-
-def _sample_spy_forward_with_cache(inner, used, idx, cache, lm_head=None):
-    used.append(lm_head is not None)
-    return inner(idx, cache, lm_head)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_batched_prompts_of_different_lengths_equal_one_at_a_time():
-    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17]]
-    for m in _sample_models():
-        batched = sample.generate(m, prompts, 6, temperature=0.0)
-        for p, got in zip(prompts, batched):
-            assert got == sample.generate(m, [p], 6, temperature=0.0)[0] == _sample_greedy_reference(m, p, 6)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_bad_input_and_long_prompts():
-    m = _sample_models()[0]
-    with pytest.raises(ValueError, match="temperature"):
-        sample.generate(m, [[1]], 3, temperature=-0.5)
-    with pytest.raises(ValueError, match="temperature"):
-        sample.generate(m, [[1]], 3, temperature=float("nan"))
-    with pytest.raises(ValueError, match="temperature must be finite"):   # inf would be uniform, NaN on -inf logits
-        sample.generate(m, [[1]], 3, temperature=float("inf"))
-    # a temperature so small that logits / temperature overflows: still the argmax, never an id past the vocabulary
-    logits = torch.randn(3, 50) * 5
-    for t in (1e-6, 1e-38, 1e-45):
-        assert sample.sample_next(logits, temperature=t).tolist() == logits.argmax(-1).tolist()
-    for p in (0.0, 1.5, -1.0):
-        with pytest.raises(ValueError, match="top_p"):
-            sample.generate(m, [[1]], 3, top_p=p)
-    # p = 1 is in range (the nucleus is the whole vocabulary): the same draws as no top-p from the same seed
-    draws = [sample.generate(m, [[1]], 6, top_p=p, generator=torch.Generator().manual_seed(0)) for p in (1.0, None)]
-    assert draws[0] == draws[1]
-    with pytest.raises(ValueError, match="at least one token"):
-        sample.generate(m, [[]], 3)
-    long_prompt = list(range(40))  # context is 16: the last 16 tokens are kept, with a warning
-    with pytest.warns(UserWarning, match="longer than the model's context"):
-        got = sample.generate(m, [long_prompt], 5, temperature=0.0)
-    assert got == sample.generate(m, [long_prompt[-16:]], 5, temperature=0.0)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_generate_restores_training_mode():
-    m = _sample_models()[1].train()
-    sample.generate(m, [[1, 2]], 3)
-    assert m.training
-
-
-def _sample_write_ckpt(path, m, tokenizer="gpt2"):
-    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": tokenizer,
-                "iteration": 0}, path)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, monkeypatch):
-    # a checkpoint whose data named no tokenizer: one line asking for --tokenizer (never a guessed gpt2), and
-    # --tokenizer then encodes and decodes with the folder given
-    tok = _bpe_small_tokenizer(tmp_path, vocab_size=300)
-    tok.save_dir(tmp_path / "tok")
-    torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=tok.vocab_size, context_length=16, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer="")
-    argv = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--prompt=the cat", "--num_samples=1",
-            "--max_new_tokens=4", "--temperature=0", "--no_stop", "--device=cpu"]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit, match=r"^sample.py: --ckpt .*ckpt.pt: the checkpoint names no tokenizer .*--tokenizer"):
-        sample.main()
-    if HAVE_GPT2_FILES:  # (GPT-2's files offline) the error says where the tokenizer came from
-        monkeypatch.setattr(sys, "argv", argv + ["--tokenizer=gpt2"])
-        with pytest.raises(SystemExit, match=r"tokenizer 'gpt2' has 50257 tokens but this model 300"):
-            sample.main()
-    small = _bpe_small_tokenizer(tmp_path, vocab_size=280)   # fewer ids: the model could sample one it cannot decode
-    small.save_dir(tmp_path / "small")
-    monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'small'}"])
-    with pytest.raises(SystemExit, match=r"has 280 tokens but this model 300"):
-        sample.main()
-    monkeypatch.setattr(sys, "argv", argv + [f"--tokenizer={tmp_path / 'tok'}"])
-    sample.main()  # (gpt2's 50,257 ids would not fit this 300-id model: it would stop with an error)
-    assert capsys.readouterr().out.startswith("---------- sample 1/1\nthe cat")
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-@needs_gpt2_files
-def test_sample_cli_streams_from_checkpoint(tmp_path, capsys, monkeypatch):
-    torch.manual_seed(0)
-    m = M.build_model(dict(arch="gpt2", vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=16))
-    ckpt = tmp_path / "ckpt.pt"
-    _sample_write_ckpt(ckpt, m)
-    prompt_file = tmp_path / "prompt.txt"
-    prompt_file.write_text("Once upon a time", encoding="utf-8")
-    argv = ["sample.py", f"--ckpt={ckpt}", f"--prompt=FILE:{prompt_file}", "--num_samples=2", "--max_new_tokens=5",
-            "--top_p=0.9", "--seed=1", "--no_stop", "--device=cpu"]
-    monkeypatch.setattr(sys, "argv", argv)
-    sample.main()
-    out = capsys.readouterr().out
-    assert out.count("Once upon a time") == 2 and "sample 2/2" in out
-    monkeypatch.setattr(sys, "argv", argv)
-    sample.main()
-    assert capsys.readouterr().out == out  # seeded: identical text
-    for bad, msg in (("--temperature=-1", "--temperature"), ("--temperature=nan", "--temperature"),
-                     ("--temperature=inf", "--temperature must be finite"), ("--top_p=0", "--top_p"),
-                     ("--top_p=1.5", "--top_p"), ("--top_k=0", r"^sample\.py: --top_k must be >= 1, got 0$"),
-                     (f"--ckpt={tmp_path / 'missing.pt'}", "no such checkpoint")):
-        monkeypatch.setattr(sys, "argv", argv + [bad])
-        with pytest.raises(SystemExit, match=msg):
-            sample.main()
-    # --init_from: released-weights path (here a local Hugging Face directory, as from_pretrained accepts)
-    transformers = pytest.importorskip("transformers")
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2))
-    hf.save_pretrained(tmp_path / "hf")
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--init_from={tmp_path / 'hf'}", "--prompt=Hi", "--num_samples=1",
-                                      "--max_new_tokens=3", "--device=cpu"])
-    sample.main()
-    assert "Hi" in capsys.readouterr().out
-
-
-def _sample_byte_tokenizer(tmp_path):
-    import bpe
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
-    tok.save_dir(str(tmp_path / "tok"))
-    return str(tmp_path / "tok")
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cli_llama_checkpoint_with_bpe_tokenizer(tmp_path, capsys, monkeypatch):
-    torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
-                                   num_heads=2, d_ff=32))
-    ckpt = tmp_path / "ckpt.pt"
-    _sample_write_ckpt(ckpt, m, tokenizer=_sample_byte_tokenizer(tmp_path))
-    # a 12-byte prompt is longer than the 8-token context: kept from the left, with a warning on stderr
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--prompt=abcdefghijkl", "--num_samples=1",
-                                      "--max_new_tokens=20", "--temperature=0", "--device=cpu"])
-    sample.main()
-    captured = capsys.readouterr()
-    assert "keeping the last 8" in captured.err and captured.out.startswith("---------- sample 1/1\nabcdefghijkl")
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_streamer_holds_back_partial_utf8(tmp_path):
-    import io
-    import bpe
-    tok = bpe.load_tokenizer(_sample_byte_tokenizer(tmp_path))
-    out = io.StringIO()
-    streamer = sample._Streamer(tok, out)
-    ids = tok.encode("é!")  # 'é' is two bytes, two tokens
-    streamer(0, ids[0])
-    assert out.getvalue() == ""  # half a character is not printed
-    streamer(0, ids[1])
-    assert out.getvalue() == "é"
-    streamer(0, ids[2])
-    streamer.flush()
-    assert out.getvalue() == "é!\n"
-    # an unfinished character at the end is flushed as U+FFFD, as decode() does
-    out = io.StringIO()
-    streamer = sample._Streamer(tok, out)
-    streamer(0, tok.encode("é")[0])
-    streamer.flush()
-    assert out.getvalue() == tok.decode(tok.encode("é")[:1]) + "\n" == "\ufffd\n"
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-@needs_gpt2_files
-def test_sample_streamer_with_gpt2_tokens_that_straddle_characters():
-    # GPT-2 has tokens holding the end of one character and the start of the next (b'\xa9\xb6\xe6'): a run of them
-    # never ends on a character boundary, and the stream must still equal decode() of all the tokens
-    import io
-    import bpe
-    tok = bpe.load_tokenizer("gpt2")
-    rng = random.Random(0)
-    texts = ["a" + "橶" * 12 + "b", "龘靐" * 8, "naïve café 🙂🙂 日本語のテキスト"]
-    texts += ["".join(rng.choice("橶龘靐日本語🙂é ab") for _ in range(40)) for _ in range(50)]
-    for text in texts:
-        ids = tok.encode(text)
-        out = io.StringIO()
-        streamer = sample._Streamer(tok, out)
-        for i in ids:
-            streamer(0, i)
-        streamer.flush()
-        assert out.getvalue() == text + "\n", text
-
-
-def test_sample_rejects_a_tokenizer_larger_than_the_model(tmp_path, monkeypatch, capsys):
-    # 257 byte-level tokens for a 200-token model: ids 200+ would index past the embedding table
-    ckpt = _tiny_llama_ckpt(tmp_path, vocab_size=200)
-    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--prompt=Hello", "--device=cpu")
-    _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / 'tok')), "257", "200")
-    assert capsys.readouterr().out == ""  # caught at load time, before the prompt is printed
-
-
-def test_sample_prompt_file_must_be_non_empty_utf8(tmp_path, monkeypatch):
-    bad = tmp_path / "latin1.txt"
-    bad.write_bytes("caf\u00e9".encode("latin-1"))
-    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{bad}") == (
-        f"sample.py: --prompt FILE:{bad}: not UTF-8 text")
-    empty = tmp_path / "empty.txt"
-    empty.write_bytes(b"")
-    assert _bad_exit(monkeypatch, sample, f"--prompt=FILE:{empty}").startswith(
-        f"sample.py: --prompt FILE:{empty}: the file is empty")
-
-
-@pytest.mark.parametrize("flag, expect", [("--max_new_tokens=-5", "--max_new_tokens must be >= 0, got -5"),
-                                          ("--num_samples=0", "--num_samples must be >= 1, got 0"),
-                                          ("--seed=18446744073709551616",
-                                           "--seed must be in [0, 2**64), got 18446744073709551616"),
-                                          ("--seed=-1", "--seed must be in [0, 2**64), got -1")])
-def test_sample_count_errors_name_the_wrong_flag_and_value(monkeypatch, flag, expect):
-    assert _bad_exit(monkeypatch, sample, flag) == f"sample.py: {expect}"
-
-
-def test_sample_ckpt_and_init_from_together_are_refused(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    assert _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--init_from=gpt2") == (
-        "sample.py: give one of --ckpt PATH or --init_from NAME, not both")
-
-
-def test_sample_checkpoint_tokenizer_that_cannot_load_suggests_the_flag(tmp_path, monkeypatch):
-    ckpt = _tiny_llama_ckpt(tmp_path)
-    (tmp_path / "tok").rename(tmp_path / "moved")
-    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}")
-    assert message.startswith(f"sample.py: --ckpt {ckpt}: cannot load its tokenizer {str(tmp_path / 'tok')!r} (")
-    assert message.endswith("(if it moved, or the path is relative to another folder: pass --tokenizer)")
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", f"--tokenizer={tmp_path / 'moved'}",
-                                      "--max_new_tokens=2", "--num_samples=1"])
-    sample.main()   # the flag it suggests works
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_bad_top_k_and_max_new_tokens():
-    m = _sample_models()[0]
-    for k in (0, -1):
-        with pytest.raises(ValueError, match="top_k"):
-            sample.generate(m, [[1]], 3, top_k=k)
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        sample.generate(m, [[1]], -1)
-
-
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_sliding_window_follows_the_documented_scheme():
-    # past the context the oldest half of the window is dropped: the plain uncached loop of that definition
-    for m in _sample_models():
-        ctx = m.context_length
-        for prompt in ([1, 2, 3], list(range(1, 17))):
-            ids, start = list(prompt), 0
-            for _ in range(40):
-                if len(ids) - start > ctx:
-                    start = len(ids) - ctx // 2
-                logits = M.logits(m, torch.tensor([ids[start:]]))
-                ids.append(int(logits[0, -1].argmax()))
-            assert sample.generate(m, [prompt], 40, temperature=0.0) == [ids[len(prompt):]]
-
-
-@pytest.mark.usefixtures("_sample_single_thread", "_sample_fixed_uniform")
-def test_sample_temperature_scales_the_logits():
-    # hand-computed inverse CDF on softmax(logits / T): u is fixed, so the drawn token pins the distribution
-    logits = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
-    for T, u, want in [(1.0, 0.45, 1), (1.0, 0.55, 2), (0.5, 0.45, 2), (2.0, 0.22, 0)]:
-        # at T = 0.5 the probabilities are (0.04, 0.09, 0.25) / 0.38: cdf 0.105, 0.342; at T = 2 cdf 0.2628, 0.5846
-        g = _FixedUniform(u)
-        assert sample.sample_next(logits, T, generator=g).tolist() == [want], (T, u)
+# ---- draw and sample_next: one uniform number per row, the temperature, greedy
 
 
 class _FixedUniform:
@@ -5788,47 +5473,104 @@ def test_sample_draw_inverse_cdf_boundaries():
         assert sample.draw(probs, _FixedUniform(u)).tolist() == [want], u
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cli_samples_differ_keep_the_prompt_tail_and_stop(tmp_path, capsys, monkeypatch):
-    import bpe
+@pytest.mark.usefixtures("_sample_fixed_uniform")
+def test_sample_temperature_scales_the_logits():
+    # hand-computed inverse CDF on softmax(logits / T): u is fixed, so the drawn token pins the distribution
+    logits = torch.log(torch.tensor([[0.2, 0.3, 0.5]]))
+    for T, u, want in [(1.0, 0.45, 1), (1.0, 0.55, 2), (0.5, 0.45, 2), (2.0, 0.22, 0)]:
+        # at T = 0.5 the probabilities are (0.04, 0.09, 0.25) / 0.38: cdf 0.105, 0.342; at T = 2 cdf 0.2628, 0.5846
+        assert sample.sample_next(logits, T, generator=_FixedUniform(u)).tolist() == [want], (T, u)
+
+
+def test_sample_next_draws_only_from_the_nucleus_and_all_of_it():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([_SAMPLE_PROBS] * 400))
+    drawn = sample.sample_next(logits, 1.0, top_p=0.8, generator=g)
+    assert set(drawn.tolist()) == {0, 1, 3}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-6, 1e-38, 1e-45, 1e-46, 1e-300, 2 ** -150,
+                                         math.nextafter(2 ** -150, 1.0)])
+def test_sample_a_zero_or_vanishing_temperature_is_the_argmax(temperature):
+    # 0 is greedy; a temperature so small that logits / T overflows is still the argmax, never an id past the
+    # vocabulary: below ~7e-46 the float32 division by it is 0/0, and NaN probabilities would draw id V. 2**-150
+    # itself rounds to 0 in float32 (half the smallest subnormal, ties to even): greedy, or NaN probabilities; the
+    # next double above rounds to 2**-149, a finite division: sampled, and still the argmax
+    logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(0)) * 5
+    assert torch.equal(sample.sample_next(logits, temperature), logits.argmax(-1))
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_top_p_of_one_is_no_top_p():
+    # p = 1 is in range (the nucleus is the whole vocabulary): the same draws as no top-p from the same seed
+    m = _sample_models()[0]
+    draws = [sample.generate(m, [[1]], 6, top_p=p, generator=torch.Generator().manual_seed(0)) for p in (1.0, None)]
+    assert draws[0] == draws[1]
+
+
+# ---- generate: against the greedy loop and transformers, batches of prompts, stops, the KV cache, the window
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("temperature", [0.0, 1e-46])
+def test_sample_generate_at_temperature_zero_is_the_greedy_loop(temperature):
+    for m in _sample_models():
+        got = sample.generate(m, [[1, 2, 3]], 10, temperature=temperature)
+        assert got == [_sample_greedy_reference(m, [1, 2, 3], 10)]
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_greedy_matches_transformers_generate(tmp_path):
+    # independent reference: Hugging Face's GPT2LMHeadModel.generate on the same weights (saved and reloaded)
+    transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    tok_dir = _sample_byte_tokenizer(tmp_path)
-    tok = bpe.load_tokenizer(tok_dir)
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
-    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--no_stop"]
-    # 1) a prompt longer than the context keeps its LAST tokens: the greedy text is generate() on them
-    monkeypatch.setattr(sys, "argv", base + ["--prompt=abcdefghijkl", "--num_samples=1", "--max_new_tokens=6",
-                                             "--temperature=0"])
-    sample.main()
-    want = tok.decode(sample.generate(m, [tok.encode("abcdefghijkl")[-8:]], 6, temperature=0.0)[0])
-    assert capsys.readouterr().out == "---------- sample 1/1\nabcdefghijkl" + want + "\n"
-    # 2) --num_samples draws with one generator seeded once: the samples continue its stream (they differ)
-    monkeypatch.setattr(sys, "argv", base + ["--prompt=ab", "--num_samples=2", "--max_new_tokens=12", "--seed=3"])
-    sample.main()
-    g = torch.Generator().manual_seed(3)
-    texts = [tok.decode(sample.generate(m, [tok.encode("ab")], 12, generator=g)[0]) for _ in range(2)]
-    assert texts[0] != texts[1]
-    assert capsys.readouterr().out == "".join(f"---------- sample {k + 1}/2\nab{t}\n" for k, t in enumerate(texts))
-    # 3) without --no_stop generation ends at <|endoftext|>: a model that always predicts it prints nothing new
-    with torch.no_grad():
-        m.token_embeddings.weight.fill_(1.0)
-        for layer in m.layers:
-            layer.attn.output_proj.weight.zero_()
-            layer.ffn.w2.weight.zero_()
-        m.lm_head.weight.zero_()
-        m.lm_head.weight[tok.eot_id] = 1.0
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tok_dir)
-    monkeypatch.setattr(sys, "argv", base[:-1] + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=5"])
-    sample.main()
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
-    monkeypatch.setattr(sys, "argv", base + ["--prompt=hi", "--num_samples=1", "--max_new_tokens=2"])
-    sample.main()
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi<|endoftext|><|endoftext|>\n"
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
+                                                               n_head=4)).eval()
+    hf.save_pretrained(tmp_path)
+    ours = M.GPT.from_pretrained(str(tmp_path))
+    prompts = [[5, 9, 2], [7, 1, 1, 4, 3, 8, 2]]
+    got = sample.generate(ours, prompts, 12, temperature=0.0)
+    for p, g in zip(prompts, got):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        assert g == ref[0, len(p):].tolist()
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_batched_prompts_of_different_lengths_equal_one_at_a_time():
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13], [14, 15, 16, 17]]
+    for m in _sample_models():
+        batched = sample.generate(m, prompts, 6, temperature=0.0)
+        for p, got in zip(prompts, batched):
+            assert got == sample.generate(m, [p], 6, temperature=0.0)[0] == _sample_greedy_reference(m, p, 6)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_seeded_sampling_is_reproducible():
+    for m in _sample_models():
+        run = lambda seed: sample.generate(m, [[1, 2], [3]], 12, temperature=1.0, top_k=20, top_p=0.95,
+                                           generator=torch.Generator().manual_seed(seed))
+        first = run(7)
+        assert run(7) == first and run(8) != first
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_stops_at_end_of_text():
+    prompts = [[1, 2, 3], [4]]
+    for m in _sample_models():
+        run = lambda **kw: sample.generate(m, prompts, 12, temperature=1.0, generator=torch.Generator().manual_seed(5),
+                                           **kw)
+        free = run()
+        i = next(i for i in range(1, 12) if free[0][i] not in free[0][:i])  # a token first drawn at step i
+        stop = free[0][i]
+        streamed = []
+        got = run(stop_token=stop, on_token=lambda row, t: streamed.append((row, t)))
+        assert got[0] == free[0][:i]  # stops there; the stop token is not returned
+        assert got[1] == (free[1][:free[1].index(stop)] if stop in free[1] else free[1])
+        assert [t for r, t in streamed if r == 0] == got[0] and [t for r, t in streamed if r == 1] == got[1]
+
+
+@pytest.mark.usefixtures("_model_single_thread")
 def test_sample_every_row_stops_at_its_own_end_of_text():
     # the stop token is taken from each row in turn, so every row (not only row 0) must honour it
     prompts = [[1, 2, 3], [4], [5, 6]]
@@ -5843,41 +5585,226 @@ def test_sample_every_row_stops_at_its_own_end_of_text():
             assert len(got[r]) <= 5
 
 
-def test_sample_top_p_on_a_batch_of_a_peaked_row_and_a_flat_row():
-    # row 0's nucleus is one token, row 1's most of the vocabulary (a 0.2 token over a flat tail): each row gets
-    # its own exact nucleus
-    V = 3000
-    probs = torch.ones(2, V)
-    probs[0, 5] = 20 * V
-    probs[1, 9] = 0.25 * (V - 1)
-    probs /= probs.sum(-1, keepdim=True)
-    for p in (0.5, 0.9):
-        out = sample.filter_probs(probs, top_p=p)
-        for b in range(2):
-            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
-            assert torch.nonzero(out[b]).flatten().tolist() == expected
-            assert float(out[b].sum()) == pytest.approx(1.0)
-        assert len(torch.nonzero(out[1])) > 256
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_cached_equals_uncached_under_fixed_seed():
+    # different prompt lengths, top-k/top-p sampling, and generation past the 16-token context (window slides)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    for m in _sample_models():
+        for kw in (dict(temperature=0.0), dict(temperature=0.8, top_k=10, top_p=0.9), dict(temperature=1.2, top_p=0.7)):
+            a = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=True, **kw)
+            b = sample.generate(m, prompts, 30, generator=torch.Generator().manual_seed(3), use_cache=False, **kw)
+            assert a == b and [len(x) for x in a] == [30, 30, 30]
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_top_p_on_distinct_near_equal_probabilities():
-    # a flat distribution of distinct values: thousands of tokens within a hair of each other
-    g = torch.Generator().manual_seed(4)
-    probs = torch.softmax(torch.randn(3, 3000, generator=g) * 0.05, dim=-1)
-    for p in (0.3, 0.77, 0.95):
-        out = sample.filter_probs(probs, top_p=p)
-        for b in range(3):
-            expected = _sample_reference_kept(probs[b].double().tolist(), None, p)
-            assert torch.nonzero(out[b]).flatten().tolist() == expected
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_sliding_window_follows_the_documented_scheme():
+    # past the context the oldest half of the window is dropped: the plain uncached loop of that definition
+    for m in _sample_models():
+        ctx = m.context_length
+        for prompt in ([1, 2, 3], list(range(1, 17))):
+            ids, start = list(prompt), 0
+            for _ in range(40):
+                if len(ids) - start > ctx:
+                    start = len(ids) - ctx // 2
+                logits = M.logits(m, torch.tensor([ids[start:]]))
+                ids.append(int(logits[0, -1].argmax()))
+            assert sample.generate(m, [prompt], 40, temperature=0.0) == [ids[len(prompt):]]
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_a_prompt_longer_than_the_context_keeps_its_last_tokens_with_a_warning():
+    m = _sample_models()[0]
+    long_prompt = list(range(40))  # the context is 16
+    with pytest.warns(UserWarning) as warned:
+        got = sample.generate(m, [long_prompt], 5, temperature=0.0)
+    assert any("16" in str(w.message) for w in warned)   # the warning names the context it keeps
+    assert got == sample.generate(m, [long_prompt[-16:]], 5, temperature=0.0)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_generate_restores_training_mode():
+    m = _sample_models()[1].train()
+    sample.generate(m, [[1, 2]], 3)
+    assert m.training
+
+
+@pytest.mark.parametrize("kw, prefix, value", [
+    (dict(temperature=-0.5), "temperature", "-0.5"), (dict(temperature=float("nan")), "temperature", "nan"),
+    (dict(temperature=float("inf")), "temperature", "inf"),   # inf would be uniform, NaN on -inf logits
+    (dict(top_p=0.0), "top_p", "0.0"), (dict(top_p=1.5), "top_p", "1.5"), (dict(top_p=-1.0), "top_p", "-1.0"),
+    (dict(top_k=0), "top_k", "0"), (dict(top_k=-1), "top_k", "-1"), (dict(max_new_tokens=-1), "max_new_tokens", "-1"),
+    (dict(prompts=[[]]), "every prompt", ""), (dict(prompts=[]), "every prompt", "")],
+    ids=["temperature-negative", "temperature-nan", "temperature-inf", "top_p-0", "top_p-1.5", "top_p-negative",
+         "top_k-0", "top_k-negative", "max_new_tokens-negative", "an-empty-prompt", "no-prompt"])
+def test_sample_generate_refuses_bad_arguments_naming_them(kw, prefix, value):
+    m = _sample_models()[0]
+    _one_line_naming(_model_raises(sample.generate, m, **{"prompts": [[1]], "max_new_tokens": 3, **kw}), prefix, value)
+
+
+# ---- the command line: streaming text, a checkpoint with its tokenizer, the flags
+
+
+def _sample_write_ckpt(path, m, tokenizer="gpt2"):
+    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": tokenizer,
+                "iteration": 0}, path)
+
+
+def _sample_byte_tokenizer(tmp_path):
+    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
+    tok.save_dir(str(tmp_path / "tok"))
+    return str(tmp_path / "tok")
+
+
+def _sample_byte_llama(tmp_path, vocab_size=257, tokenizer=None):
+    """A tiny Llama checkpoint (context 8) with a byte-level tokenizer -> (model, checkpoint path)."""
+    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=8, d_model=16, num_layers=1,
+                           num_heads=2, d_ff=32))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tokenizer or _sample_byte_tokenizer(tmp_path))
+    return m, tmp_path / "ckpt.pt"
+
+
+def _sample_texts(out):
+    """The samples sample.py printed, each the prompt and its continuation, without the numbered line (sample k
+    of n) before each."""
+    parts = re.split(r"^-+ sample (\d+)/(\d+)\n", out, flags=re.M)
+    assert parts[0] == "", out   # nothing before the first sample
+    texts = parts[3::3]
+    assert [(int(k), int(n)) for k, n in zip(parts[1::3], parts[2::3])] == [(k + 1, len(texts))
+                                                                            for k in range(len(texts))], out
+    assert all(t.endswith("\n") for t in texts), out   # each sample ends its line
+    return [t[:-1] for t in texts]
+
+
+def test_sample_streamer_holds_back_partial_utf8(tmp_path):
+    tok = bpe.load_tokenizer(_sample_byte_tokenizer(tmp_path))
+    out = io.StringIO()
+    streamer = sample._Streamer(tok, out)
+    ids = tok.encode("é!")  # 'é' is two bytes, two tokens
+    streamer(0, ids[0])
+    assert out.getvalue() == ""  # half a character is not printed
+    streamer(0, ids[1])
+    assert out.getvalue() == "é"
+    streamer(0, ids[2])
+    streamer.flush()
+    assert out.getvalue() == "é!\n"
+    # an unfinished character at the end is flushed as U+FFFD, as decode() does
+    out = io.StringIO()
+    streamer = sample._Streamer(tok, out)
+    streamer(0, tok.encode("é")[0])
+    streamer.flush()
+    assert out.getvalue() == tok.decode(tok.encode("é")[:1]) + "\n" == "\ufffd\n"
+
+
+@needs_gpt2_files
+def test_sample_streamer_with_gpt2_tokens_that_straddle_characters():
+    # GPT-2 has tokens holding the end of one character and the start of the next (b'\xa9\xb6\xe6'): a run of them
+    # never ends on a character boundary, and the stream must still equal decode() of all the tokens
+    tok = bpe.load_tokenizer("gpt2")
+    rng = random.Random(0)
+    texts = ["a" + "橶" * 12 + "b", "龘靐" * 8, "naïve café 🙂🙂 日本語のテキスト"]
+    texts += ["".join(rng.choice("橶龘靐日本語🙂é ab") for _ in range(40)) for _ in range(50)]
+    for text in texts:
+        ids = tok.encode(text)
+        out = io.StringIO()
+        streamer = sample._Streamer(tok, out)
+        for i in ids:
+            streamer(0, i)
+        streamer.flush()
+        assert out.getvalue() == text + "\n", text
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@needs_gpt2_files
+def test_sample_cli_streams_from_checkpoint(tmp_path, capsys, monkeypatch):
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="gpt2", vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=16))
+    ckpt = tmp_path / "ckpt.pt"
+    _sample_write_ckpt(ckpt, m)
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text("Once upon a time", encoding="utf-8")
+    argv = ["sample.py", f"--ckpt={ckpt}", f"--prompt=FILE:{prompt_file}", "--num_samples=2", "--max_new_tokens=5",
+            "--top_p=0.9", "--seed=1", "--no_stop", "--device=cpu"]
+    monkeypatch.setattr(sys, "argv", argv)
+    sample.main()
+    out = capsys.readouterr().out
+    texts = _sample_texts(out)
+    assert len(texts) == 2 and all(t.startswith("Once upon a time") for t in texts)
+    monkeypatch.setattr(sys, "argv", argv)
+    sample.main()
+    assert capsys.readouterr().out == out  # seeded: identical text
+    # --init_from: released-weights path (here a local Hugging Face directory, as from_pretrained accepts)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    hf.save_pretrained(tmp_path / "hf")
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--init_from={tmp_path / 'hf'}", "--prompt=Hi", "--num_samples=1",
+                                      "--max_new_tokens=3", "--device=cpu"])
+    sample.main()
+    texts = _sample_texts(capsys.readouterr().out)
+    assert len(texts) == 1 and texts[0].startswith("Hi")
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_cli_a_prompt_longer_than_the_context_keeps_its_last_tokens(tmp_path, capsys, monkeypatch):
+    # a 12-byte prompt for an 8-token context: the whole prompt is printed, the model continues its last 8 tokens
+    # (the greedy text is generate() on them), and stderr says so in one line naming both lengths
+    torch.manual_seed(0)
+    m, ckpt = _sample_byte_llama(tmp_path)
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--no_stop",
+                                      "--prompt=abcdefghijkl", "--num_samples=1", "--max_new_tokens=6",
+                                      "--temperature=0"])
+    sample.main()
+    captured = capsys.readouterr()
+    want = tok.decode(sample.generate(m, [tok.encode("abcdefghijkl")[-8:]], 6, temperature=0.0)[0])
+    assert _sample_texts(captured.out) == ["abcdefghijkl" + want]
+    warning = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(warning) == 1
+    _one_line_naming(warning[0], "sample.py: ", "12", "8")
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_cli_num_samples_continue_one_seeded_stream(tmp_path, capsys, monkeypatch):
+    # --num_samples draws with one generator seeded once: the samples continue its stream (they differ)
+    torch.manual_seed(0)
+    m, ckpt = _sample_byte_llama(tmp_path)
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--no_stop", "--prompt=ab",
+                                      "--num_samples=2", "--max_new_tokens=12", "--seed=3"])
+    sample.main()
+    g = torch.Generator().manual_seed(3)
+    texts = [tok.decode(sample.generate(m, [tok.encode("ab")], 12, generator=g)[0]) for _ in range(2)]
+    assert texts[0] != texts[1]
+    assert _sample_texts(capsys.readouterr().out) == ["ab" + t for t in texts]
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_cli_stops_at_end_of_text_unless_no_stop(tmp_path, capsys, monkeypatch):
+    # a model that always predicts <|endoftext|>: without --no_stop it prints nothing new, with it the token's text
+    torch.manual_seed(0)
+    m, ckpt = _sample_byte_llama(tmp_path)
+    tok = bpe.load_tokenizer(tmp_path / "tok")
+    with torch.no_grad():
+        m.token_embeddings.weight.fill_(1.0)
+        for layer in m.layers:
+            layer.attn.output_proj.weight.zero_()
+            layer.ffn.w2.weight.zero_()
+        m.lm_head.weight.zero_()
+        m.lm_head.weight[tok.eot_id] = 1.0
+    _sample_write_ckpt(ckpt, m, tokenizer=str(tmp_path / "tok"))
+    base = ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
+    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=5"])
+    sample.main()
+    assert _sample_texts(capsys.readouterr().out) == ["hi"]
+    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=2", "--no_stop"])
+    sample.main()
+    assert _sample_texts(capsys.readouterr().out) == ["hi<|endoftext|><|endoftext|>"]
+
+
+@pytest.mark.usefixtures("_model_single_thread")
 def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tmp_path, monkeypatch, capsys):
     # README: `python sample.py --top_p 0.9` samples the latest checkpoint of the default run, out/ckpt.pt
     monkeypatch.chdir(tmp_path)
-    assert _bad_exit(monkeypatch, sample, "--device=cpu") == (
-        "sample.py: --ckpt out/ckpt.pt: no such checkpoint (train one with `python train.py`, or use --init_from=gpt2)")
+    _one_line_naming(_bad_exit(monkeypatch, sample, "--device=cpu"), "sample.py: --ckpt out/ckpt.pt: ")
     (tmp_path / "out").mkdir()
     _tiny_llama_ckpt(tmp_path / "out")
     flags = ["--prompt=ab", "--num_samples=1", "--max_new_tokens=4", "--temperature=0", "--no_stop", "--device=cpu"]
@@ -5886,10 +5813,11 @@ def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tm
     default = capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt=out/ckpt.pt", *flags])
     sample.main()
-    assert default == capsys.readouterr().out and default.startswith("---------- sample 1/1\nab")
+    assert default == capsys.readouterr().out
+    assert len(_sample_texts(default)) == 1 and _sample_texts(default)[0].startswith("ab")
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
 def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path, monkeypatch, capsys):
     # FILE:path prompts keep the file's text as it is (here its final newline) and --dtype sets the weights' dtype
     ckpt = _tiny_llama_ckpt(tmp_path)
@@ -5904,67 +5832,138 @@ def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path
     monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
     sample.main()
     want = tok.decode(generate(m, [tok.encode("ab \n")], 4, temperature=0.0)[0])
-    assert capsys.readouterr().out == "---------- sample 1/1\nab \n" + want + "\n"
+    assert _sample_texts(capsys.readouterr().out) == ["ab \n" + want]
     monkeypatch.setattr(sys, "argv", ["sample.py", *flags, "--dtype=bfloat16"])
     sample.main()
     assert dtypes == [torch.float32, torch.bfloat16]
 
 
-# Ctrl-C in sample.py and bpe.py: one line, no traceback, nothing half-written; workers leave it to the parent
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_cli_takes_every_seed_torch_takes_and_zero_new_tokens(tmp_path, capsys, monkeypatch):
+    # torch seeds are 64-bit unsigned: 2**64 - 1 is a seed (2**64 is not: see the bad flags below); --max_new_tokens=0
+    # prints the prompt only
+    m, ckpt = _sample_byte_llama(tmp_path)
+    base = ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--prompt=hi", "--num_samples=1", f"--seed={2 ** 64 - 1}"]
+    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=0"])
+    sample.main()
+    assert _sample_texts(capsys.readouterr().out) == ["hi"]
+    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=3", "--no_stop"])
+    sample.main()
+    g = torch.Generator().manual_seed(2 ** 64 - 1)
+    want = bpe.load_tokenizer(tmp_path / "tok").decode(sample.generate(m, [[104, 105]], 3, generator=g)[0])
+    assert _sample_texts(capsys.readouterr().out) == ["hi" + want]
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_cli_an_empty_prompt_needs_an_endoftext_token_to_start_from(tmp_path, monkeypatch, capsys):
+    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save_dir(tmp_path / "tok")   # no special tokens
+    _, ckpt = _sample_byte_llama(tmp_path, vocab_size=256, tokenizer=str(tmp_path / "tok"))
+    args = (f"--ckpt={ckpt}", "--device=cpu", "--max_new_tokens=2")
+    _one_line_naming(_bad_exit(monkeypatch, sample, *args), "sample.py: --prompt", "<|endoftext|>")
+    monkeypatch.setattr(sys, "argv", ["sample.py", *args, "--prompt=a", "--num_samples=1", "--temperature=0"])
+    sample.main()   # with a prompt it samples (and, with no end-of-text id, never stops early)
+    texts = _sample_texts(capsys.readouterr().out)
+    assert len(texts) == 1 and texts[0].startswith("a")
+
+
 def test_sample_cli_ctrl_c_while_streaming_is_one_line(tmp_path, capsys, monkeypatch):
-    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1, num_heads=2,
-                           d_ff=32))
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
+    # Ctrl-C is how one stops a long sample: no traceback, one line of its own after the half-printed text
+    _, ckpt = _sample_byte_llama(tmp_path)
     calls = []
 
     def _ctrl_c(*a, **k):
         calls.append(1)
         raise KeyboardInterrupt
     monkeypatch.setattr(sample, "generate", _ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--prompt=Hi", "--device=cpu"])
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--prompt=Hi", "--device=cpu"])
     with pytest.raises(SystemExit) as e:
         sample.main()
-    assert str(e.value) == "\nsample.py: interrupted" and calls == [1]
-    assert "sample 1/" in capsys.readouterr().out
+    assert calls == [1] and str(e.value).startswith("\n")
+    _one_line_naming(str(e.value)[1:], "sample.py: ", "interrupted")
+    assert "sample 1/" in capsys.readouterr().out   # it was streaming the first sample
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cli_takes_every_seed_torch_takes_and_zero_new_tokens(tmp_path, capsys, monkeypatch):
-    # torch seeds are 64-bit unsigned: 2**64 - 1 is a seed, 2**64 is not; --max_new_tokens=0 prints the prompt only
-    m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
+# the command line's mistakes: one line naming the flag, the file or the value, before anything is printed
+
+
+@pytest.mark.parametrize("flag", ["--temperature=-1", "--temperature=nan", "--temperature=inf", "--top_p=0",
+                                  "--top_p=1.5", "--top_k=0", "--max_new_tokens=-1", "--max_new_tokens=-5",
+                                  "--num_samples=0", "--seed=-1", f"--seed={2 ** 64}", "--ckpt=missing.pt"])
+def test_sample_cli_a_bad_flag_value_is_refused_naming_it(tmp_path, monkeypatch, capsys, flag):
+    # the sampling flags are checked before anything is loaded (there is no checkpoint here at all); a checkpoint
+    # that is not there is named
+    monkeypatch.chdir(tmp_path)
+    name, value = flag.split("=")
+    _one_line_naming(_bad_exit(monkeypatch, sample, flag), f"sample.py: {name}", value)
+    assert capsys.readouterr().out == ""
+
+
+def test_sample_ckpt_and_init_from_together_are_refused(tmp_path, monkeypatch):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    _one_line_naming(_bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--init_from=gpt2"), "sample.py: ", "--ckpt",
+                     "--init_from")
+
+
+@pytest.mark.parametrize("content", ["caf\u00e9".encode("latin-1"), b"", None], ids=["latin-1", "empty", "missing"])
+def test_sample_prompt_file_must_be_readable_non_empty_utf8(tmp_path, monkeypatch, capsys, content):
+    path = tmp_path / "prompt.txt"
+    if content is not None:
+        path.write_bytes(content)
+    message = _bad_exit(monkeypatch, sample, f"--prompt=FILE:{path}")
+    _one_line_naming(message, f"sample.py: --prompt FILE:{path}: ", *(["UTF-8"] if content else []))
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, monkeypatch):
+    # a checkpoint whose data named no tokenizer: one line asking for --tokenizer (never a guessed gpt2); a
+    # --tokenizer of another size than the model is refused, naming where it came from, its size, then the model's;
+    # and --tokenizer then encodes and decodes with the folder given
+    tok = _bpe_small_tokenizer(tmp_path, vocab_size=300)
+    tok.save_dir(tmp_path / "tok")
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=tok.vocab_size, context_length=16, d_model=16, num_layers=1,
                            num_heads=2, d_ff=32))
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
-    base = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
-    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=0"])
-    sample.main()
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi\n"
-    monkeypatch.setattr(sys, "argv", base + [f"--seed={2 ** 64 - 1}", "--max_new_tokens=3", "--no_stop"])
-    sample.main()
-    g = torch.Generator().manual_seed(2 ** 64 - 1)
-    want = _sample_byte_tokenizer(tmp_path)
-    assert capsys.readouterr().out == "---------- sample 1/1\nhi" + \
-        bpe.load_tokenizer(want).decode(sample.generate(m, [[104, 105]], 3, generator=g)[0]) + "\n"
-    assert _bad_exit(monkeypatch, sample, *base[1:], f"--seed={2 ** 64}") == \
-        f"sample.py: --seed must be in [0, 2**64), got {2 ** 64}"
-    assert _bad_exit(monkeypatch, sample, *base[1:], "--max_new_tokens=-1") == \
-        "sample.py: --max_new_tokens must be >= 0, got -1"
+    ckpt = tmp_path / "ckpt.pt"
+    _sample_write_ckpt(ckpt, m, tokenizer="")
+    argv = [f"--ckpt={ckpt}", "--prompt=the cat", "--num_samples=1", "--max_new_tokens=4", "--temperature=0",
+            "--no_stop", "--device=cpu"]
+    _one_line_naming(_bad_exit(monkeypatch, sample, *argv), f"sample.py: --ckpt {ckpt}: ", "--tokenizer")
+    if HAVE_GPT2_FILES:  # (GPT-2's files offline)
+        message = _bad_exit(monkeypatch, sample, *argv, "--tokenizer=gpt2")
+        _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", "'gpt2'")
+        _named_in_order(message.replace(str(tmp_path), ""), "50257", "300")
+    small = _bpe_small_tokenizer(tmp_path, vocab_size=280)   # fewer ids: the model could sample one it cannot decode
+    small.save_dir(tmp_path / "small")
+    message = _bad_exit(monkeypatch, sample, *argv, f"--tokenizer={tmp_path / 'small'}")
+    _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / "small")))
+    _named_in_order(message.replace(str(tmp_path), ""), "280", "300")
+    monkeypatch.setattr(sys, "argv", ["sample.py", *argv, f"--tokenizer={tmp_path / 'tok'}"])
+    sample.main()  # (gpt2's 50,257 ids would not fit this 300-id model: it would stop with an error)
+    texts = _sample_texts(capsys.readouterr().out)
+    assert len(texts) == 1 and texts[0].startswith("the cat")
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
-def test_sample_cli_an_empty_prompt_needs_an_endoftext_token_to_start_from(tmp_path, monkeypatch, capsys):
-    m = M.build_model(dict(arch="llama", vocab_size=256, context_length=8, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    bpe.Tokenizer({i: bytes([i]) for i in range(256)}, []).save_dir(tmp_path / "tok")   # no special tokens
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=str(tmp_path / "tok"))
-    args = (f"--ckpt={tmp_path / 'ckpt.pt'}", "--device=cpu", "--max_new_tokens=2")
-    assert _bad_exit(monkeypatch, sample, *args) == \
-        "sample.py: --prompt is empty and the tokenizer has no <|endoftext|> to start from"
-    monkeypatch.setattr(sys, "argv", ["sample.py", *args, "--prompt=a", "--num_samples=1", "--temperature=0"])
-    sample.main()   # with a prompt it samples (and, with no end-of-text id, never stops early)
-    assert capsys.readouterr().out.startswith("---------- sample 1/1\na")
+def test_sample_rejects_a_tokenizer_larger_than_the_model(tmp_path, monkeypatch, capsys):
+    # 257 byte-level tokens for a 200-token model: ids 200+ would index past the embedding table
+    ckpt = _tiny_llama_ckpt(tmp_path, vocab_size=200)
+    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}", "--prompt=Hello", "--device=cpu")
+    _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / 'tok')), "257", "200")
+    assert capsys.readouterr().out == ""  # caught at load time, before the prompt is printed
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
+def test_sample_checkpoint_tokenizer_that_cannot_load_suggests_the_flag(tmp_path, monkeypatch, capsys):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    (tmp_path / "tok").rename(tmp_path / "moved")
+    message = _bad_exit(monkeypatch, sample, f"--ckpt={ckpt}")
+    _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / "tok")), "--tokenizer")
+    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", f"--tokenizer={tmp_path / 'moved'}",
+                                      "--max_new_tokens=2", "--num_samples=1"])
+    sample.main()   # the flag it suggests works
+    assert len(_sample_texts(capsys.readouterr().out)) == 1
+
+
 def test_sample_init_from_that_cannot_load_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "hf").mkdir()   # a local folder without config.json / weights: no download is tried
     msg = _bad_exit(monkeypatch, sample, f"--init_from={tmp_path / 'hf'}", "--device=cpu")
@@ -5981,7 +5980,7 @@ _FLOPS_XL = dict(arch="llama", vocab_size=50257, context_length=1024, d_model=16
                  d_ff=4288, rope_theta=10000.0)
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
 def test_flops_tiny_shape_hand_computed():
     # Llama: V=10, d=4, 1 layer, 2 heads, d_ff=6, T=8. Params: embedding 10*4, Q/K/V/O 4*4*4,
     # SwiGLU 3*4*6, two block norms + final norm 3*4, untied head 4*10.
@@ -6007,7 +6006,7 @@ def test_flops_tiny_shape_hand_computed():
     assert flops.forward_flops(gpt, 8)["ffn"] == 2 * 8 * 2 * 4 * 16
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
 @pytest.mark.parametrize("cfg", [
     dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64),
     dict(arch="llama", vocab_size=100, context_length=8, d_model=48, num_layers=3, num_heads=3, d_ff=128),
@@ -6024,7 +6023,7 @@ def test_flops_param_counts_equal_real_models(cfg):
     assert p["total"] == sum(v for k, v in p.items() if k != "total")
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
 @pytest.mark.parametrize("cfg", [
     dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=48),
     dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=128, ffn_type="silu"),
@@ -6046,7 +6045,7 @@ def test_flops_match_torch_flop_counter(cfg):
         assert counter.get_total_flops() == ours["total"]
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
 def test_flops_gpt2_xl_reference_figures():
     p = flops.count_params(_FLOPS_XL)["total"]
     assert round(p / 1e9, 2) == 1.64 and round(4 * p / 1e9, 2) == 6.56
@@ -6065,7 +6064,7 @@ def test_flops_gpt2_xl_reference_figures():
     assert flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
 def test_flops_mfu_and_peak_table():
     cfg = dict(_FLOPS_XL)
     assert flops.peak_flops("H100", "bf16") == 989.4e12
@@ -6091,7 +6090,7 @@ def test_flops_mfu_and_peak_table():
     assert cpu > 1e8 and flops.peak_flops("cpu", "fp32") == cpu  # measured once, then cached
 
 
-@pytest.mark.usefixtures("_sample_single_thread")
+@pytest.mark.usefixtures("_model_single_thread")
 def test_flops_cli_prints_reference_table(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2-xl", "--context", "1024,16384"])
     flops.main()
