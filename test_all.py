@@ -5975,42 +5975,36 @@ def test_sample_init_from_that_cannot_load_is_one_line(tmp_path, monkeypatch):
 # ====================================================================================================================
 
 
-# flops.py
+_FLOPS_TINY = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
+
+_FLOPS_TINY_GPT = dict(arch="gpt2", vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=4)
+
+# GPT-2 XL's shape as a Llama-style model: the reference figures
 _FLOPS_XL = dict(arch="llama", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48, num_heads=25,
                  d_ff=4288, rope_theta=10000.0)
 
 
-@pytest.mark.usefixtures("_model_single_thread")
-def test_flops_tiny_shape_hand_computed():
-    # Llama: V=10, d=4, 1 layer, 2 heads, d_ff=6, T=8. Params: embedding 10*4, Q/K/V/O 4*4*4,
+# ---- parameters, by component, against the hand count and the models themselves
+
+
+def test_flops_tiny_shape_params_hand_computed():
+    # Llama: V=10, d=4, 1 layer, 2 heads, d_ff=6. Params: embedding 10*4, Q/K/V/O 4*4*4,
     # SwiGLU 3*4*6, two block norms + final norm 3*4, untied head 4*10.
-    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
-    p = flops.count_params(cfg)
+    p = flops.count_params(_FLOPS_TINY)
     assert (p["embedding"], p["attention"], p["ffn"], p["norm"], p["lm_head"], p["total"]) == (40, 64, 72, 12, 40, 228)
-    f = flops.forward_flops(cfg, 8)
-    # each projection 2*T*d*d = 256; scores and weighted sum 2*T*T*d = 512 each; FFN 2*T*3*d*d_ff = 1152;
-    # head 2*T*d*V = 640
-    assert [f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj")] == [256] * 4
-    assert (f["attn_scores"], f["attn_values"], f["ffn"], f["lm_head"], f["total"]) == (512, 512, 1152, 640, 3840)
-    assert flops.train_flops_per_token(cfg, 8) == 3 * 3840 / 8
     # SiLU FFN has two matrices; no RMSNorm removes the 12 gains
-    silu = dict(cfg, ffn_type="silu", d_ff=16, remove_rmsnorm=True)
+    silu = dict(_FLOPS_TINY, ffn_type="silu", d_ff=16, remove_rmsnorm=True)
     assert flops.count_params(silu)["total"] == 40 + 64 + 2 * 4 * 16 + 40
-    # activations per sequence: per layer 8*T*d + 4*T*d_ff + 2*h*T^2, then T*d (final norm) + 2*T*V; SiLU keeps 2
-    # FFN intermediates, and no RMSNorm drops the 2 norm inputs per layer and the final norm's
-    assert flops.activation_floats(cfg, 8) == (8 * 8 * 4 + 4 * 8 * 6 + 2 * 2 * 64) + 8 * 4 + 2 * 8 * 10
-    assert flops.activation_floats(silu, 8) == (6 * 8 * 4 + 2 * 8 * 16 + 2 * 2 * 64) + 2 * 8 * 10
     # GPT-2: wte 10*4, wpe 8*4, c_attn 4*12+12, c_proj 4*4+4, c_fc 4*16+16, c_proj 16*4+4, 3 LayerNorms 3*8, tied head
-    gpt = dict(arch="gpt2", vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=4)
-    assert flops.count_params(gpt)["total"] == 40 + 32 + 60 + 20 + 80 + 68 + 24
-    assert flops.forward_flops(gpt, 8)["ffn"] == 2 * 8 * 2 * 4 * 16
+    assert flops.count_params(_FLOPS_TINY_GPT)["total"] == 40 + 32 + 60 + 20 + 80 + 68 + 24
 
 
 @pytest.mark.usefixtures("_model_single_thread")
 @pytest.mark.parametrize("cfg", [
     dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=4, d_ff=64),
     dict(arch="llama", vocab_size=100, context_length=8, d_model=48, num_layers=3, num_heads=3, d_ff=128),
-    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=128, ffn_type="silu"),
+    dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=2, num_heads=2, d_ff=128,
+         ffn_type="silu"),
     dict(arch="llama", vocab_size=37, context_length=16, d_model=32, num_layers=1, num_heads=4, d_ff=80,
          remove_rmsnorm=True, remove_rope=True),
     dict(arch="gpt2", vocab_size=50, block_size=16, n_layer=2, n_head=4, n_embd=32),
@@ -6023,10 +6017,24 @@ def test_flops_param_counts_equal_real_models(cfg):
     assert p["total"] == sum(v for k, v in p.items() if k != "total")
 
 
+# ---- FLOPs of a forward pass and of training, against the hand count and torch's FlopCounterMode
+
+
+def test_flops_tiny_shape_forward_flops_hand_computed():
+    f = flops.forward_flops(_FLOPS_TINY, 8)
+    # T=8: each projection 2*T*d*d = 256; scores and weighted sum 2*T*T*d = 512 each; FFN 2*T*3*d*d_ff = 1152;
+    # head 2*T*d*V = 640
+    assert [f[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj")] == [256] * 4
+    assert (f["attn_scores"], f["attn_values"], f["ffn"], f["lm_head"], f["total"]) == (512, 512, 1152, 640, 3840)
+    assert flops.train_flops_per_token(_FLOPS_TINY, 8) == 3 * 3840 / 8   # forward + backward = 3 x forward
+    assert flops.forward_flops(_FLOPS_TINY_GPT, 8)["ffn"] == 2 * 8 * 2 * 4 * 16   # GPT-2's 4*d GELU MLP
+
+
 @pytest.mark.usefixtures("_model_single_thread")
 @pytest.mark.parametrize("cfg", [
     dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=48),
-    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=128, ffn_type="silu"),
+    dict(arch="llama", vocab_size=50, context_length=32, d_model=32, num_layers=2, num_heads=4, d_ff=128,
+         ffn_type="silu"),
     dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="scratch",
          pad_vocab_to_multiple_of=64),
     dict(arch="gpt2", vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=32, attn_impl="sdpa"),
@@ -6043,6 +6051,32 @@ def test_flops_match_torch_flop_counter(cfg):
         assert counter.get_total_flops() == ours["total"] - ours["attn_scores"] - ours["attn_values"]
     else:
         assert counter.get_total_flops() == ours["total"]
+
+
+# ---- training memory and the largest batch that fits
+
+
+def test_flops_tiny_shape_memory_hand_computed():
+    # activations per sequence: per layer 8*T*d + 4*T*d_ff + 2*h*T^2, then T*d (final norm) + 2*T*V; SiLU keeps 2
+    # FFN intermediates, and no RMSNorm drops the 2 norm inputs per layer and the final norm's
+    silu = dict(_FLOPS_TINY, ffn_type="silu", d_ff=16, remove_rmsnorm=True)
+    assert flops.activation_floats(_FLOPS_TINY, 8) == (8 * 8 * 4 + 4 * 8 * 6 + 2 * 2 * 64) + 8 * 4 + 2 * 8 * 10
+    assert flops.activation_floats(silu, 8) == (6 * 8 * 4 + 2 * 8 * 16 + 2 * 2 * 64) + 2 * 8 * 10
+    # fixed = 16 bytes (fp32 weights, grads, AdamW m and v) x 228 params = 3648 bytes; per sequence = 4 bytes x 896
+    # floats = 3584 bytes
+    assert flops.memory_bytes(_FLOPS_TINY, 8) == (3648, 3584)
+
+
+def test_flops_max_batch_size_uses_decimal_gigabytes():
+    # the tiny Llama above: 3648 bytes fixed + 3584 per sequence; GB is 1e9 bytes, not 2**30
+    assert flops.max_batch_size(_FLOPS_TINY, 8, (3648 + 2 * 3584 + 0.5) / 1e9) == 2
+    assert flops.max_batch_size(_FLOPS_TINY, 8, (3648 + 2 * 3584 - 0.5) / 1e9) == 1
+    assert flops.max_batch_size(_FLOPS_TINY, 8, 3000 / 1e9) == 0  # not even the weights and optimizer state fit
+    # GPT-2 XL at context 1024: 26.25 GB fixed + 16.37 GB per sequence; 40 GB holds none, 80 GB three
+    assert flops.max_batch_size(_FLOPS_XL, 1024, 40) == 0 and flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
+
+
+# ---- the reference figures
 
 
 @pytest.mark.usefixtures("_model_single_thread")
@@ -6064,56 +6098,274 @@ def test_flops_gpt2_xl_reference_figures():
     assert flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
 
 
-@pytest.mark.usefixtures("_model_single_thread")
-def test_flops_mfu_and_peak_table():
-    cfg = dict(_FLOPS_XL)
-    assert flops.peak_flops("H100", "bf16") == 989.4e12
-    assert flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16) == 312e12
-    assert flops.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
-    assert flops.peak_flops("NVIDIA B200", "tf32") == 1.125e15
-    assert flops.peak_flops("NVIDIA L40S", "fp16") == 362e12 and flops.peak_flops("NVIDIA L4", "bf16") == 121e12
-    # a name is not matched inside a longer one: L40 is not an L4, H100 NVL is not an H100 SXM, A10G is an A10
-    assert flops.peak_flops("NVIDIA L40", "bf16") == 181e12 and flops.peak_flops("NVIDIA H100 NVL", "bf16") == 835e12
-    assert flops.peak_flops("NVIDIA A10G", "bf16") == 125e12 and flops.peak_flops("NVIDIA A40", "bf16") == 149.7e12
-    assert flops.peak_flops("NVIDIA H800", "bf16") == 989.4e12 and flops.peak_flops("NVIDIA H20", "bf16") == 148e12
-    assert flops.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
-    assert flops.peak_flops("NVIDIA H200 NVL", "bf16") == 835e12 and flops.peak_flops("NVIDIA H200", "bf16") == 989.4e12
-    assert flops.peak_flops("NVIDIA H800 PCIe", "bf16") == 756e12 and flops.peak_flops("NVIDIA A800-SXM4-80GB", "bf16") == 312e12
-    assert flops.peak_flops("NVIDIA GB200", "bf16") == 2.5e15 and flops.peak_flops("NVIDIA B200", "bf16") == 2.25e15
-    assert flops.peak_flops("NVIDIA GeForce RTX 3090 Ti", "bf16") == 80e12
-    assert flops.peak_flops("NVIDIA GeForce RTX 3090", "bf16") == 71e12
-    per_tok = flops.train_flops_per_token(cfg, 1024)
-    assert flops.mfu(cfg, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
-    with pytest.raises(ValueError, match="no peak"):
-        flops.peak_flops("Voodoo2", "bf16")
-    cpu = flops.peak_flops("cpu", torch.float32)
-    assert cpu > 1e8 and flops.peak_flops("cpu", "fp32") == cpu  # measured once, then cached
+# ---- peak FLOP/s and MFU
+
+
+@pytest.mark.parametrize("name, row", [
+    ("H100", "H100"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"),
+    ("NVIDIA H800", "H800"), ("NVIDIA H800 PCIe", "H800 PCIe"), ("NVIDIA H20", "H20"),
+    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A800-SXM4-80GB", "A800"), ("NVIDIA A10G", "A10"),
+    ("NVIDIA A40", "A40"), ("NVIDIA L4", "L4"), ("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA B200", "B200"), ("NVIDIA GB200", "GB200"), ("NVIDIA GeForce RTX 3090", "RTX 3090"),
+    ("NVIDIA GeForce RTX 3090 Ti", "RTX 3090 Ti")])
+def test_flops_peak_flops_finds_the_gpu_by_the_name_torch_gives_it(name, row):
+    # the table's name inside torch.cuda.get_device_name(), never inside a longer name: L40 is not an L4, H100 NVL
+    # not an H100 SXM, GB200 not a B200; A10G is an A10 (the same chip at lower clocks)
+    assert flops.peak_flops(name, "bf16") == flops.GPU_PEAK[row][0]
+
+
+def test_flops_peak_flops_takes_the_dtypes_column_and_fp32_follows_the_matmul_precision():
+    # bf16 / fp16 tensor cores, then TF32; fp32 matmuls run on TF32 tensor cores only when torch allows it
+    # ("high" / "medium"); "highest" is true fp32
+    h100, a100 = flops.GPU_PEAK["H100"], flops.GPU_PEAK["A100"]
+    for dtype in ("bf16", "bfloat16", torch.bfloat16, "fp16", "float16", "half", torch.float16):
+        assert flops.peak_flops("H100", dtype) == h100[0], dtype
+    assert flops.peak_flops("NVIDIA B200", "tf32") == flops.GPU_PEAK["B200"][1]
+    before = torch.get_float32_matmul_precision()
+    try:
+        for precision, column in (("highest", 2), ("high", 1), ("medium", 1)):
+            torch.set_float32_matmul_precision(precision)
+            assert flops.peak_flops("H100", "fp32") == h100[column], precision
+            assert flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == a100[column], precision
+            assert flops.peak_flops("H100", "tf32") == h100[1], precision
+    finally:
+        torch.set_float32_matmul_precision(before)
+    _one_line_naming(_model_raises(flops.peak_flops, "H100", "int8"), "flops.py: ", "'int8'")
+
+
+@pytest.mark.parametrize("name", ["Voodoo2", "NVIDIA RTX A4000", "NVIDIA RTX A1000", "NVIDIA H1000"])
+def test_flops_peak_flops_refuses_a_gpu_it_does_not_know(name):
+    # RTX A4000 is no A40 and RTX A1000 no A100: unknown, not silently another card's peak
+    _one_line_naming(_model_raises(flops.peak_flops, name, "bf16"), "flops.py: ", repr(name))
+
+
+def test_flops_cpu_peak_is_measured_once_per_dtype(monkeypatch):
+    # a CPU's peak is its measured matmul throughput: float32 (however the dtype is spelled) and bf16 each measured
+    # once, then cached
+    measured = []
+    monkeypatch.setattr(flops, "_cpu_peak_cache", {})
+    monkeypatch.setattr(flops, "_measure_cpu_peak", lambda name: measured.append(name) or 1e9 * len(measured))
+    assert flops.peak_flops("cpu", torch.float32) == flops.peak_flops("cpu", "fp32") == 1e9
+    assert flops.peak_flops("cpu", "bf16") == flops.peak_flops("cpu", torch.bfloat16) == 2e9
+    assert measured == ["float32", "bfloat16"]
+
+
+def test_flops_cpu_peak_counts_two_flops_per_multiply_add_of_the_timed_matmul(monkeypatch):
+    # an (n, n) @ (n, n) product is n^3 multiply-adds, 2 n^3 FLOPs: at 0.5 s a product (a fake clock) the peak is
+    # 4 n^3 FLOP/s (half of it would double every CPU MFU that train.py reports); measuring draws from its own
+    # generator, so the global RNG (which a resumed run restores) does not move
+    ticks = iter(0.5 * i for i in range(100))
+    monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    rng = torch.get_rng_state()
+    assert flops._measure_cpu_peak("float32", n=8, repeats=3) == 2 * 8 ** 3 / 0.5
+    assert torch.equal(torch.get_rng_state(), rng)
 
 
 @pytest.mark.usefixtures("_model_single_thread")
-def test_flops_cli_prints_reference_table(capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2-xl", "--context", "1024,16384"])
+def test_flops_mfu_is_training_flops_over_the_peak():
+    # achieved training FLOP/s (3 x forward per token, attention included) over the peak: H100 SXM's 989.4 TFLOP/s
+    # dense bf16
+    per_tok = flops.train_flops_per_token(_FLOPS_XL, 1024)
+    assert flops.mfu(_FLOPS_XL, 1024, 1000.0, "H100", "bf16") == pytest.approx(per_tok * 1000.0 / 989.4e12)
+
+
+# ---- the report: the time to train and the 6*N figures
+
+
+def _flops_line(text, *words):
+    """The one line of a printed report that holds all these words: a row found by its label, not by its place."""
+    lines = [line for line in text.splitlines() if all(w in line for w in words)]
+    assert len(lines) == 1, (words, text)
+    return lines[0]
+
+
+def _flops_context(text, T):
+    """The block of a printed report (blocks are separated by a blank line) with context T's FLOPs and memory."""
+    blocks = [b for b in text.split("\n\n") if "forward FLOPs" in b and f"context {T:,}," in b]
+    assert len(blocks) == 1, (T, text)
+    return blocks[0]
+
+
+# GPT-2 XL's forward matmul FLOPs per token at T = 1024, by hand: per layer Q/K/V/O 8*d^2 + attention 4*T*d +
+# SwiGLU 6*d*d_ff, then the head 2*d*V
+_FLOPS_XL_N, _FLOPS_XL_V, _FLOPS_XL_D = 1_640_452_800, 50257, 1600
+_FLOPS_XL_FWD = 48 * (8 * 1600 * 1600 + 4 * 1024 * 1600 + 6 * 1600 * 4288) + 2 * 1600 * 50257
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("mfu", [0.5, 0.25])
+def test_flops_report_time_to_train_is_chinchilla_tokens_at_the_assumed_mfu(mfu):
+    tokens = 20 * _FLOPS_XL_N
+    out = flops.report(_FLOPS_XL, [1024], mfu_assumed=mfu, gpus=("H100", "A100"))
+    line = _flops_line(out, "time to train")
+    assert "32.81B" in line and "20 x params" in line and "1,024" in line
+    assert f"{3 * _FLOPS_XL_FWD * tokens:.3e}" in line
+    for gpu, peak in (("H100", 989.4e12), ("A100", 312e12)):   # bf16 dense peaks
+        line = _flops_line(out, gpu, "MFU")
+        days = 3 * _FLOPS_XL_FWD * tokens / (mfu * peak) / 86400
+        assert f"{peak / 1e12:.1f}" in line and f"{100 * mfu:.0f}%" in line and f"{days:.1f} days" in line
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_report_6n_figures_and_a_given_token_budget():
+    # 6*N per token with N = all parameters and with N = the matmul ones (no input embeddings: Llama's untied
+    # table; GPT-2's position table, its tied token table being the LM head), each beside its N; a given token
+    # budget replaces 20 x N, and the time to train gives its FLOPs before the 6*N*D approximation
+    N, V, d, fwd = _FLOPS_XL_N, _FLOPS_XL_V, _FLOPS_XL_D, _FLOPS_XL_FWD
+    out = flops.report(_FLOPS_XL, [1024], train_tokens=10**9, gpus=("H100",))
+    _named_in_order(_flops_line(out, "training FLOPs per token"), f"{6 * N / 1e9:.3f}", "1.64B",
+                    f"{6 * (N - V * d) / 1e9:.3f}", "1.56B")
+    line = _flops_line(out, "time to train")
+    assert "1.00B" in line and "1,024" in line and "20 x params" not in out
+    _named_in_order(line, f"{3 * fwd * 10**9:.3e}", f"{6 * N * 10**9:.3e}")
+    hours = 3 * fwd * 10**9 / (0.5 * 989.4e12) / 3600
+    assert f"{hours:.1f} h" in _flops_line(out, "H100", "MFU")
+    gpt2 = dict(arch="gpt2", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    n, n_matmul = 124_439_808, 124_439_808 - 1024 * 768
+    _named_in_order(_flops_line(flops.report(gpt2, [1024]), "training FLOPs per token"), f"{6 * n / 1e9:.3f}",
+                    "124.44M", f"{6 * n_matmul / 1e9:.3f}")
+
+
+def test_flops_duration_units():
+    assert [flops._duration(s) for s in (3599, 3600, 2 * 86400 - 1, 2 * 86400)] == ["60.0 min", "1.0 h", "48.0 h",
+                                                                                    "2.0 days"]
+
+
+# ---- the command line: presets and flags reach the model, the --json record, the table
+
+
+def _flops_json(monkeypatch, capsys, *argv):
+    """flops.py's --json record for this command line."""
+    monkeypatch.setattr(sys, "argv", ["flops.py", *argv, "--json"])
     flops.main()
-    out = capsys.readouterr().out
-    assert "1,640,452,800" in out and "6.56 GB" in out
-    assert "3.5168" in out and "133.5777" in out
-    assert "16.37 * batch + 26.25 GB" in out and "largest batch on 80 GB: 3" in out
-    monkeypatch.setattr(sys, "argv", ["flops.py", "--model=gpt2", "--arch=gpt2"])
+    return json.loads(capsys.readouterr().out)
+
+
+def _flops_table(monkeypatch, capsys, *argv):
+    """The tables flops.py prints for this command line."""
+    monkeypatch.setattr(sys, "argv", ["flops.py", *argv])
     flops.main()
-    assert "124,439,808" in capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["flops.py", "--context", "abc"])
-    with pytest.raises(SystemExit, match="--context"):
-        flops.main()
+    return capsys.readouterr().out
+
+
+def _flops_shape(table):
+    """The key=value pairs of the shape line that opens the tables."""
+    return dict(kv.split("=") for kv in table.splitlines()[0].split() if "=" in kv)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_cli_json_record_holds_the_reference_figures(capsys, monkeypatch):
+    # the default --model is GPT-2 XL's shape (Llama-style): 1.64B parameters, 3.5168 / 133.5777 forward TFLOPs at
+    # contexts 1024 / 16384, at 1024 16.37 GB per sequence + 26.25 GB fixed: 3 sequences on 80 GB
+    r = _flops_json(monkeypatch, capsys, "--context", "1024,16384")
+    assert (r["config"]["num_layers"], r["config"]["d_model"], r["config"]["num_heads"]) == (48, 1600, 25)
+    assert r["params"]["total"] == 1_640_452_800 and list(r["contexts"]) == ["1024", "16384"]
+    at_1024, at_16384 = r["contexts"]["1024"], r["contexts"]["16384"]
+    assert round(at_1024["forward_flops"]["total"] / 1e12, 4) == 3.5168
+    assert round(at_16384["forward_flops"]["total"] / 1e12, 4) == 133.5777
+    assert round(at_1024["memory_per_sequence_bytes"] / 1e9, 2) == 16.37
+    assert round(at_1024["memory_fixed_bytes"] / 1e9, 2) == 26.25 and at_1024["max_batch_size"] == 3
+    assert at_1024["train_flops_per_token"] == flops.train_flops_per_token(_FLOPS_XL, 1024)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_cli_table_shows_the_reference_figures(capsys, monkeypatch):
+    # the same figures in the printed tables, each context in its own block; the time to train on an H100, an A100
+    # and a B200 by default
+    out = _flops_table(monkeypatch, capsys, "--model=gpt2-xl", "--context", "1024", "16384")
+    shape = _flops_shape(out)
+    assert (shape["layers"], shape["d_model"], shape["heads"]) == ("48", "1600", "25")
+    assert "1,640,452,800" in out and "6.56 GB" in out   # the parameters, and their bytes in fp32
+    at_1024, at_16384 = _flops_context(out, 1024), _flops_context(out, 16384)
+    assert "3.5168" in at_1024 and "133.5777" in at_16384
+    memory = _flops_line(at_1024, "memory")
+    assert "16.37" in memory and "26.25" in memory
+    assert re.findall(r"\d+", _flops_line(at_1024, "largest batch")) == ["80", "3"]
+    for gpu in ("H100", "A100", "B200"):
+        _flops_line(out, gpu, "MFU")
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("model, layers, d_model, heads, params", [
+    ("gpt2", 12, 768, 12, 124_439_808), ("gpt2-medium", 24, 1024, 16, 354_823_168),
+    ("gpt2-large", 36, 1280, 20, 774_030_080), ("gpt2-xl", 48, 1600, 25, 1_557_611_200)])
+def test_flops_cli_gpt2_presets_are_openais_sizes(capsys, monkeypatch, model, layers, d_model, heads, params):
+    r = _flops_json(monkeypatch, capsys, f"--model={model}", "--arch=gpt2")
+    c = r["config"]
+    assert (c["arch"], c["n_layer"], c["n_embd"], c["n_head"], r["params"]["total"]) == ("gpt2", layers, d_model,
+                                                                                          heads, params)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_cli_the_models_own_context_is_the_default_context(capsys, monkeypatch):
+    # the tinystories preset (the spec's TinyStories model): context 256 unless --context_length says otherwise;
+    # --train_tokens replaces 20 x N in the time to train
+    r = _flops_json(monkeypatch, capsys, "--model=tinystories")
+    c = r["config"]
+    assert (c["num_layers"], c["d_model"], c["num_heads"], c["d_ff"], c["ffn_type"], c["vocab_size"],
+            c["context_length"]) == (4, 512, 16, 1344, "swiglu", 10000, 256)
+    assert list(r["contexts"]) == ["256"]
+    out = _flops_table(monkeypatch, capsys, "--model=tinystories")
+    shape = _flops_shape(out)
+    assert (shape["layers"], shape["d_model"], shape["heads"], shape["d_ff"], shape["vocab"],
+            shape["context"]) == ("4", "512", "16", "1344", "10000", "256")
+    assert "swiglu" in out.splitlines()[0]
+    r = _flops_json(monkeypatch, capsys, "--model=tinystories", "--context_length=512")
+    assert r["config"]["context_length"] == 512 and list(r["contexts"]) == ["512"]
+    out = _flops_table(monkeypatch, capsys, "--model=tinystories", "--context_length=512", "--train_tokens=1e9")
+    assert _flops_shape(out)["context"] == "512" and "1.00B" in _flops_line(out, "time to train")
+    _flops_context(out, 512)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_cli_each_context_has_its_own_memory_and_largest_batch(capsys, monkeypatch):
+    # and the time to train is at the first context given
+    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
+    argv = ("--model=tinystories", "--context", "256", "2048", "--gpu_mem=40")
+    r, out = _flops_json(monkeypatch, capsys, *argv), _flops_table(monkeypatch, capsys, *argv)
+    for T in (256, 2048):
+        fixed, per_seq = flops.memory_bytes(cfg, T)
+        batch = flops.max_batch_size(cfg, T, 40)
+        record = r["contexts"][str(T)]
+        assert (record["memory_fixed_bytes"], record["memory_per_sequence_bytes"], record["max_batch_size"]) == (
+            fixed, per_seq, batch)
+        block = _flops_context(out, T)
+        memory = _flops_line(block, "memory")
+        assert f"{per_seq / 1e9:.4f}" in memory and f"{fixed / 1e9:.4f}" in memory   # 4 decimals below 1 GB fixed
+        assert re.findall(r"\d+", _flops_line(block, "largest batch")) == ["40", str(batch)]
+    assert flops.max_batch_size(cfg, 256, 40) != flops.max_batch_size(cfg, 2048, 40)
+    tokens = 20 * flops.count_params(cfg)["total"]
+    assert f"{flops.train_flops_per_token(cfg, 256) * tokens:.3e}" in _flops_line(out, "time to train")
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_cli_pad_vocab_and_mfu_reach_the_figures(capsys, monkeypatch):
+    # --pad_vocab_to_multiple_of pads GPT-2's 50257 tokens to 50304; --mfu is the MFU the time to train assumes
+    r = _flops_json(monkeypatch, capsys, "--model=gpt2", "--arch=gpt2", "--pad_vocab_to_multiple_of=64")
+    assert r["params"]["embedding"] == 50304 * 768
+    assert _flops_shape(_flops_table(monkeypatch, capsys, "--model=gpt2", "--arch=gpt2",
+                                     "--pad_vocab_to_multiple_of=64"))["vocab"] == "50304"
+    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
+    tokens = 20 * flops.count_params(cfg)["total"]
+    seconds = flops.train_flops_per_token(cfg, 256) * tokens / (1.0 * flops.GPU_PEAK["H100"][0])
+    line = _flops_line(_flops_table(monkeypatch, capsys, "--model=tinystories", "--mfu=1"), "H100", "MFU")
+    assert "100%" in line and flops._duration(seconds) in line
+
+
+# the command line's mistakes: one line naming the flag and the value
+
+
+def test_flops_cli_refuses_a_context_that_is_not_a_number(monkeypatch):
+    _one_line_naming(_bad_exit(monkeypatch, flops, "--context", "abc"), "flops.py: --context", "'abc'")
 
 
 @pytest.mark.parametrize("flags", [["--d_model=512"], ["--arch=gpt2"], ["--num_layers=2", "--ffn_type=silu"]])
 def test_flops_ckpt_with_shape_flags_is_refused(tmp_path, monkeypatch, flags):
-    # the checkpoint's shape would win in silence: say so instead
+    # the checkpoint's shape would win in silence: say so instead, naming the flags to leave out
     ckpt = _tiny_llama_ckpt(tmp_path)
-    given = ", ".join(f.split("=")[0] for f in flags)
-    assert _bad_exit(monkeypatch, flops, f"--ckpt={ckpt}", *flags) == (
-        f"flops.py: --ckpt reads the shape from the checkpoint: leave out {given} (or --ckpt, to describe the "
-        "shape with flags)")
+    _one_line_naming(_bad_exit(monkeypatch, flops, f"--ckpt={ckpt}", *flags), "flops.py: --ckpt",
+                     *(f.split("=")[0] for f in flags))
 
 
 @pytest.mark.parametrize("flag", ["--num_layers=0", "--vocab_size=0", "--d_model=-768", "--num_heads=0",
@@ -6121,125 +6373,17 @@ def test_flops_ckpt_with_shape_flags_is_refused(tmp_path, monkeypatch, flags):
                                   "--train_tokens=-1", "--gpu_mem=-1", "--gpu_mem=nan"])
 def test_flops_rejects_out_of_range_numbers(monkeypatch, flag):
     name, value = flag.split("=")
-    message = _bad_exit(monkeypatch, flops, "--model=gpt2", "--arch=gpt2", flag)
-    assert message.startswith(f"flops.py: {name} must be ") and message.endswith(f"got {value}")
+    _one_line_naming(_bad_exit(monkeypatch, flops, "--model=gpt2", "--arch=gpt2", flag), f"flops.py: {name}", value)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--arch=gpt2", "--d_ff=100"], "--d_ff does not apply to --arch=gpt2"),
-    (["--arch=gpt2", "--ffn_type=silu"], "--ffn_type does not apply to --arch=gpt2"),
-    (["--pad_vocab_to_multiple_of=64"], "--pad_vocab_to_multiple_of does not apply to --arch=llama (the default)")])
-def test_flops_flags_of_the_other_architecture_are_refused(monkeypatch, flags, message):
-    # each would be ignored in silence (a GPT-2 MLP is 4*d GELU; the Llama model's vocabulary is not padded)
-    assert _bad_exit(monkeypatch, flops, "--model=gpt2", *flags) == f"flops.py: {message}"
-
-
-def test_flops_max_batch_size_uses_decimal_gigabytes():
-    # tiny Llama (see test_flops_tiny_shape_hand_computed): fixed = 16 bytes x 228 params = 3648 bytes,
-    # per sequence = 4 bytes x 896 floats = 3584 bytes; GB is 1e9 bytes, not 2**30
-    cfg = dict(arch="llama", vocab_size=10, context_length=8, d_model=4, num_layers=1, num_heads=2, d_ff=6)
-    assert flops.memory_bytes(cfg, 8) == (3648, 3584)
-    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 + 0.5) / 1e9) == 2
-    assert flops.max_batch_size(cfg, 8, (3648 + 2 * 3584 - 0.5) / 1e9) == 1
-    assert flops.max_batch_size(cfg, 8, 3000 / 1e9) == 0  # not even the weights and optimizer state fit
-    # GPT-2 XL at context 1024: 26.25 GB fixed + 16.37 GB per sequence; 40 GB holds none, 80 GB three
-    assert flops.max_batch_size(_FLOPS_XL, 1024, 40) == 0 and flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
-
-
-def test_flops_report_time_to_train_is_chinchilla_tokens_at_the_assumed_mfu():
-    # hand-computed forward matmul FLOPs per token of GPT-2 XL (Llama shape) at T = 1024:
-    # per layer Q/K/V/O 8*d^2 + attention 4*T*d + SwiGLU 6*d*d_ff, then the head 2*d*V
-    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
-    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
-    tokens = 20 * N
-    for mfu in (0.5, 0.25):
-        out = flops.report(_FLOPS_XL, [1024], mfu_assumed=mfu, gpus=("H100", "A100"))
-        assert f"time to train 32.81B tokens (20 x params, Chinchilla) at context 1,024: {3 * fwd * tokens:.3e} FLOPs" in out
-        for gpu, peak in (("H100", 989.4e12), ("A100", 312e12)):
-            days = 3 * fwd * tokens / (mfu * peak) / 86400
-            assert f"1 x {gpu:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu:.0f}% MFU: {days:.1f} days" in out
-
-
-def test_flops_fp32_peak_follows_the_matmul_precision():
-    # fp32 matmuls run on TF32 tensor cores only when torch allows it ("high"/"medium"); "highest" is true fp32
-    before = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("highest")
-        assert flops.peak_flops("H100", "fp32") == 66.9e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 19.5e12
-        torch.set_float32_matmul_precision("high")
-        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
-        assert flops.peak_flops("H100", "tf32") == 494.7e12
-        torch.set_float32_matmul_precision("medium")
-        assert flops.peak_flops("H100", "fp32") == 494.7e12 and flops.peak_flops("NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
-    finally:
-        torch.set_float32_matmul_precision(before)
-
-
-def test_flops_cpu_peak_counts_two_flops_per_multiply_add_of_the_timed_matmul(monkeypatch):
-    # an (n, n) @ (n, n) product is n^3 multiply-adds, 2 n^3 FLOPs: at 0.5 s a product (a fake clock) the peak is
-    # 4 n^3 FLOP/s (half of it would double every CPU MFU that train.py reports)
-    ticks = iter(0.5 * i for i in range(100))
-    monkeypatch.setattr(flops, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
-    assert flops._measure_cpu_peak("float32", n=8, repeats=3) == 2 * 8 ** 3 / 0.5
-
-
-def test_flops_peak_table_never_matches_a_name_inside_a_longer_model_number():
-    # RTX A4000 is no A40 and RTX A1000 no A100: unknown, not silently another card's peak
-    for name in ("NVIDIA RTX A4000", "NVIDIA RTX A1000", "NVIDIA H1000"):
-        with pytest.raises(ValueError, match="no peak"):
-            flops.peak_flops(name, "bf16")
-
-
-def test_flops_report_6n_figures_and_a_given_token_budget():
-    # 6*N per token with N = all parameters and with N = the matmul ones (no input embeddings: Llama's untied
-    # table; GPT-2's position table, its tied token table being the LM head), and --train_tokens replacing 20 x N
-    L, d, T, d_ff, V, N = 48, 1600, 1024, 4288, 50257, 1_640_452_800
-    fwd = L * (8 * d * d + 4 * T * d + 6 * d * d_ff) + 2 * d * V
-    out = flops.report(_FLOPS_XL, [1024], train_tokens=10**9, gpus=("H100",))
-    assert f"6*N = {6 * N / 1e9:.3f} GFLOPs with N = all 1.64B params, {6 * (N - V * d) / 1e9:.3f} with N = the 1.56B" in out
-    assert (f"time to train 1.00B tokens at context 1,024: {3 * fwd * 10**9:.3e} FLOPs (6*N*D = {6 * N * 10**9:.3e})"
-            in out) and "Chinchilla" not in out
-    hours = 3 * fwd * 10**9 / (0.5 * 989.4e12) / 3600
-    assert f"1 x H100   bf16 peak   989.4 TFLOP/s at 50% MFU: {hours:.1f} h" in out
-    gpt2 = dict(arch="gpt2", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
-    n, n_matmul = 124_439_808, 124_439_808 - 1024 * 768
-    assert f"6*N = {6 * n / 1e9:.3f} GFLOPs with N = all 124.44M params, {6 * n_matmul / 1e9:.3f} with" in flops.report(gpt2, [1024])
-
-
-def test_flops_cli_presets_defaults_and_flags_reach_the_tables(capsys, monkeypatch):
-    def run(*argv):
-        monkeypatch.setattr(sys, "argv", ["flops.py", *argv])
-        flops.main()
-        return capsys.readouterr().out
-    out = run()   # --model=gpt2-xl, timed on an H100, an A100 and a B200
-    assert "layers=48 d_model=1600 heads=25 " in out and all(f"1 x {g:<6} bf16 peak" in out for g in ("H100", "A100", "B200"))
-    for model, L, d, h, n in (("gpt2", 12, 768, 12, 124_439_808), ("gpt2-medium", 24, 1024, 16, 354_823_168),
-                              ("gpt2-large", 36, 1280, 20, 774_030_080), ("gpt2-xl", 48, 1600, 25, 1_557_611_200)):
-        out = run(f"--model={model}", "--arch=gpt2")   # OpenAI's GPT-2 sizes
-        assert f"layers={L} d_model={d} heads={h} " in out and f"{n:,}" in out, model
-    out = run("--model=tinystories")   # the model's own context is the default --context
-    assert "layers=4 d_model=512 heads=16 d_ff=1344 (swiglu) vocab=10000 context=256" in out
-    assert "forward FLOPs, context 256, " in out and "context 1,024" not in out
-    out = run("--model=tinystories", "--context_length=512", "--train_tokens=1e9")
-    assert "context=512" in out and "forward FLOPs, context 512, " in out and "time to train 1.00B tokens at" in out
-    # each context its own memory and largest batch; the time to train at the first context given
-    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
-    out = run("--model=tinystories", "--context", "256", "2048", "--gpu_mem=40")
-    for T in (256, 2048):
-        fixed, per_seq = flops.memory_bytes(cfg, T)
-        assert (f"context {T:,}: {per_seq / 1e9:.4f} * batch + {fixed / 1e9:.4f} GB" in out and
-                f"largest batch on 40 GB: {flops.max_batch_size(cfg, T, 40)}\n" in out)
-    assert flops.max_batch_size(cfg, 256, 40) != flops.max_batch_size(cfg, 2048, 40)
-    assert " at context 256: " in out
-    assert "vocab=50304 " in run("--model=gpt2", "--arch=gpt2", "--pad_vocab_to_multiple_of=64")
-    assert "at 100% MFU: " in run("--mfu=1")
-    out = json.loads(run("--model=tinystories", "--context", "2048", "--gpu_mem=40", "--json"))
-    assert out["contexts"]["2048"]["max_batch_size"] == flops.max_batch_size(cfg, 2048, 40)
-
-
-def test_flops_duration_units():
-    assert [flops._duration(s) for s in (3599, 3600, 2 * 86400 - 1, 2 * 86400)] == ["60.0 min", "1.0 h", "48.0 h",
-                                                                                    "2.0 days"]
+@pytest.mark.parametrize("flags, named", [
+    (["--arch=gpt2", "--d_ff=100"], ("--d_ff", "--arch=gpt2")),
+    (["--arch=gpt2", "--ffn_type=silu"], ("--ffn_type", "--arch=gpt2")),
+    (["--pad_vocab_to_multiple_of=64"], ("--pad_vocab_to_multiple_of", "--arch=llama", "default"))])
+def test_flops_flags_of_the_other_architecture_are_refused(monkeypatch, flags, named):
+    # each would be ignored in silence (a GPT-2 MLP is 4*d GELU; the Llama model's vocabulary is not padded); the
+    # error names the flag and the architecture in force, saying when it is the default
+    _one_line_naming(_bad_exit(monkeypatch, flops, "--model=gpt2", *flags), f"flops.py: {named[0]}", *named[1:])
 
 
 # ====================================================================================================================
