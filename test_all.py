@@ -1146,8 +1146,8 @@ def _model_ids(vocab, shape=(2, 32), seed=1):
 
 
 def _named_in_order(message, *named):
-    """An error that names two values of one kind (the file's shape and the model's) names them in the order that
-    gives them their meaning: swapped, it would mislead."""
+    """A message that names two values of one kind names them in the order that gives them their meaning (the
+    offending value before the limit it breaks, the file's shape before the model's): swapped, they would mislead."""
     at = 0
     for n in map(str, named):
         at = message.find(n, at)
@@ -1435,20 +1435,6 @@ def test_model_nope_takes_no_positions_at_all():
     scrambled = torch.randperm(12, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(nope(ids, token_positions=scrambled), nope(ids))
     assert not torch.allclose(rope(ids, token_positions=scrambled), rope(ids), atol=1e-4)
-
-
-@pytest.mark.parametrize("make, prefix, named", [
-    (lambda: M.TransformerLM(**{**_MODEL_LLAMA, "d_model": 65}), "d_model", ("65", "num_heads", "4")),
-    (lambda: M.RotaryPositionalEmbedding(10000.0, 7, 16), "RotaryPositionalEmbedding: d_k", ("7",)),
-    (lambda: M.TransformerLM(**{**_MODEL_LLAMA, "d_model": 60}), "RotaryPositionalEmbedding: d_k", ("15",)),
-    (lambda: M.TransformerLM(**_MODEL_LLAMA, ffn_type="relu"), "ffn_type", ("'relu'",)),
-    (lambda: M.TransformerLM(**_MODEL_LLAMA, attn_impl="flash"), "attn_impl", ("'flash'",)),
-    (lambda: M.GPT(M.GPTConfig(**{**_MODEL_GPT, "n_embd": 65})), "GPT: n_embd", ("65", "n_head", "4")),
-], ids=["heads-do-not-divide-d_model", "odd-rope-d_k", "odd-head-size", "ffn_type", "attn_impl",
-        "heads-do-not-divide-n_embd"])
-def test_model_a_shape_that_cannot_be_built_is_refused_naming_it(make, prefix, named):
-    # (RoPE rotates pairs: d_model 60 over 4 heads is a head size of 15, which has no pairing)
-    _one_line_naming(_model_raises(make), prefix, *named)
 
 
 def _model_rope_halves(w, num_heads):
@@ -1947,20 +1933,41 @@ def test_model_kv_cache_refuses_what_it_cannot_hold(arch):
         m.forward_with_cache(_model_ids(97, (1, 32)), full)
         _one_line_naming(_model_raises(m.forward_with_cache, _model_ids(97, (1, 1)), full), who, "KV cache", "32")
         small = m.init_kv_cache(1, max_seq_len=4)
-        _one_line_naming(_model_raises(m.forward_with_cache, _model_ids(97, (1, 5)), small), who, "KV cache", "4",
-                         "5")
+        message = _model_raises(m.forward_with_cache, _model_ids(97, (1, 5)), small)
+        _one_line_naming(message, who, "KV cache")
+        _named_in_order(message, "4", "5")   # the positions it holds, then those asked for
         long = m.init_kv_cache(1, max_seq_len=40)
         m.forward_with_cache(_model_ids(97, (1, 32)), long)
-        _one_line_naming(_model_raises(m.forward_with_cache, _model_ids(97, (1, 1)), long), who, "33", "32")
+        message = _model_raises(m.forward_with_cache, _model_ids(97, (1, 1)), long)
+        _one_line_naming(message, who)
+        _named_in_order(message, "33", "32")   # the position asked for, then the context
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_model_refuses_a_sequence_longer_than_its_context_and_ids_outside_its_vocabulary(arch):
     m = _model_llama() if arch == "llama" else _model_gpt()
     who = "TransformerLM: " if arch == "llama" else "GPT: "
-    _one_line_naming(_model_raises(m, _model_ids(97, (1, 33))), who, "33", "32")
+    message = _model_raises(m, _model_ids(97, (1, 33)))
+    _one_line_naming(message, who)
+    _named_in_order(message, "33", "32")   # the sequence's length, then the context
     _one_line_naming(_model_raises(m, torch.tensor([[1, 97]])), who, "97")
     _one_line_naming(_model_raises(m, torch.tensor([[-1, 3]])), who, "-1", "97")
+
+
+@pytest.mark.parametrize("make, prefix, named", [
+    (lambda: M.TransformerLM(**{**_MODEL_LLAMA, "d_model": 65}), "d_model", ("65", "num_heads", "4")),
+    (lambda: M.RotaryPositionalEmbedding(10000.0, 7, 16), "RotaryPositionalEmbedding: d_k", ("7",)),
+    (lambda: M.TransformerLM(**{**_MODEL_LLAMA, "d_model": 60}), "RotaryPositionalEmbedding: d_k", ("15",)),
+    (lambda: M.TransformerLM(**_MODEL_LLAMA, ffn_type="relu"), "ffn_type", ("'relu'",)),
+    (lambda: M.TransformerLM(**_MODEL_LLAMA, attn_impl="flash"), "attn_impl", ("'flash'",)),
+    (lambda: M.GPT(M.GPTConfig(**{**_MODEL_GPT, "n_embd": 65})), "GPT: n_embd", ("65", "n_head", "4")),
+], ids=["heads-do-not-divide-d_model", "odd-rope-d_k", "odd-head-size", "ffn_type", "attn_impl",
+        "heads-do-not-divide-n_embd"])
+def test_model_a_shape_that_cannot_be_built_is_refused_naming_it(make, prefix, named):
+    # (RoPE rotates pairs: d_model 60 over 4 heads is a head size of 15, which has no pairing)
+    message = _model_raises(make)
+    _one_line_naming(message, prefix, *named)
+    _named_in_order(message, *named)
 
 
 # ---- the common surface: build_model, param_groups, devices, checkpoints and the wrappers around a model
@@ -5759,7 +5766,8 @@ def test_sample_cli_a_prompt_longer_than_the_context_keeps_its_last_tokens(tmp_p
     assert _sample_texts(captured.out) == ["abcdefghijkl" + want]
     warning = [line for line in captured.err.splitlines() if "warning" in line]
     assert len(warning) == 1
-    _one_line_naming(warning[0], "sample.py: ", "12", "8")
+    _one_line_naming(warning[0], "sample.py: ")
+    _named_in_order(warning[0], "12", "8")   # the prompt's length, then the context
 
 
 @pytest.mark.usefixtures("_model_single_thread")
@@ -5883,7 +5891,7 @@ def test_sample_cli_ctrl_c_while_streaming_is_one_line(tmp_path, capsys, monkeyp
     assert "sample 1/" in capsys.readouterr().out   # it was streaming the first sample
 
 
-# the command line's mistakes: one line naming the flag, the file or the value, before anything is printed
+# ---- the command line's mistakes: one line naming the flag, the file or the value, before anything is printed
 
 
 @pytest.mark.parametrize("flag", ["--temperature=-1", "--temperature=nan", "--temperature=inf", "--top_p=0",
@@ -6279,8 +6287,7 @@ def test_flops_cli_table_shows_the_reference_figures(capsys, monkeypatch):
     assert "1,640,452,800" in out and "6.56 GB" in out   # the parameters, and their bytes in fp32
     at_1024, at_16384 = _flops_context(out, 1024), _flops_context(out, 16384)
     assert "3.5168" in at_1024 and "133.5777" in at_16384
-    memory = _flops_line(at_1024, "memory")
-    assert "16.37" in memory and "26.25" in memory
+    _named_in_order(_flops_line(at_1024, "memory"), "16.37", "26.25")   # per sequence, then fixed
     assert re.findall(r"\d+", _flops_line(at_1024, "largest batch")) == ["80", "3"]
     for gpu in ("H100", "A100", "B200"):
         _flops_line(out, gpu, "MFU")
@@ -6331,8 +6338,8 @@ def test_flops_cli_each_context_has_its_own_memory_and_largest_batch(capsys, mon
         assert (record["memory_fixed_bytes"], record["memory_per_sequence_bytes"], record["max_batch_size"]) == (
             fixed, per_seq, batch)
         block = _flops_context(out, T)
-        memory = _flops_line(block, "memory")
-        assert f"{per_seq / 1e9:.4f}" in memory and f"{fixed / 1e9:.4f}" in memory   # 4 decimals below 1 GB fixed
+        # per sequence, then fixed; 4 decimals below 1 GB fixed
+        _named_in_order(_flops_line(block, "memory"), f"{per_seq / 1e9:.4f}", f"{fixed / 1e9:.4f}")
         assert re.findall(r"\d+", _flops_line(block, "largest batch")) == ["40", str(batch)]
     assert flops.max_batch_size(cfg, 256, 40) != flops.max_batch_size(cfg, 2048, 40)
     tokens = 20 * flops.count_params(cfg)["total"]
@@ -6353,7 +6360,7 @@ def test_flops_cli_pad_vocab_and_mfu_reach_the_figures(capsys, monkeypatch):
     assert "100%" in line and flops._duration(seconds) in line
 
 
-# the command line's mistakes: one line naming the flag and the value
+# ---- the command line's mistakes: one line naming the flag and the value
 
 
 def test_flops_cli_refuses_a_context_that_is_not_a_number(monkeypatch):
