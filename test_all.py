@@ -70,9 +70,18 @@ def _torch_threads_restored():
         torch.set_num_threads(before)
 
 
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent (fresh machine): real-text test skipped")
-needs_gpt2_files = pytest.mark.skipif(not HAVE_GPT2_FILES, reason=f"GPT-2's tokenizer files are not in {TIKTOKEN_CACHE} "
-                                      "(../shared/tiktoken_cache or TIKTOKEN_CACHE_DIR): unavailable offline")
+@pytest.fixture(autouse=True)
+def _cpu_peak_file_of_the_tests(tmp_path_factory, monkeypatch, request):
+    """flops.py keeps the best CPU peak measured on this machine in ~/.cache: each test's (some fake) in its own."""
+    name = re.sub(r"\W", "_", request.node.name)[:100]
+    monkeypatch.setattr(flops, "CPU_PEAK_FILE", tmp_path_factory.getbasetemp() / "cpu_peak" / f"{name}.json")
+
+
+needs_data = pytest.mark.skipif(not DATA.is_dir(),
+                                reason="../shared/data is absent (fresh machine): real-text test skipped")
+needs_gpt2_files = pytest.mark.skipif(
+    not HAVE_GPT2_FILES, reason=f"GPT-2's tokenizer files are not in {TIKTOKEN_CACHE} "
+    "(../shared/tiktoken_cache or TIKTOKEN_CACHE_DIR): unavailable offline")
 
 
 def _one_line_naming(message, prefix, *named):
@@ -1524,6 +1533,19 @@ def test_model_attn_impl_chooses_the_kernel_in_both_architectures(arch, monkeypa
         make(attn_impl=impl)(torch.zeros(1, 4, dtype=torch.long))
         assert bool(calls) == fused, impl
     _one_line_naming(_model_raises(make, attn_impl="flash"), "attn_impl", "'flash'")
+
+
+def test_model_embedding_lookup_is_weight_rows_with_their_gradient():
+    # Embedding.forward is weight[ids] (by index_select, whose backward sums in a fixed order): same rows, same grads
+    torch.manual_seed(0)
+    emb = M.Embedding(50, 8)
+    ids = torch.randint(0, 50, (3, 7))
+    g = torch.randn(3, 7, 8)
+    out = emb(ids)
+    out.backward(g)
+    ref = emb.weight.detach().clone().requires_grad_()
+    ref[ids].backward(g)
+    assert torch.equal(out, ref[ids]) and torch.allclose(emb.weight.grad, ref.grad, atol=1e-6)
 
 
 # ---- the Llama model: blocks, the ablation switches, against transformers' Llama
@@ -4811,7 +4833,8 @@ def test_train_summary_after_a_resume_gives_this_runs_time_and_the_total(tmp_pat
 
 
 def test_train_resumed_run_with_nothing_left_to_train_says_how_to_extend_it(tmp_path, _train_data):
-    for more, named in ((dict(max_iters=2), "--max_iters=2"), (dict(max_iters=50, time_budget="2s"), "--time_budget=2s")):
+    for more, named in ((dict(max_iters=2), "--max_iters=2"),
+                        (dict(max_iters=50, time_budget="2s"), "--time_budget=2s")):
         out = tmp_path / named[2:7]
         cfg = _train_cfg(_train_data, out, **more)
         train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
@@ -6445,6 +6468,13 @@ def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tm
     assert len(_sample_texts(default)) == 1 and _sample_texts(default)[0].startswith("ab")
 
 
+def test_sample_says_on_stderr_which_checkpoint_model_and_tokenizer_it_loaded(tmp_path, capsys):
+    ckpt = _tiny_llama_ckpt(tmp_path)
+    sample.load_model_and_tokenizer(str(ckpt), None, "cpu")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(ckpt) in err[0] and "llama" in err[0] and str(tmp_path / "tok") in err[0]
+
+
 @pytest.mark.usefixtures("_model_single_thread")
 def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path, monkeypatch, capsys):
     # FILE:path prompts keep the file's text as it is (here its final newline) and --dtype sets the weights' dtype
@@ -6790,6 +6820,22 @@ def test_flops_cpu_peak_counts_two_flops_per_multiply_add_of_the_timed_matmul(mo
     assert torch.equal(torch.get_rng_state(), rng)
 
 
+def test_flops_cpu_mfu_never_exceeds_one_and_the_peak_is_the_best_measured(tmp_path, monkeypatch):
+    # a peak measured on a busy machine is low: the best ever measured on this CPU is kept (a file), and a run that
+    # does better than it raises it, so MFU stays at most 1
+    monkeypatch.setattr(flops, "CPU_PEAK_FILE", tmp_path / "cpu_peak.json")
+    monkeypatch.setattr(flops, "_cpu_peak_cache", {})
+    monkeypatch.setattr(flops, "_measure_cpu_peak", lambda dtype: 10e9)
+    assert flops.peak_flops("cpu", "float32") == 10e9
+    assert flops.utilisation(5e9, "cpu", "float32") == 0.5 and flops.utilisation(40e9, "cpu", "float32") == 1.0
+    assert flops.peak_flops("cpu", "float32") == 40e9   # this process keeps what a run achieved
+    saved = json.loads((tmp_path / "cpu_peak.json").read_text())
+    assert list(saved.values()) == [10e9]   # only measurements are saved, not a run's figure
+    monkeypatch.setattr(flops, "_cpu_peak_cache", {})
+    monkeypatch.setattr(flops, "_measure_cpu_peak", lambda dtype: 4e9)   # the next process, on a busy machine
+    assert flops.peak_flops("cpu", "float32") == 10e9
+
+
 @pytest.mark.usefixtures("_model_single_thread")
 def test_flops_mfu_is_training_flops_over_the_peak():
     # achieved training FLOP/s (3 x forward per token, attention included) over the peak: H100 SXM's 989.4 TFLOP/s
@@ -7092,9 +7138,9 @@ def _hs_free_port():   # (_spawn_ranks, in the header, takes its port from here)
 def _eval_figures(line):
     """A result line read back as its figures: 'acc_norm 0.6667 (2/3)' -> {'acc_norm': (0.6667, 2, 3)}, 'ppl 3.21' ->
     {'ppl': 3.21}, and 'skipped': the number it says were skipped (0 when it says none)."""
+    figure = r"\b(acc_norm_char|acc_norm|acc|ppl) (\S+?)(?: \((\d+)/(\d+)\))?(?=,|\s|$)"
     figures = {name: (float(value), int(k), int(n)) if k else float(value)
-               for name, value, k, n in re.findall(r"\b(acc_norm_char|acc_norm|acc|ppl) (\S+?)(?: \((\d+)/(\d+)\))?(?=,|\s|$)",
-                                                   line)}
+               for name, value, k, n in re.findall(figure, line)}
     skipped = re.search(r"\b(\d+) skipped\b", line)
     return dict(figures, skipped=int(skipped.group(1)) if skipped else 0)
 
