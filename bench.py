@@ -384,8 +384,7 @@ def bench_model(args):
 
 
 # -----------------------------------------------------------------------------
-# train: the whole training loop vs the model-only step, and the loader alone
-# bench.py `train` section: the whole training loop vs the model-only step, and the data loader alone.
+# train: the whole training loop vs the model-only step, and the data loader alone
 #
 #     python bench.py train                      # CS336 TinyStories shape (d 512, 4 layers, ctx 256, vocab 10k)
 #     python bench.py train --shape=small        # the main job's model (d 128, 4 layers, ctx 128)
@@ -533,30 +532,13 @@ def bench_sample(args):
                               min_new_tokens=n_new, use_cache=True, pad_token_id=0, eos_token_id=None, **kw)
         return out[:, prompts.size(1):].tolist()
 
-    def lm_head_ms(batch):
-        """One step's output matmul (batch x 256 @ 256 x 50257) timed alone: HF's (F.linear) and ours (MKL's
-        packed GEMM where sample.packed_lm_head applies, else the same F.linear)."""
-        x, w = torch.randn(batch, 1, 256), ours.lm_head.weight.detach()
-
-        def plain(h):
-            return torch.nn.functional.linear(h, w)
-        heads = (plain, sample.packed_lm_head(ours, batch, n_new) or plain)
-        ts = [[], []]
-        with torch.no_grad():
-            for i, head in enumerate(heads):  # each head on its own, warm, as in a decoding loop
-                for _ in range(6):
-                    t0 = time.perf_counter()
-                    head(x)
-                    ts[i].append(time.perf_counter() - t0)
-        return [1e3 * statistics.median(t[1:]) for t in ts]
-
     print(f"{'mode':<8}{'batch':>6}{'ours tok/s':>12}{'HF tok/s':>10}{'ratio':>8}{'ours ms/step':>14}{'HF ms/step':>12}"
-          f"{'head ms HF/ours':>17}{'ratio net of head':>19}{'greedy match':>14}")
+          f"{'greedy match':>14}")
     for mode in modes:
         for batch in (1, 8):
             prompts = torch.randint(0, 50257, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
             run_ours(prompts[:, :4], mode), run_hf(prompts[:, :4], mode)  # warm-up
-            t_ours, t_hf, t_head = [], [], []
+            t_ours, t_hf = [], []
             for _ in range(repeats):  # interleaved: ours, peer, ours, peer ...
                 t0 = time.perf_counter()
                 a = run_ours(prompts, mode)
@@ -564,18 +546,14 @@ def bench_sample(args):
                 t0 = time.perf_counter()
                 b = run_hf(prompts, mode)
                 t_hf.append(time.perf_counter() - t0)
-                t_head.append(lm_head_ms(batch))
             ours_ms = 1e3 * statistics.median(t_ours) / n_new
             hf_ms = 1e3 * statistics.median(t_hf) / n_new
-            hf_head, ours_head = (statistics.median(t[i] for t in t_head) for i in (0, 1))
-            net = (hf_ms - hf_head) / (ours_ms - ours_head) if ours_ms > ours_head else float("nan")
             match = ""
             if mode == "greedy":  # same weights, so greedy tokens should agree (up to float ties late on)
                 same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
                 match = f"{same}/{batch * n_new}"
-            heads = f"{hf_head:.2f}/{ours_head:.2f}"
             print(f"{mode:<8}{batch:>6}{batch * 1e3 / ours_ms:>12.1f}{batch * 1e3 / hf_ms:>10.1f}"
-                  f"{hf_ms / ours_ms:>7.2f}x{ours_ms:>14.2f}{hf_ms:>12.2f}{heads:>17}{net:>18.2f}x{match:>14}")
+                  f"{hf_ms / ours_ms:>7.2f}x{ours_ms:>14.2f}{hf_ms:>12.2f}{match:>14}")
 
 
 # -----------------------------------------------------------------------------

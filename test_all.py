@@ -9639,6 +9639,32 @@ def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
     assert ran == [str(tmp_path / "mix.txt")]
 
 
+def _bench_rows(text, first):
+    """A bench.py table's rows read back as their cells, from the header row that begins with `first`."""
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == [first])
+    return [line.split() for line in lines[head + 1:] if line.strip()]
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_bench_sample_times_both_sides_and_their_greedy_tokens_agree(capsys):
+    # the section runs end to end (the test suite is what keeps it from going stale) at its smallest counts
+    bench.bench_sample(argparse.Namespace(threads=1, repeats=1, max_new_tokens=3, prompt_len=2, modes="greedy,top_p"))
+    rows = _bench_rows(capsys.readouterr().out, "mode")
+    assert [(r[0], r[1]) for r in rows] == [("greedy", "1"), ("greedy", "8"), ("top_p", "1"), ("top_p", "8")]
+    assert [r[-1] for r in rows[:2]] == ["3/3", "24/24"]
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_bench_train_times_the_loop_beside_the_bare_step(capsys):
+    bench.bench_train(argparse.Namespace(shape="small", batch_size=1, steps=1, repeats=1, threads=1,
+                                         dtypes="float32"))
+    out = capsys.readouterr().out
+    assert re.search(r"^whole loop \(train\.train\), float32\s+[\d,]+\s+\d", out, re.M), out
+    assert re.search(r"^model-only step .*float32\s+[\d,]+\s+1\.000", out, re.M), out
+
+
 def test_bench_ctrl_c_is_one_line(monkeypatch):
     # one line after a newline (which leaves the terminal's ^C line)
     def ctrl_c(args):
