@@ -6,6 +6,7 @@ repeats, medians), and prints the ratio. Never run it while tests or another ben
     python bench.py train            # whole loop vs model-only step; the data loader alone
     python bench.py sample           # sample.generate vs transformers generate
     python bench.py gpu              # on a GPU: every CUDA path checked, then tokens/s and MFU
+    python bench.py speedrun         # 5-minute training runs: ours vs HF tokenizers + LlamaForCausalLM + AdamW
     python bench.py SECTION --help   # that section's flags
 """
 from contextlib import nullcontext
@@ -15,6 +16,7 @@ import atexit
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -27,6 +29,7 @@ import model as M
 import numpy as np
 import runs
 import torch
+import torch.nn.functional as F
 import train
 
 
@@ -557,6 +560,167 @@ def bench_sample(args):
 
 
 # -----------------------------------------------------------------------------
+# speedrun: the best model a fixed wall clock trains, ours beside a standard-tools peer
+#
+#     python bench.py speedrun                          # 5 min a run, seeds 0,1,2, the peer at lr 1e-3 and 3e-3
+#     python bench.py speedrun --minutes 1 --seeds 0 --ours="--learning_rate=3e-3"
+#
+# Peer: Hugging Face tokenizers' byte-level BPE, LlamaForCausalLM, torch.optim.AdamW, random windows, warmup then
+# cosine on the clock. Ours: bpe.py and train.train() with the same shape and schedule (plus --ours flags). Both
+# clocks count training steps only (not tokenising, evaluating or checkpointing), and both are scored by one
+# function on the whole validation text, in bits per byte (their tokenizers differ; the bytes do not).
+
+SPEEDRUN_DATA = DATA / "tinystories"
+
+
+def _speedrun_bpb(logits_of, ids, n_bytes, T, batch=16):
+    """Bits per byte of a token sequence: next-token loss summed over windows of T, over the text's bytes."""
+    ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+    n = (len(ids) - 1) // T * T
+    x, y = ids[:n].view(-1, T), ids[1:n + 1].view(-1, T)
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            out = logits_of(x[i:i + batch]).float()
+            total += F.cross_entropy(out.flatten(0, 1), y[i:i + batch].flatten(), reduction="sum").item()
+    return total / math.log(2) / n_bytes
+
+
+def _clock_lr(lr, frac, warmup=0.05, min_ratio=0.1):
+    """train.py's warmup + cosine, as a function of the share of the time budget spent."""
+    if frac < warmup:
+        return lr * frac / warmup
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min((frac - warmup) / (1 - warmup), 1))))
+
+
+def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.train_from_iterator([train_text], trainers.BpeTrainer(
+        vocab_size=args.vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    train_ids = torch.tensor(tok.encode(train_text).ids)
+    val_ids = tok.encode(val_text).ids
+    torch.manual_seed(seed)
+    T = args.context_length
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=args.d_model, num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads, intermediate_size=args.d_ff, max_position_embeddings=T,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attn_implementation="sdpa"))
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=0.1), dict(params=rest, weight_decay=0.0)], lr=lr,
+                            betas=(0.9, 0.95), eps=1e-8)
+    gen = torch.Generator().manual_seed(seed)
+    budget, elapsed, steps = 60 * args.minutes, 0.0, 0
+    while elapsed < budget:
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = _clock_lr(lr, elapsed / budget)
+        starts = torch.randint(0, len(train_ids) - T, (args.batch_size,), generator=gen)
+        batch = torch.stack([train_ids[i:i + T + 1] for i in starts.tolist()])
+        logits = model(input_ids=batch[:, :-1], use_cache=False).logits   # T targets a row, as ours
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        steps += 1
+        elapsed += time.perf_counter() - t0
+    model.eval()
+    bpb = _speedrun_bpb(lambda x: model(input_ids=x, use_cache=False).logits, val_ids, n_bytes, T)
+    return dict(steps=steps, tps=steps * args.batch_size * T / elapsed, bpb=bpb)
+
+
+def _speedrun_ours(args, seed, tmp, n_bytes):
+    import model as model_lib
+    out = tmp / f"ours-{seed}"
+    flags = [f"--data_dir={tmp / 'data'}", f"--out_dir={out}", "--prepare_data=false", "--fresh=true",
+             "--model=llama", f"--d_model={args.d_model}", f"--num_layers={args.num_layers}",
+             f"--num_heads={args.num_heads}", f"--d_ff={args.d_ff}", f"--context_length={args.context_length}",
+             f"--batch_size={args.batch_size}", "--learning_rate=1e-3", "--max_iters=1000000",
+             "--warmup_iters=50000", f"--time_budget={60 * args.minutes}s", "--eval_interval=1000000000",
+             "--eval_iters=1", "--num_samples=0", "--log_interval=1000000000", "--device=cpu", "--compile=false",
+             "--dtype=float32", f"--seed={seed}", *shlex.split(args.ours)]
+    cfg, _ = train.get_config(flags)
+    summary = train.train(cfg, log=lambda *a, **k: None)
+    m = model_lib.load_model(summary["ckpt"])[0].eval()
+    val_ids = np.fromfile(tmp / "data" / "val.bin", dtype=np.uint16)
+    bpb = _speedrun_bpb(lambda x: model_lib.logits(m, x), val_ids, n_bytes, cfg["context_length"])
+    tokens = summary["step"] * cfg["batch_size"] * cfg["context_length"]
+    return dict(steps=summary["step"], tps=tokens / summary["elapsed"], bpb=bpb)
+
+
+def _check_speedrun_args(args):
+    """bench.py speedrun's flags, each one line before any work."""
+    if not args.minutes > 0:
+        raise SystemExit(f"bench.py: --minutes {args.minutes:g}: expected a positive number")
+    for flag, kind in (("seeds", int), ("peer_lr", float)):
+        try:
+            values = [kind(x) for x in getattr(args, flag).split(",")]
+        except ValueError:
+            values = []
+        if not values or any(v < 0 for v in values) or (flag == "peer_lr" and 0 in values):
+            raise SystemExit(f"bench.py: --{flag} {getattr(args, flag)!r}: expected a comma list of "
+                             f"{'seeds (integers >= 0)' if kind is int else 'positive learning rates'}")
+    if args.d_model % args.num_heads:
+        raise SystemExit(f"bench.py: --num_heads {args.num_heads}: expected a divisor of --d_model {args.d_model}")
+    if args.vocab_size < 257:
+        raise SystemExit(f"bench.py: --vocab_size {args.vocab_size}: expected at least 257 (the bytes and "
+                         f"<|endoftext|>)")
+    for flag in ("train", "valid"):
+        if not Path(getattr(args, flag)).is_file():
+            raise SystemExit(f"bench.py: --{flag} {getattr(args, flag)}: no such file (../shared/data/tinystories/ "
+                             f"holds the defaults)")
+
+
+def bench_speedrun(args):
+    import bpe
+    train_path, val_path = Path(args.train), Path(args.valid)
+    train_text, val_text = (p.read_text(encoding="utf-8") for p in (train_path, val_path))
+    n_bytes = len(val_text.replace(bpe.EOT, "").encode("utf-8"))   # the text, not its separators
+    tmp = Path(tempfile.mkdtemp(prefix="bench_speedrun_"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    vocab, merges = bpe.train_bpe(train_path, args.vocab_size, [bpe.EOT])   # ours: bpe.py, encoded as --encode does
+    bpe.Tokenizer(vocab, merges, special_tokens=[bpe.EOT]).save_dir(tmp / "tok")
+    for name, path in (("train", train_path), ("val", val_path)):
+        bpe.encode_file(path, tmp / "tok", tmp / "data" / f"{name}.bin")
+    seeds = [int(x) for x in args.seeds.split(",")]
+    peer_lrs = [float(x) for x in args.peer_lr.split(",")]
+    print(f"speedrun: {args.minutes:g} min a run, {train_path.name} -> {val_path.name} ({n_bytes:,} bytes), "
+          f"vocab {args.vocab_size}, Llama d{args.d_model} x {args.num_layers} layers, context {args.context_length}, "
+          f"batch {args.batch_size}, {torch.get_num_threads()} threads, {_cpu_name()}")
+    print(f"{'run':<28}{'seed':>5}{'steps':>8}{'tok/s':>9}{'val bpb':>9}")
+    results = {}
+    for seed in seeds:   # one after the other, each side on the same budget
+        sides = [("ours " + args.ours if args.ours else "ours", lambda: _speedrun_ours(args, seed, tmp, n_bytes))]
+        sides += [(f"peer lr {lr:g}", lambda lr=lr: _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes))
+                  for lr in peer_lrs]
+        for name, run in sides:
+            r = run()
+            results.setdefault(name, []).append(r)
+            print(f"{name:<28}{seed:>5}{r['steps']:>8}{r['tps']:>9,.0f}{r['bpb']:>9.4f}", flush=True)
+    median = {name: statistics.median(r["bpb"] for r in rs) for name, rs in results.items()}
+    ours_name = next(iter(results))
+    peer_name = min((n for n in median if n != ours_name), key=median.get)   # the peer at its better learning rate
+    ours, peer = median[ours_name], median[peer_name]
+    print(f"medians over {len(seeds)} seed(s): " + ", ".join(f"{n} {b:.4f}" for n, b in median.items()))
+    print(f"speedrun: ours {ours:.4f} bpb, peer {peer:.4f} bpb, ratio {ours / peer:.3f}")
+
+
+def _cpu_name():
+    """The CPU's model name and widest vector unit, for the record beside every figure."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    name = next((x.split(":", 1)[1].strip() for x in info.splitlines() if x.startswith("model name")), "unknown CPU")
+    return f"{name}{', AVX-512' if 'avx512f' in info else ', AVX2' if 'avx2' in info else ''}"
+
+
+# -----------------------------------------------------------------------------
 # gpu: every CUDA path checked, then timed, in one run (for the few minutes a GPU is lent)
 #
 #     python bench.py gpu                                   # CUDA: GPT-2 124M shape, ~5 min on one H100 / H200
@@ -769,12 +933,30 @@ def main():
     p.add_argument("--max_new_tokens", type=int, default=256, help="tokens generated per row")
     p.add_argument("--prompt_len", type=int, default=16, help="prompt length in tokens")
     p.add_argument("--modes", default="greedy,top_p", help="decoding modes to time: greedy, top_p")
+    p = sections.add_parser("speedrun", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="the best model a fixed wall clock trains: ours beside HF tokenizers + Llama + AdamW")
+    p.set_defaults(run=bench_speedrun)
+    p.add_argument("--minutes", type=float, default=5.0, help="training time of each run")
+    p.add_argument("--seeds", default="0,1,2", help="comma list of seeds, one run per side each (medians reported)")
+    p.add_argument("--peer_lr", default="1e-3,3e-3", help="comma list of the peer's learning rates (its best counts)")
+    p.add_argument("--ours", default="", help="train.py flags for our runs, e.g. \"--learning_rate=3e-3\"")
+    p.add_argument("--train", default=str(SPEEDRUN_DATA / "tinystories_train_head_2MiB.txt"), help="training text")
+    p.add_argument("--valid", default=str(SPEEDRUN_DATA / "tinystories_valid_first1000.txt"),
+                   help="validation text, scored whole")
+    p.add_argument("--vocab_size", type=int, default=4096, help="both tokenizers' vocabulary")
+    p.add_argument("--d_model", type=int, default=256, help="model width (both sides)")
+    p.add_argument("--num_layers", type=int, default=4, help="layers")
+    p.add_argument("--num_heads", type=int, default=8, help="attention heads")
+    p.add_argument("--d_ff", type=int, default=704, help="SwiGLU hidden width")
+    p.add_argument("--context_length", type=int, default=256, help="tokens per sequence")
+    p.add_argument("--batch_size", type=int, default=16, help="sequences per step")
     for q in (parser, *sections.choices.values()):   # one-line errors, no usage block
         q.error = lambda message, q=q: q.exit(2, f"{q.prog}: {message} (see --help)\n")
     args = parser.parse_args()
     gpu_steps = 2 if args.run is bench_gpu else 1  # the gpu section times the second half of its steps
     for name, least in (("repeats", 1), ("steps", gpu_steps), ("threads", 1), ("max_new_tokens", 1), ("prompt_len", 1),
-                        ("batch_size", 1)):
+                        ("batch_size", 1), ("d_model", 1), ("num_layers", 1), ("num_heads", 1), ("d_ff", 1),
+                        ("context_length", 1)):
         value = getattr(args, name, None)  # checked before any model is built
         if value is not None and value < least:
             raise SystemExit(f"bench.py: --{name} {value}: expected at least {least}")
@@ -801,6 +983,8 @@ def main():
         if not (DATA / "make_mix20.py").is_file():
             raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and {DATA / 'make_mix20.py'}, which makes "
                              f"it, is absent")
+    if args.run is bench_speedrun:
+        _check_speedrun_args(args)
     if args.run is bench_gpu and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
         raise SystemExit(f"bench.py: --compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
                          f"see torch.compiler.list_backends()), got {args.compile_backend!r}")

@@ -9665,6 +9665,40 @@ def test_bench_train_times_the_loop_beside_the_bare_step(capsys):
     assert re.search(r"^model-only step .*float32\s+[\d,]+\s+1\.000", out, re.M), out
 
 
+def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
+    # a tiny shape on a tiny budget: both sides train and are scored on the whole validation text, and the last
+    # line's ratio is ours over the peer's median
+    text = "".join(f"Once upon a time there was a cat number {i}. It liked fish.<|endoftext|>" for i in range(300))
+    (tmp_path / "train.txt").write_text(text)
+    (tmp_path / "val.txt").write_text(text[:3000])
+    args = argparse.Namespace(minutes=0.01, seeds="0", peer_lr="3e-3", ours="", train=str(tmp_path / "train.txt"),
+                              valid=str(tmp_path / "val.txt"), vocab_size=300, d_model=16, num_layers=1,
+                              num_heads=2, d_ff=32, context_length=16, batch_size=2)
+    bench.bench_speedrun(args)
+    out = capsys.readouterr().out
+    rows = {r[0]: r for r in _bench_rows(out, "run") if r[0] in ("ours", "peer")}
+    assert set(rows) == {"ours", "peer"} and all(int(r[-3]) >= 1 for r in rows.values())
+    last = re.fullmatch(r"speedrun: ours (\S+) bpb, peer (\S+) bpb, ratio (\S+)", out.splitlines()[-1])
+    assert last, out
+    ours, peer, ratio = map(float, last.groups())
+    assert (ours, peer) == (float(rows["ours"][-1]), float(rows["peer"][-1])) and 0 < ours < 10 and 0 < peer < 10
+    assert ratio == pytest.approx(ours / peer, abs=2e-3)
+    bpb = bench._speedrun_bpb(lambda x: torch.zeros(*x.shape, 300), list(range(33)), 100, 16)
+    assert bpb == pytest.approx(32 * math.log(300) / math.log(2) / 100)   # uniform logits: log2(V) bits a token
+
+
+@pytest.mark.parametrize("argv, flag, named", [
+    (["--minutes", "0"], "--minutes", ["0"]), (["--seeds", "a"], "--seeds", ["'a'"]),
+    (["--peer_lr", "0"], "--peer_lr", ["'0'"]), (["--train", "/no/such.txt"], "--train", ["/no/such.txt"]),
+    (["--num_heads", "3"], "--num_heads", ["3", "256"]), (["--vocab_size", "100"], "--vocab_size", ["100", "257"])])
+def test_bench_speedrun_bad_flags_are_one_line_before_any_work(monkeypatch, argv, flag, named):
+    monkeypatch.setattr(sys, "argv", ["bench.py", "speedrun", *argv])
+    monkeypatch.setattr(bench, "bench_speedrun", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    _bad_says(str(e.value), f"bench.py: {flag}", *named)
+
+
 def test_bench_ctrl_c_is_one_line(monkeypatch):
     # one line after a newline (which leaves the terminal's ^C line)
     def ctrl_c(args):
