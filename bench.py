@@ -658,6 +658,8 @@ def _check_speedrun_args(args):
     if not args.minutes > 0:
         raise SystemExit(f"bench.py: --minutes {args.minutes:g}: expected a positive number")
     for flag, kind in (("seeds", int), ("peer_lr", float)):
+        if flag == "peer_lr" and args.peer_lr == "":   # ours alone (probing a recipe)
+            continue
         try:
             values = [kind(x) for x in getattr(args, flag).split(",")]
         except ValueError:
@@ -688,7 +690,7 @@ def bench_speedrun(args):
     for name, path in (("train", train_path), ("val", val_path)):
         bpe.encode_file(path, tmp / "tok", tmp / "data" / f"{name}.bin")
     seeds = [int(x) for x in args.seeds.split(",")]
-    peer_lrs = [float(x) for x in args.peer_lr.split(",")]
+    peer_lrs = [float(x) for x in args.peer_lr.split(",") if x]
     print(f"speedrun: {args.minutes:g} min a run, {train_path.name} -> {val_path.name} ({n_bytes:,} bytes), "
           f"vocab {args.vocab_size}, Llama d{args.d_model} x {args.num_layers} layers, context {args.context_length}, "
           f"batch {args.batch_size}, {torch.get_num_threads()} threads, {_cpu_name()}")
@@ -704,9 +706,12 @@ def bench_speedrun(args):
             print(f"{name:<28}{seed:>5}{r['steps']:>8}{r['tps']:>9,.0f}{r['bpb']:>9.4f}", flush=True)
     median = {name: statistics.median(r["bpb"] for r in rs) for name, rs in results.items()}
     ours_name = next(iter(results))
+    print(f"medians over {len(seeds)} seed(s): " + ", ".join(f"{n} {b:.4f}" for n, b in median.items()))
+    if not peer_lrs:
+        print(f"speedrun: ours {median[ours_name]:.4f} bpb (no peer run)")
+        return
     peer_name = min((n for n in median if n != ours_name), key=median.get)   # the peer at its better learning rate
     ours, peer = median[ours_name], median[peer_name]
-    print(f"medians over {len(seeds)} seed(s): " + ", ".join(f"{n} {b:.4f}" for n, b in median.items()))
     print(f"speedrun: ours {ours:.4f} bpb, peer {peer:.4f} bpb, ratio {ours / peer:.3f}")
 
 
@@ -938,7 +943,8 @@ def main():
     p.set_defaults(run=bench_speedrun)
     p.add_argument("--minutes", type=float, default=5.0, help="training time of each run")
     p.add_argument("--seeds", default="0,1,2", help="comma list of seeds, one run per side each (medians reported)")
-    p.add_argument("--peer_lr", default="1e-3,3e-3", help="comma list of the peer's learning rates (its best counts)")
+    p.add_argument("--peer_lr", default="1e-3,3e-3",
+                   help="comma list of the peer's learning rates (its best counts; '' = no peer)")
     p.add_argument("--ours", default="", help="train.py flags for our runs, e.g. \"--learning_rate=3e-3\"")
     p.add_argument("--train", default=str(SPEEDRUN_DATA / "tinystories_train_head_2MiB.txt"), help="training text")
     p.add_argument("--valid", default=str(SPEEDRUN_DATA / "tinystories_valid_first1000.txt"),

@@ -758,14 +758,18 @@ def unwrap(model):
     return model
 
 
-def param_groups(model, weight_decay):
+def param_groups(model, weight_decay, muon=False):
     """AdamW groups: every matrix (>= 2-D: linear weights AND embeddings) is decayed; biases and norm gains
     are not. Embeddings are decayed because GPT-2's wte is also its output matrix (tied), and one rule for
-    both models keeps ablations comparable (nanoGPT / CS336 do the same)."""
-    params = [p for p in unwrap(model).parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    both models keeps ablations comparable (nanoGPT / CS336 do the same). muon=True: the blocks' matrices
+    (not the embeddings or the head) are a third group, marked muon=True, for train.Muon."""
+    params = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
+    in_blocks = {n for n, p in params if muon and p.dim() == 2 and n.startswith(("layers.", "transformer.h."))}
+    groups = [{"params": [p for n, p in params if p.dim() >= 2 and n not in in_blocks], "weight_decay": weight_decay},
+              {"params": [p for n, p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if muon:
+        groups.append({"params": [p for n, p in params if n in in_blocks], "weight_decay": weight_decay, "muon": True})
+    return groups
 
 
 def resolve_device(name):

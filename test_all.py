@@ -2448,6 +2448,80 @@ def test_train_adamw_weight_decay_only_step():
     torch.testing.assert_close(p.detach(), torch.full((3,), 1 - 0.1 * 0.5))   # decoupled: theta *= 1 - lr*wd
 
 
+@pytest.mark.parametrize("shape", [(12, 40), (40, 12), (16, 16)])
+def test_train_orthogonalise_keeps_the_singular_vectors_and_brings_the_values_near_one(shape):
+    # Newton-Schulz is a polynomial in G G^T times G: G's singular vectors unchanged (U^T X V diagonal), every
+    # singular value moved into the band Muon relies on (about 0.7 to 1.2), from values spread over 0.1 .. 10 (5
+    # steps lift a value by at most ~3.4^5 ~ 500: far smaller ones, relative to the largest, stay small)
+    torch.manual_seed(0)
+    U, _, Vh = torch.linalg.svd(torch.randn(shape), full_matrices=False)
+    S = torch.logspace(-1, 1, min(shape))
+    G = U @ torch.diag(S) @ Vh
+    D = U.mT @ train.orthogonalise(G) @ Vh.mT
+    off = D - torch.diag(torch.diagonal(D))
+    assert off.abs().max() < 1e-4
+    assert 0.6 < torch.diagonal(D).min() and torch.diagonal(D).max() < 1.25
+
+
+def _muon_reference(W, grads, lr, wd, mu=0.95):
+    """Muon written out plainly for one matrix: Nesterov momentum, 5 quintic Newton-Schulz steps on the short side
+    (the coefficients of Jordan et al. 2024), the update scaled to AdamW's RMS, 0.2 sqrt(max(rows, cols))."""
+    W, buf = W.clone(), torch.zeros_like(W)
+    for g in grads:
+        buf = mu * buf + (1 - mu) * g
+        u = (1 - mu) * g + mu * buf
+        X = u / u.norm()
+        if X.shape[0] > X.shape[1]:
+            X = X.T
+        for _ in range(5):
+            A = X @ X.T
+            X = 3.4445 * X + (-4.7750 * A + 2.0315 * A @ A) @ X
+        if u.shape[0] > u.shape[1]:
+            X = X.T
+        W = W * (1 - lr * wd) - lr * 0.2 * max(W.shape) ** 0.5 * X
+    return W
+
+
+def test_train_muon_matches_the_plain_reference_and_torchs_adamw_step_for_step():
+    # the muon=True group follows _muon_reference; the other groups are torch.optim.AdamW's, on the same gradients
+    torch.manual_seed(0)
+    shapes = {"muon": (8, 12), "decay": (10, 8), "gain": (8,)}
+    ours = {k: torch.nn.Parameter(torch.randn(s)) for k, s in shapes.items()}
+    ref = {k: torch.nn.Parameter(p.detach().clone()) for k, p in ours.items()}
+    grads = [{k: torch.randn(s) for k, s in shapes.items()} for _ in range(5)]
+    opt = train.Muon([dict(params=[ours["muon"]], weight_decay=0.1, muon=True),
+                      dict(params=[ours["decay"]], weight_decay=0.1), dict(params=[ours["gain"]], weight_decay=0.0)],
+                     lr=2e-2, betas=(0.9, 0.95), eps=1e-8)
+    adam = torch.optim.AdamW([dict(params=[ref["decay"]], weight_decay=0.1), dict(params=[ref["gain"]],
+                                                                                   weight_decay=0.0)],
+                             lr=2e-2, betas=(0.9, 0.95), eps=1e-8)
+    for g in grads:
+        for k in shapes:
+            ours[k].grad, ref[k].grad = g[k].clone(), g[k].clone()
+        opt.step()
+        adam.step()
+    torch.testing.assert_close(ours["muon"].detach(), _muon_reference(ref["muon"].detach(),
+                                                                       [g["muon"] for g in grads], 2e-2, 0.1),
+                               rtol=0, atol=1e-5)
+    for k in ("decay", "gain"):
+        torch.testing.assert_close(ours[k].detach(), ref[k].detach(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_train_muon_takes_the_blocks_matrices_and_adamw_the_rest(arch):
+    cfg = dict(arch="llama", vocab_size=64, context_length=16, d_model=16, num_layers=2, num_heads=2, d_ff=32) \
+        if arch == "llama" else dict(arch="gpt2", vocab_size=64, block_size=16, n_embd=16, n_layer=2, n_head=2)
+    m = M.build_model(cfg)
+    groups = M.param_groups(m, 0.1, muon=True)
+    name = {id(p): n for n, p in m.named_parameters()}
+    muon = sorted(name[id(p)].split(".")[-2] for g in groups if g.get("muon") for p in g["params"])
+    kinds = {"llama": ["k_proj", "output_proj", "q_proj", "v_proj", "w1", "w2", "w3"],
+             "gpt2": ["c_attn", "c_fc", "c_proj", "c_proj"]}[arch]
+    assert muon == sorted(kinds * 2)   # two layers; embeddings, the head, biases and gains stay with AdamW
+    assert sorted(id(p) for g in groups for p in g["params"]) == sorted(id(p) for p in m.parameters())
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0, 0.1]
+
+
 def test_train_cosine_schedule_points():
     f = lambda it: train.get_lr_cosine_schedule(it, 1.0, 0.1, 10, 110)
     assert f(0) == 0.0
@@ -4012,12 +4086,14 @@ def test_train_resume_drops_torn_and_non_object_log_lines():
 # ---- resume: bit for bit the uninterrupted run
 
 
-def test_train_resume_is_bit_identical(tmp_path, _train_data):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_train_resume_is_bit_identical(tmp_path, _train_data, optimizer):
     # crashed after step 6 with a checkpoint at step 4, then resumed: the weights at step 8 are the uninterrupted
-    # run's, bit for bit (weights, AdamW state, the sequential sampler's position)
-    straight = train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=8, ckpt_interval=4), log=_train_quiet)
+    # run's, bit for bit (weights, the optimizer's state, the sequential sampler's position)
+    kw = dict(max_iters=8, ckpt_interval=4, optimizer=optimizer)
+    straight = train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
     assert straight["step"] == 8
-    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=8, ckpt_interval=4)
+    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train.train(cfg, on_step=_train_crash_at(6), log=_train_quiet)
     assert torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["iteration"] == 4
@@ -4678,6 +4754,21 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
         dict(step=2, stopped_by="SIGTERM", interrupted=True, ckpt_step=2)]
     c = _train_weights(tmp_path / "two" / "term" / "ckpt.pt")
     assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def _train_ddp_muon_worker(rank, world, port, data_dir, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    train.train(_train_cfg(data_dir, out_dir, **_TRAIN_DDP_KW, optimizer="muon"), log=_train_quiet)
+
+
+def test_train_ddp_with_muon_matches_one_process(tmp_path, _train_data):
+    # Muon steps on the all-reduced gradients: 2 gloo processes x 2 micro-steps end with one process's weights
+    train.train(_train_cfg(_train_data, tmp_path / "one", **_TRAIN_DDP_KW, optimizer="muon"), log=_train_quiet)
+    _spawn_ranks(_train_ddp_muon_worker, str(_train_data), str(tmp_path / "two"))
+    a, b = _train_weights(tmp_path / "one" / "ckpt.pt"), _train_weights(tmp_path / "two" / "ckpt.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
 
 
 def _train_ddp_budget_worker(rank, world, port, data_dir, out_dir):
