@@ -1270,6 +1270,15 @@ def test_bpe_progress_in_a_log_file_is_a_line_per_update_without_carriage_return
     assert "\r" not in err and err.strip().splitlines()[-1].startswith("work: 100%")
 
 
+def test_bpe_progress_switched_off_counts_and_draws_nothing(capsys):
+    # (a library call or a worker process: the count a caller reads back, nothing on stderr, no tqdm)
+    bar = bpe.progress_bar(10, "work", "step", enabled=False, initial=2)
+    bar.update(3)
+    bar.set_postfix_str("5 done", refresh=False)
+    bar.close()
+    assert bar.n == 5 and capsys.readouterr().err == ""
+
+
 def test_bpe_broken_vocab_and_special_files_name_the_file_at_fault(tmp_path, monkeypatch):
     d = _bpe_tok_dir(tmp_path)
     vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
