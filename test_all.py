@@ -1235,7 +1235,7 @@ def test_bpe_refuses_an_out_it_cannot_write_before_training(tmp_path, monkeypatc
     monkeypatch.setattr(bpe, "train_bpe", lambda *a, **k: calls.append(1))
     monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path / "ro")
     (tmp_path / "ro").mkdir()
-    corpus = _bad_corpus(tmp_path / "c.txt")
+    corpus = _bpe_corpus(tmp_path / "c.txt")
     _one_line_naming(_bad_exit(monkeypatch, bpe, "--input", corpus, "--out", tmp_path / "ro" / "tok"),
                      f"bpe.py: --out {tmp_path / 'ro' / 'tok'}: ", "not writable")
     _one_line_naming(_bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "ro" / "x.bin"),
@@ -9062,8 +9062,8 @@ def _experiments_logs(results, *runs):
 @pytest.fixture
 def _experiments_tiny_preset(tmp_path, monkeypatch):
     """A preset small enough for a train.py run of a few seconds, on generated stories in tmp_path."""
-    p = dict(experiments.PRESETS["cpu"], train_text=_bad_corpus(tmp_path / "train.txt", 80, 1),
-             val_text=_bad_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
+    p = dict(experiments.PRESETS["cpu"], train_text=_bpe_corpus(tmp_path / "train.txt", 80, 1),
+             val_text=_bpe_corpus(tmp_path / "val.txt", 20, 2), vocab_size=300, lrs=[1e-2], batch_sizes=[8],
              extra_batch_sizes=[], eval_tokens=64, ablation_lr=None,
              base=dict(context_length=16, d_model=16, num_layers=1, num_heads=2, d_ff=0, batch_size=4,
                        learning_rate=1e-3, min_lr_ratio=0.1, warmup_iters=1, max_iters=2, weight_decay=0.1,
@@ -9179,7 +9179,7 @@ def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_
     first = (d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()
     assert experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None) == d   # unchanged: reused
     assert ((d / "train.bin").read_bytes(), (scratch / "tokenizer-300" / "merges.txt").read_bytes()) == first
-    experiments.PRESETS[_experiments_tiny_preset]["train_text"] = _bad_corpus(tmp_path / "other.txt", 120, 7)
+    experiments.PRESETS[_experiments_tiny_preset]["train_text"] = _bpe_corpus(tmp_path / "other.txt", 120, 7)
     said = []
     experiments.prepare_data(_experiments_tiny_preset, scratch, log=said.append)
     _bad_says(said[0], "data: ", scratch)   # says which data it makes again
@@ -9852,19 +9852,6 @@ def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
     return path
 
 
-BAD_EOT = "<|endoftext|>"
-
-
-def _bad_corpus(path, n=60, seed=0):
-    path.write_text("".join(d + stories.SEPARATOR for d in stories.generate_stories(n, seed)), encoding="utf-8")
-    return path
-
-
-def _bad_tok_dir(tmp_path, specials=(BAD_EOT,)):
-    """A small bpe.py tokenizer directory (vocab 300) trained on generated stories."""
-    vocab, merges = bpe.train_bpe(_bad_corpus(tmp_path / "corpus.txt"), 300, list(specials), num_workers=1)
-    bpe.Tokenizer(vocab, merges, list(specials)).save_dir(tmp_path / "tok")
-    return tmp_path / "tok"
 
 
 def _bad_cfg(data_dir, out_dir, **kw):
