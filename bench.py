@@ -586,13 +586,6 @@ def _speedrun_bpb(logits_of, ids, n_bytes, T, batch=16):
     return total / math.log(2) / n_bytes
 
 
-def _clock_lr(lr, frac, warmup=0.05, min_ratio=0.1):
-    """train.py's warmup + cosine, as a function of the share of the time budget spent."""
-    if frac < warmup:
-        return lr * frac / warmup
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min((frac - warmup) / (1 - warmup), 1))))
-
-
 def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -609,16 +602,13 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
         vocab_size=tok.get_vocab_size(), hidden_size=args.d_model, num_hidden_layers=args.num_layers,
         num_attention_heads=args.num_heads, intermediate_size=args.d_ff, max_position_embeddings=T,
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attn_implementation="sdpa"))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=0.1), dict(params=rest, weight_decay=0.0)], lr=lr,
-                            betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(M.param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(seed)
     budget, elapsed, steps = 60 * args.minutes, 0.0, 0
     while elapsed < budget:
         t0 = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = _clock_lr(lr, elapsed / budget)
+        for g in opt.param_groups:   # train.py's warmup (5%) and cosine (to 10%), over the share of the budget spent
+            g["lr"] = train.get_lr_cosine_schedule(elapsed / budget, lr, 0.1 * lr, 0.05, 1.0)
         starts = torch.randint(0, len(train_ids) - T, (args.batch_size,), generator=gen)
         batch = torch.stack([train_ids[i:i + T + 1] for i in starts.tolist()])
         logits = model(input_ids=batch[:, :-1], use_cache=False).logits   # T targets a row, as ours
@@ -635,7 +625,6 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
 
 
 def _speedrun_ours(args, seed, tmp, n_bytes):
-    import model as model_lib
     out = tmp / f"ours-{seed}"
     flags = [f"--data_dir={tmp / 'data'}", f"--out_dir={out}", "--prepare_data=false", "--fresh=true",
              "--model=llama", f"--d_model={args.d_model}", f"--num_layers={args.num_layers}",
@@ -646,9 +635,9 @@ def _speedrun_ours(args, seed, tmp, n_bytes):
              "--dtype=float32", f"--seed={seed}", *shlex.split(args.ours)]
     cfg, _ = train.get_config(flags)
     summary = train.train(cfg, log=lambda *a, **k: None)
-    m = model_lib.load_model(summary["ckpt"])[0].eval()
+    m = M.load_model(summary["ckpt"])[0].eval()
     val_ids = np.fromfile(tmp / "data" / "val.bin", dtype=np.uint16)
-    bpb = _speedrun_bpb(lambda x: model_lib.logits(m, x), val_ids, n_bytes, cfg["context_length"])
+    bpb = _speedrun_bpb(lambda x: M.logits(m, x), val_ids, n_bytes, cfg["context_length"])
     tokens = summary["step"] * cfg["batch_size"] * cfg["context_length"]
     return dict(steps=summary["step"], tps=tokens / summary["elapsed"], bpb=bpb)
 
@@ -693,7 +682,8 @@ def bench_speedrun(args):
     peer_lrs = [float(x) for x in args.peer_lr.split(",") if x]
     print(f"speedrun: {args.minutes:g} min a run, {train_path.name} -> {val_path.name} ({n_bytes:,} bytes), "
           f"vocab {args.vocab_size}, Llama d{args.d_model} x {args.num_layers} layers, context {args.context_length}, "
-          f"batch {args.batch_size}, {torch.get_num_threads()} threads, {_cpu_name()}")
+          f"batch {args.batch_size}, {torch.get_num_threads()} threads, {flops.cpu_name()} "
+          f"({torch.backends.cpu.get_cpu_capability()})")
     print(f"{'run':<28}{'seed':>5}{'steps':>8}{'tok/s':>9}{'val bpb':>9}")
     results = {}
     for seed in seeds:   # one after the other, each side on the same budget
@@ -713,16 +703,6 @@ def bench_speedrun(args):
     peer_name = min((n for n in median if n != ours_name), key=median.get)   # the peer at its better learning rate
     ours, peer = median[ours_name], median[peer_name]
     print(f"speedrun: ours {ours:.4f} bpb, peer {peer:.4f} bpb, ratio {ours / peer:.3f}")
-
-
-def _cpu_name():
-    """The CPU's model name and widest vector unit, for the record beside every figure."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU"
-    name = next((x.split(":", 1)[1].strip() for x in info.splitlines() if x.startswith("model name")), "unknown CPU")
-    return f"{name}{', AVX-512' if 'avx512f' in info else ', AVX2' if 'avx2' in info else ''}"
 
 
 # -----------------------------------------------------------------------------

@@ -216,14 +216,18 @@ def _measure_cpu_peak(dtype_name, n=1024, repeats=10):
     return 2 * n ** 3 / best
 
 
-def _cpu_key(dtype_name):
-    """This machine's CPU, thread count and dtype: what a CPU peak holds for."""
+def cpu_name():
+    """This machine's CPU model ("AMD EPYC", ...): /proc/cpuinfo's model name where there is one."""
     try:
         with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        model = platform.processor() or platform.machine()
-    return f"{model} | {torch.get_num_threads()} threads | {dtype_name}"
+        return platform.processor() or platform.machine()
+
+
+def _cpu_key(dtype_name):
+    """This machine's CPU, thread count and dtype: what a CPU peak holds for."""
+    return f"{cpu_name()} | {torch.get_num_threads()} threads | {dtype_name}"
 
 
 def _cpu_peak(dtype_name, at_least=0.0):

@@ -2823,6 +2823,8 @@ def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
     assert train.device_settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
     given = dict(auto, tf32="true", dtype="float32", pad_vocab="true", fused="true", compile="true")
     assert train.device_settings(given, torch.device("cpu")) == dict(on, dtype="float32")
+    muon = dict(auto, optimizer="muon")   # torch's fused kernel is AdamW's: Muon runs this file's optimizer
+    assert train.device_settings(muon, torch.device("cuda")) == dict(on, dtype="float32", fused=False)
 
 
 def test_train_total_batch_tokens_sets_the_accumulation_steps():

@@ -264,7 +264,8 @@ def orthogonalise(G, steps=5):
     """About U V^T for G = U S V^T: a quintic Newton-Schulz iteration whose coefficients (Jordan et al. 2024) take
     every singular value to roughly 0.7-1.2 in 5 steps, all the accuracy Muon needs, in matmuls only."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    X = G.float() / (torch.linalg.matrix_norm(G.float()) + 1e-7)   # the Frobenius norm bounds every singular value
+    X = G.float()
+    X = X / (torch.linalg.matrix_norm(X) + 1e-7)   # the Frobenius norm bounds every singular value
     tall = X.size(0) > X.size(1)
     if tall:   # X X^T on the short side
         X = X.mT
@@ -694,13 +695,14 @@ def _auto(value, when_auto):
 def device_settings(c, device):
     """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
     device and off elsewhere; --dtype=auto is bfloat16 only on a GPU that has it natively (not emulated, as on a V100).
-    Returns dict(tf32, dtype (a name), pad_vocab (the multiple), fused, compile)."""
+    Returns dict(tf32, dtype (a name), pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so
+    never with --optimizer=muon."""
     c = Settings(c)
     cuda = torch.device(device).type == "cuda"
     bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
     dtype = c.dtype if c.dtype != "auto" else ("bfloat16" if bf16 else "float32")
     return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
-                fused=_auto(c.fused, cuda), compile=_auto(c.compile, cuda))
+                fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
 
 
 def precision(c, device):
@@ -737,7 +739,7 @@ def model_config(c, vocab_size, pad_vocab=1):
 
 
 def make_optimizer(raw, c, fused):
-    if c.optimizer == "muon":   # (no fused kernel: this file's AdamW takes the groups Muon does not)
+    if c.optimizer == "muon":
         groups = model_lib.param_groups(raw, c.weight_decay, muon=True)
         return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
     groups = model_lib.param_groups(raw, c.weight_decay)
