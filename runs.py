@@ -51,7 +51,9 @@ def fmt_time(s):
 
 
 def parse_duration(s):
-    """'45m' -> 2700.0 seconds ('90s', '1.5h', '600' = seconds)."""
+    """'45m' -> 2700.0 seconds ('90s', '1.5h', '600' = seconds); '' -> None, no time budget."""
+    if not s:
+        return None
     s = str(s).strip().lower()
     scale = {"s": 1, "m": 60, "h": 3600}.get(s[-1:], None)
     try:
@@ -333,7 +335,7 @@ def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused
     set_rng_state(ckpt["rng"])
     state = RunState(int(ckpt["iteration"]), ckpt["elapsed"], ckpt["val_loss"], ckpt["val_step"])
     log(f"resumed {ckpt_path} at step {state.step}")
-    budget = parse_duration(c.time_budget) if c.time_budget else None
+    budget = parse_duration(c.time_budget)
     if state.finished(c.max_iters, budget):   # nothing to train: say how to go on
         spent = (f"its --max_iters={c.max_iters}" if state.step >= c.max_iters else
                  f"its --time_budget={c.time_budget} ({fmt_time(state.elapsed)} trained)")
@@ -552,7 +554,8 @@ def read_log(path):
 def _smooth(xs):
     """A centred running mean over about 1/15 of the points: no lag, unlike an exponential average."""
     half = max(1, len(xs) // 30)
-    return [sum(xs[max(0, i - half):i + half + 1]) / len(xs[max(0, i - half):i + half + 1]) for i in range(len(xs))]
+    windows = (xs[max(0, i - half):i + half + 1] for i in range(len(xs)))
+    return [sum(w) / len(w) for w in windows]
 
 
 def _run_label(path, config):

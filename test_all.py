@@ -3687,6 +3687,10 @@ def test_train_parse_duration_units(text, seconds):
     assert runs.parse_duration(text) == seconds
 
 
+def test_train_parse_duration_of_nothing_is_no_budget():
+    assert runs.parse_duration("") is None
+
+
 def test_train_parse_duration_refuses_what_is_no_duration():
     with pytest.raises(ValueError) as e:
         runs.parse_duration("soon")

@@ -316,7 +316,7 @@ def scheduled_lr(c, step, elapsed):
     whichever is further along, steps or the clock (elapsed time mapped onto the step axis 0..max_iters), so with
     the default lr_decay_iters (= max_iters) it ends when the budget does."""
     c = Settings(c)
-    budget = runs.parse_duration(c.time_budget) if c.time_budget else None
+    budget = runs.parse_duration(c.time_budget)
     it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c.max_iters)
     return get_lr_cosine_schedule(it, c.learning_rate, c.learning_rate * c.min_lr_ratio, c.warmup_iters,
                                   c.lr_decay_iters or c.max_iters)
@@ -785,7 +785,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
     tokens_per_step = B * T * accum * world
-    budget = runs.parse_duration(c.time_budget) if c.time_budget else None
+    budget = runs.parse_duration(c.time_budget)
 
     # ---- model, optimizer, loader: new, or resumed from out_dir/ckpt.pt
     ckpt_path = Path(c.out_dir) / "ckpt.pt"
