@@ -11,12 +11,12 @@ lm-evaluation-harness's `--model hf`.
 
 * GPT-2 checkpoints become GPT2LMHeadModel: the parameter names are already Hugging Face's; the four Conv1D
   weights are transposed (Hugging Face stores them (in, out)); rows added by vocabulary padding are dropped.
-* Llama-style checkpoints become LlamaForCausalLM: names mapped (w1/w3/w2 -> gate/up/down_proj), the head kept
-  untied, RMSNorm's eps and the RoPE theta carried. model.py rotates adjacent pairs (x0, x1), (x2, x3), ... while
-  Hugging Face rotates the two halves of each head (x_i with x_{i + d/2}), so the rows of q_proj and k_proj are
-  permuted within each head (rows 0, 2, 4, ... first, then 1, 3, 5, ...): the rotated q.k products, and so the
-  logits, are unchanged. The ablations LlamaForCausalLM cannot express (remove_rope, use_post_norm,
-  remove_rmsnorm, ffn_type="silu") are refused.
+* Llama-style checkpoints become LlamaForCausalLM: names mapped (w1/w3/w2 -> gate/up/down_proj), the head tied
+  or not as it was trained (tie_embeddings), RMSNorm's eps and the RoPE theta carried. model.py rotates adjacent
+  pairs (x0, x1), (x2, x3), ... while Hugging Face rotates the two halves of each head (x_i with x_{i + d/2}), so
+  the rows of q_proj and k_proj are permuted within each head (rows 0, 2, 4, ... first, then 1, 3, 5, ...): the
+  rotated q.k products, and so the logits, are unchanged. The switches LlamaForCausalLM cannot express
+  (remove_rope, use_post_norm, remove_rmsnorm, an ffn_type other than swiglu, qk_norm, logit_softcap) are refused.
 * The tokenizer is a byte-level BPE in Hugging Face `tokenizers` form: bpe.py's pre-tokenizer regex, its merges,
   its special tokens, and a pre-token that is itself a token taken whole, as bpe.py does (ignore_merges), so
   AutoTokenizer gives exactly bpe.py's ids. A run on GPT-2's tokenizer gets GPT-2's own vocab.json / merges.txt
@@ -68,6 +68,8 @@ def llama_refusals(c):
         (c.use_post_norm, "use_post_norm=True (LlamaForCausalLM's blocks are pre-norm)"),
         (c.remove_rmsnorm, "remove_rmsnorm=True (LlamaForCausalLM always has its RMSNorms)"),
         (c.ffn_type != "swiglu", f"ffn_type={c.ffn_type!r} (LlamaForCausalLM's MLP is the gated SwiGLU)"),
+        (c.qk_norm, "qk_norm=True (LlamaForCausalLM has no query/key norms)"),
+        (c.logit_softcap, f"logit_softcap={c.logit_softcap!r} (LlamaForCausalLM does not cap its logits)"),
     ] if on]
 
 
@@ -81,8 +83,9 @@ def llama_weights(model):
     """(config.json dict, tensors) of a model.TransformerLM as LlamaForCausalLM."""
     c = model.config
     sd = model.state_dict()
-    tensors = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"],
-               "lm_head.weight": sd["lm_head.weight"]}
+    tensors = {"model.embed_tokens.weight": sd["token_embeddings.weight"], "model.norm.weight": sd["ln_final.weight"]}
+    if not c.tie_embeddings:   # tied: Hugging Face ties lm_head to embed_tokens again on load
+        tensors["lm_head.weight"] = sd["lm_head.weight"]
     names = {"ln1.weight": "input_layernorm.weight", "ln2.weight": "post_attention_layernorm.weight",
              "attn.q_proj.weight": "self_attn.q_proj.weight", "attn.k_proj.weight": "self_attn.k_proj.weight",
              "attn.v_proj.weight": "self_attn.v_proj.weight", "attn.output_proj.weight": "self_attn.o_proj.weight",
@@ -97,7 +100,8 @@ def llama_weights(model):
                   hidden_size=c.d_model, intermediate_size=c.d_ff, num_hidden_layers=c.num_layers,
                   num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads, head_dim=c.d_model // c.num_heads,
                   max_position_embeddings=c.context_length, rms_norm_eps=model.ln_final.eps, rope_theta=c.rope_theta,
-                  hidden_act="silu", attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
+                  hidden_act="silu", attention_bias=False, mlp_bias=False,
+                  tie_word_embeddings=c.tie_embeddings)
     return config, tensors
 
 

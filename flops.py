@@ -60,7 +60,7 @@ def _sizes(m):
                     L=c.n_layer, h=c.n_head, d_ff=4 * c.n_embd, ffn_type="gelu", norm=True, tied=True)
     return dict(arch="llama", V=c.vocab_size, V_pad=c.vocab_size, T_max=c.context_length, d=c.d_model,
                 L=c.num_layers, h=c.num_heads, d_ff=c.d_ff, ffn_type=c.ffn_type, norm=not c.remove_rmsnorm,
-                tied=False)
+                tied=c.tie_embeddings)
 
 
 # parameter names -> the component they count in (the first fragment found in the name wins)

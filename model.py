@@ -139,6 +139,13 @@ class SiLUFFN(nn.Module):
         return self.w2(silu(self.w1(x)))
 
 
+class ReLU2FFN(SiLUFFN):
+    """The ffn_type="relu2" switch: W2 ReLU(W1 x)^2, no gate (So et al. 2021's Primer; d_ff = 4 d_model)."""
+
+    def forward(self, x):
+        return self.w2(torch.relu(self.w1(x)).square())
+
+
 def _rotate_pairs(x, cos, sin):
     """(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin) for every adjacent pair; sin is stored as (-sin, +sin)."""
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0, x3, x2, ...)
@@ -269,7 +276,7 @@ class KVCache:
 
 class MultiHeadSelfAttention(nn.Module):
     def __init__(self, d_model, num_heads, max_seq_len=None, theta=None, attn_impl="sdpa",
-                 device=None, dtype=None):
+                 device=None, dtype=None, qk_norm=False):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"MultiHeadSelfAttention: d_model {d_model} must be divisible by num_heads {num_heads}")
@@ -285,12 +292,17 @@ class MultiHeadSelfAttention(nn.Module):
             if max_seq_len is None:
                 raise ValueError("MultiHeadSelfAttention: RoPE (theta given) needs max_seq_len")
             self.rope = RotaryPositionalEmbedding(theta, self.d_k, max_seq_len, device)
+        # qk_norm: RMSNorm each head's query and key (learned gains), so attention logits cannot grow unbounded
+        self.q_norm, self.k_norm = ((RMSNorm(self.d_k, device=device, dtype=dtype),
+                                     RMSNorm(self.d_k, device=device, dtype=dtype)) if qk_norm else (None, None))
 
     def forward(self, x, token_positions=None, kv_cache=None, layer=0):
         # (no fused qkv matmul: a runtime torch.cat of the three weights measured no faster on CPU)
         q, k, v = (proj(x).unflatten(-1, (self.num_heads, self.d_k)).transpose(-3, -2)  # (..., heads, T, d_k)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         T = x.size(-2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             if token_positions is None and kv_cache is not None and kv_cache.pos:
                 token_positions = torch.arange(kv_cache.pos, kv_cache.pos + T, device=x.device)
@@ -324,10 +336,14 @@ class TransformerLMConfig:
     remove_rmsnorm: bool = setting(False, "Llama ablation: no RMSNorm anywhere (ln_final included)")
     use_post_norm: bool = setting(False, "Llama ablation: post-norm blocks (normalise after each residual add)")
     remove_rope: bool = setting(False, "Llama ablation: no position information (NoPE)")
-    ffn_type: str = setting("swiglu", "Llama ablation: swiglu | silu (W2 SiLU(W1 x), no gate)",
-                            choices=("swiglu", "silu"))
+    ffn_type: str = setting("swiglu", "Llama ablation: swiglu | silu (W2 SiLU(W1 x), no gate) | relu2 "
+                            "(W2 ReLU(W1 x)^2, no gate)", choices=("swiglu", "silu", "relu2"))
     attn_impl: str = setting("sdpa", "sdpa (F.scaled_dot_product_attention, flash on GPU) | scratch (the "
                                      "from-primitives path)", choices=ATTN_IMPLS)
+    qk_norm: bool = setting(False, "Llama: RMSNorm on each head's queries and keys before RoPE")
+    tie_embeddings: bool = setting(False, "Llama: the LM head is the token embedding matrix (one matrix, the "
+                                          "head's init)")
+    logit_softcap: float = setting(0.0, "Llama: logits = cap * tanh(logits / cap) (0 = off)", check=">= 0")
 
     def __post_init__(self):
         self.ffn_type = self.ffn_type or "swiglu"   # CS336 configs pass None for the default
@@ -337,6 +353,9 @@ class TransformerLMConfig:
             raise ValueError(f"d_model {self.d_model} must be divisible by num_heads {self.num_heads}")
         if not self.d_ff:   # callers pass d_ff = 4 d_model for the SiLU FFN to keep parameter counts comparable
             self.d_ff = llama_d_ff(self.d_model) if self.ffn_type == "swiglu" else 4 * self.d_model
+
+
+FFNS = {"swiglu": SwiGLU, "silu": SiLUFFN, "relu2": ReLU2FFN}
 
 
 def norm_layer(config, d_model, device=None, dtype=None):
@@ -353,9 +372,10 @@ class TransformerBlock(nn.Module):
         c = config or TransformerLMConfig(d_model=d_model, num_heads=num_heads)
         self.use_post_norm = c.use_post_norm
         self.ln1 = norm_layer(c, d_model, device, dtype)
-        self.attn = MultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, c.attn_impl, device, dtype)
+        self.attn = MultiHeadSelfAttention(d_model, num_heads, max_seq_len, theta, c.attn_impl, device, dtype,
+                                           c.qk_norm)
         self.ln2 = norm_layer(c, d_model, device, dtype)
-        self.ffn = (SwiGLU if c.ffn_type == "swiglu" else SiLUFFN)(d_model, d_ff, device, dtype)
+        self.ffn = FFNS[c.ffn_type](d_model, d_ff, device, dtype)
 
     @staticmethod
     def _norm(ln, x):
@@ -387,14 +407,17 @@ class TransformerLM(nn.Module):
         # so every ablation keeps the same state-dict keys except remove_rmsnorm and ffn_type="silu" (no w3)
         self.ln_final = norm_layer(c, c.d_model, device, dtype)
         self.lm_head = Linear(c.d_model, c.vocab_size, device, dtype)
+        if c.tie_embeddings:   # the lookup reads the head's rows (its small init; RMSNorm follows in every block)
+            self.token_embeddings.weight = self.lm_head.weight
 
     def model_config(self):
         return {"arch": "llama", **asdict(self.config)}
 
     def get_num_params(self, non_embedding=True):
-        """Non-embedding excludes the token-embedding lookup; the (untied) lm_head is a matmul and counts."""
+        """Non-embedding excludes the token-embedding lookup; the lm_head is a matmul and counts (tied: once)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.token_embeddings.weight.numel() if non_embedding else n
+        tied = self.config.tie_embeddings
+        return n - self.token_embeddings.weight.numel() if non_embedding and not tied else n
 
     def forward(self, idx, token_positions=None, kv_cache=None):
         _check_ids(idx, self.vocab_size, self.context_length, "TransformerLM")
@@ -403,7 +426,9 @@ class TransformerLM(nn.Module):
             x = layer(x, token_positions, kv_cache, i)
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.lm_head(x)
+        logits = self.lm_head(x)
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
 
     def init_kv_cache(self, batch_size, max_seq_len=None, device=None, dtype=None):
         p = self.lm_head.weight

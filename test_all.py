@@ -1642,14 +1642,17 @@ def _model_rope_halves(w, num_heads):
 
 
 def _model_llama_to_hf(ours):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' LlamaForCausalLM with our weights; with qk_norm, Qwen3ForCausalLM (Llama with per-head RMSNorm
+    on the queries and keys before RoPE)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
     c = ours.model_config()
-    cfg = LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
-                      num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
-                      num_key_value_heads=c["num_heads"], max_position_embeddings=c["context_length"],
-                      rms_norm_eps=1e-5, rope_theta=c["rope_theta"], tie_word_embeddings=False,
-                      attention_bias=False, mlp_bias=False)
-    hf = LlamaForCausalLM(cfg).eval()
+    config, model = (Qwen3Config, Qwen3ForCausalLM) if c["qk_norm"] else (LlamaConfig, LlamaForCausalLM)
+    cfg = config(vocab_size=c["vocab_size"], hidden_size=c["d_model"], intermediate_size=c["d_ff"],
+                 num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
+                 num_key_value_heads=c["num_heads"], head_dim=c["d_model"] // c["num_heads"],
+                 max_position_embeddings=c["context_length"], rms_norm_eps=1e-5, rope_theta=c["rope_theta"],
+                 tie_word_embeddings=c["tie_embeddings"], attention_bias=False, mlp_bias=False)
+    hf = model(cfg).eval()
     H = c["num_heads"]
     sd = {"model.embed_tokens.weight": ours.token_embeddings.weight, "model.norm.weight": ours.ln_final.weight,
           "lm_head.weight": ours.lm_head.weight}
@@ -1662,6 +1665,9 @@ def _model_llama_to_hf(ours):
                p + "mlp.gate_proj.weight": layer.ffn.w1.weight, p + "mlp.up_proj.weight": layer.ffn.w3.weight,
                p + "mlp.down_proj.weight": layer.ffn.w2.weight, p + "input_layernorm.weight": layer.ln1.weight,
                p + "post_attention_layernorm.weight": layer.ln2.weight}
+        if layer.attn.q_norm is not None:   # a gain per head dimension, reordered as the q/k rows are
+            sd |= {p + "self_attn.q_norm.weight": _model_rope_halves(layer.attn.q_norm.weight[:, None], 1)[:, 0],
+                   p + "self_attn.k_norm.weight": _model_rope_halves(layer.attn.k_norm.weight[:, None], 1)[:, 0]}
     missing, unexpected = hf.load_state_dict({k: v.detach() for k, v in sd.items()}, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     return hf
@@ -1713,6 +1719,59 @@ def test_model_llama_gradients_match_transformers():
         torch.testing.assert_close(layer.attn.v_proj.weight.grad, ref.v_proj.weight.grad, **tol)
     torch.testing.assert_close(ours.token_embeddings.weight.grad, hf.model.embed_tokens.weight.grad,
                                rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("tie", [False, True])
+def test_model_qk_norm_and_tied_head_match_transformers_qwen3(tie):
+    # qk_norm is Qwen3's attention (RMSNorm per head on q and k, before RoPE); tie_embeddings its tied head
+    ours = _model_llama(qk_norm=True, tie_embeddings=tie, attn_impl="scratch")
+    with torch.no_grad():   # gains off 1, different per dimension: a misplaced or unpermuted gain shows
+        for layer in ours.layers:
+            layer.attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.attn.k_norm.weight.uniform_(0.5, 1.5)
+    hf = _model_llama_to_hf(ours)
+    assert type(hf).__name__ == "Qwen3ForCausalLM" and hf.config.tie_word_embeddings == tie
+    ids = _model_ids(97)
+    with torch.no_grad():
+        ref, out = hf(ids).logits, ours(ids)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert not torch.allclose(_model_llama(tie_embeddings=tie, attn_impl="scratch")(ids), out, atol=1e-3)
+
+
+def test_model_tied_head_is_one_matrix_through_training_counting_and_checkpoints():
+    m = _model_llama(tie_embeddings=True)
+    assert m.lm_head.weight is m.token_embeddings.weight
+    assert m.lm_head.weight.std() < 0.5   # the head's init (the embedding's std-1 init would give huge logits)
+    untied = _model_llama()
+    n_emb = untied.token_embeddings.weight.numel()
+    assert sum(p.numel() for p in m.parameters()) == sum(p.numel() for p in untied.parameters()) - n_emb
+    assert m.get_num_params() == m.get_num_params(non_embedding=False) == flops.count_params(m.model_config())["total"]
+    opt = torch.optim.AdamW(M.param_groups(m, 0.1), lr=1e-2)
+    ids = _model_ids(97)
+    M.lm_loss(m, ids, torch.roll(ids, -1, 1)).backward()
+    opt.step()
+    again = M.build_model(m.model_config())
+    again.load_state_dict(m.state_dict())
+    assert again.lm_head.weight is again.token_embeddings.weight
+    torch.testing.assert_close(again(ids), m(ids))
+
+
+def test_model_relu2_ffn_and_logit_softcap_are_their_formulas():
+    relu2 = _model_llama(ffn_type="relu2", d_ff=0)
+    ffn = relu2.layers[0].ffn
+    assert ffn.w1.weight.shape == (4 * 64, 64) and not hasattr(ffn, "w3")   # d_ff = 4 d_model, no gate
+    inp = torch.randn(3, 64)
+    torch.testing.assert_close(ffn(inp), F.linear(F.relu(F.linear(inp, ffn.w1.weight)) ** 2, ffn.w2.weight))
+    plain, capped = _model_llama(), _model_llama(logit_softcap=2.0)
+    capped.load_state_dict(plain.state_dict())
+    ids = _model_ids(97)
+    with torch.no_grad():
+        ref = plain(ids)
+        assert ref.abs().max() > 2.0   # the cap binds somewhere
+        torch.testing.assert_close(capped(ids), 2.0 * torch.tanh(ref / 2.0))
+    with pytest.raises(ValueError, match="logit_softcap"):
+        M.TransformerLMConfig(logit_softcap=-1.0)
 
 
 # ---- the loss
@@ -2540,6 +2599,15 @@ def test_train_cosine_schedule_points():
     assert f(110) == pytest.approx(0.1)                   # end
     assert f(500) == pytest.approx(0.1)                   # flat after
     assert train.get_lr_cosine_schedule(0, 1.0, 0.1, 0, 100) == pytest.approx(1.0)   # no warmup
+
+
+def test_train_wsd_schedule_points():
+    f = lambda it: train.get_lr_wsd_schedule(it, 1.0, 0.1, 10, 110, 0.5)
+    assert f(0) == 0.0 and f(5) == pytest.approx(0.5)                 # warmup
+    assert f(10) == f(30) == f(55) == pytest.approx(1.0)              # stable until the last half of 110
+    assert f(82.5) == pytest.approx(0.55)                              # halfway down the linear decay
+    assert f(110) == f(500) == pytest.approx(0.1)                      # end, and flat after
+    assert train.get_lr_wsd_schedule(0, 1.0, 0.1, 0, 100, 1.0) == pytest.approx(1.0)   # all decay, no warmup
 
 
 def test_train_gradient_clipping_matches_torch():
@@ -3410,6 +3478,34 @@ def test_train_lr_decay_iters_sets_the_cosine_length(tmp_path, _train_data):
     assert lrs[3:] == pytest.approx([1e-4] * 3) and s["lr"] == pytest.approx(1e-4)
 
 
+def test_train_lr_schedule_wsd_reaches_the_optimizer_on_the_clock(tmp_path, _train_data):
+    # --lr_schedule=wsd under --time_budget: the logged (= applied, test above) lr is the WSD value at the clock's
+    # share of max_iters (steps of 1 s, 10 s budget, so step i runs at 10 i % of the schedule)
+    cfg = _train_cfg(_train_data, tmp_path / "o", time_budget="10s", max_iters=100, warmup_iters=10, log_interval=1,
+                     learning_rate=1e-3, min_lr_ratio=0.1, lr_schedule="wsd", cooldown_frac=0.3)
+    train.train(cfg, clock=_train_fake_clock(), log=_train_quiet)
+    lrs = [r["lr"] for r in _train_records(tmp_path / "o", "train")]
+    assert lrs == pytest.approx([train.get_lr_wsd_schedule(10 * i, 1e-3, 1e-4, 10, 100, 0.3) for i in range(10)])
+    assert lrs[1:8] == pytest.approx([1e-3] * 7) and lrs[9] < lrs[8] < 1e-3   # stable until 70 %, then down
+
+
+def test_train_z_loss_adds_the_squared_log_normaliser():
+    m = _model_llama()
+    ids = _model_ids(97)
+    y = torch.roll(ids, -1, 1)
+    loss = train.LossOf(m, "llama", z_loss=1e-2)(ids, y)
+    loss.backward()
+    got = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    logits = m(ids)
+    ref = F.cross_entropy(logits.view(-1, 97), y.view(-1)) + 1e-2 * torch.logsumexp(logits, -1).pow(2).mean()
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    for g, p in zip(got, m.parameters()):
+        torch.testing.assert_close(g, p.grad)
+    assert train.LossOf(m, "llama")(ids, y) < loss   # off by default
+
+
 def test_train_accumulation_matches_one_big_batch(tmp_path, _train_data):
     # 1 x (B=8) == 2 x (B=4) with total_batch_tokens = 8*16: same tokens, gradient averaged the same way
     train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, max_iters=4), log=_train_quiet)
@@ -3632,6 +3728,7 @@ def test_train_main_job_vocabulary_is_at_least_the_bytes_and_end_of_text():
 
 @pytest.mark.parametrize("kw", [dict(model="gpt2", remove_rope=True), dict(model="gpt2", ffn_type="silu", d_ff=999),
                                 dict(model="gpt2", remove_rmsnorm=True, use_post_norm=True, rope_theta=500.0),
+                                dict(model="gpt2", z_loss=1e-4, qk_norm=True, tie_embeddings=True),
                                 dict(model="llama", pad_vocab="true")])
 def test_train_flags_of_the_other_architecture_are_refused(tmp_path, kw):
     # GPT-2 would ignore them in silence while the log's config said otherwise: one line naming every one of them
@@ -3776,6 +3873,23 @@ def test_train_presets_resolve_to_documented_values():
     with pytest.raises(SystemExit) as e:
         train.get_config(["--preset=nope"])
     _one_line_naming(str(e.value), "train.py: --preset", "'nope'", *train.PRESETS)
+
+
+def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _train_data):
+    # the speedrun presets: a 5-minute budget that the schedule follows (5% warmup on the clock), the recipe's
+    # switches (docs/BENCHMARKS.md); speedrun-gpu's CPU smoke run at a tiny shape trains, evaluates and checkpoints
+    cpu, _ = train.get_config(["--preset=speedrun-cpu"])
+    assert (cpu["time_budget"], cpu["warmup_iters"] / cpu["max_iters"], cpu["vocab_size"]) == ("5m", 0.05, 4096)
+    assert train.scheduled_lr(cpu, 0, 150.0) > train.scheduled_lr(cpu, 0, 290.0)   # decaying by the clock
+    assert "data/speedrun-4k" in train.PREPARE_COMMANDS["speedrun-cpu"] and cpu["data_dir"] == "data/speedrun-4k"
+    tiny = ["--vocab_size=64", "--context_length=16", "--d_model=32", "--num_layers=1", "--num_heads=2", "--d_ff=64",
+            "--batch_size=4", "--eval_tokens=128", "--max_iters=6", "--warmup_iters=2", "--time_budget=",
+            "--device=cpu", "--num_samples=0", f"--data_dir={_train_data}", f"--out_dir={tmp_path / 'o'}"]
+    cfg, _ = train.get_config(["--preset=speedrun-gpu", *tiny])
+    s = train.train(cfg, log=_train_quiet)
+    assert s["step"] == 6 and math.isfinite(s["val_loss"]) and (tmp_path / "o" / "ckpt.pt").is_file()
+    assert isinstance(train.make_optimizer(M.load_model(s["ckpt"])[0], train.Settings(cfg), False), train.Muon) == (
+        cfg["optimizer"] == "muon")
 
 
 def test_train_tinystories_presets_use_the_reference_peak_lr():
@@ -8583,6 +8697,16 @@ def test_export_logits_equal_the_project_model(exported, arch):
         torch.testing.assert_close(hf(idx).logits, M.logits(ours, idx), atol=1e-5, rtol=0)
 
 
+def test_export_a_tied_llama_loads_tied_with_the_same_logits(tmp_path, monkeypatch, own_tok):
+    ckpt, ours = _checkpoint(tmp_path / "ckpt.pt", "llama", own_tok[0], own_tok[1].vocab_size, tie_embeddings=True)
+    _run(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.tie_word_embeddings and hf.lm_head.weight is hf.model.embed_tokens.weight
+    idx = torch.randint(0, ours.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, M.logits(ours, idx), atol=1e-5, rtol=0)
+
+
 def test_export_llama_config_carries_theta_eps_and_an_untied_head(exported):
     _, ours, folder = exported["llama"]
     config = json.loads((folder / "config.json").read_text())
@@ -8666,7 +8790,8 @@ def test_export_gpt2_tokenized_run_gets_gpt2s_files(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("switch, value", [("remove_rope", True), ("use_post_norm", True), ("remove_rmsnorm", True),
-                                           ("ffn_type", "silu")])
+                                           ("ffn_type", "silu"), ("ffn_type", "relu2"), ("qk_norm", True),
+                                           ("logit_softcap", 30.0)])
 def test_export_refuses_llama_ablations_hf_cannot_express(tmp_path, monkeypatch, own_tok, switch, value):
     ckpt, _ = _checkpoint(tmp_path / "ckpt.pt", "llama", own_tok[0], own_tok[1].vocab_size, **{switch: value})
     message = _exits(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
@@ -9771,16 +9896,20 @@ def test_bench_train_times_the_loop_beside_the_bare_step(capsys):
     assert re.search(r"^model-only step .*float32\s+[\d,]+\s+1\.000", out, re.M), out
 
 
-def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
-    # a tiny shape on a tiny budget: both sides train and are scored on the whole validation text, and the last
-    # line's ratio is ours over the peer's median
+def _bench_speedrun_args(tmp_path, **kw):
     text = "".join(f"Once upon a time there was a cat number {i}. It liked fish.<|endoftext|>" for i in range(300))
     (tmp_path / "train.txt").write_text(text)
     (tmp_path / "val.txt").write_text(text[:3000])
-    args = argparse.Namespace(minutes=0.01, seeds="0", peer_lr="3e-3", ours="", train=str(tmp_path / "train.txt"),
-                              valid=str(tmp_path / "val.txt"), vocab_size=300, d_model=16, num_layers=1,
-                              num_heads=2, d_ff=32, context_length=16, batch_size=2)
-    bench.bench_speedrun(args)
+    return argparse.Namespace(**{**dict(
+        minutes=0.01, seeds="0", peer_lr="3e-3", ours="", train=str(tmp_path / "train.txt"),
+        valid=str(tmp_path / "val.txt"), vocab_size=300, d_model=16, num_layers=1, num_heads=2, d_ff=32,
+        context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192), **kw})
+
+
+def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
+    # a tiny shape on a tiny budget: both sides train and are scored on the whole validation text, and the last
+    # line's ratio is ours over the peer's median
+    bench.bench_speedrun(_bench_speedrun_args(tmp_path))
     out = capsys.readouterr().out
     rows = {r[0]: r for r in _bench_rows(out, "run") if r[0] in ("ours", "peer")}
     assert set(rows) == {"ours", "peer"} and all(int(r[-3]) >= 1 for r in rows.values())
@@ -9793,8 +9922,49 @@ def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
     assert bpb == pytest.approx(32 * math.log(300) / math.log(2) / 100)   # uniform logits: log2(V) bits a token
 
 
+def test_bench_speedrun_curve_scores_both_sides_every_few_steps_into_a_png(tmp_path, monkeypatch):
+    drawn = {}
+    plot = bench._speedrun_plot
+    monkeypatch.setattr(bench, "_speedrun_plot", lambda path, results, *a: (drawn.update(results),
+                                                                             plot(path, results, *a)))
+    bench.bench_speedrun(_bench_speedrun_args(tmp_path, minutes=0.03, curve=str(tmp_path / "c.png"), curve_every=2,
+                                              curve_tokens=40))
+    assert (tmp_path / "c.png").stat().st_size > 0 and set(drawn) == {"ours", "peer lr 0.003"}
+    for name, (r,) in drawn.items():
+        times = [t for t, _ in r["curve"]]
+        assert times[0] == 0.0 and times == sorted(times) and times[-1] > 0, (name, r["curve"])
+        assert len(times) >= min(3, r["steps"] // 2 + 1) and all(0 < b < 20 for _, b in r["curve"])
+        assert r["curve"][-1][1] < r["curve"][0][1]   # it learned between the first point and the last
+    assert bench._speedrun_curve_tokens(argparse.Namespace(curve_tokens=40), 2, 16) == 64   # whole batches
+    # a curve point over every validation token is the final score: it counts the text's bytes, as the score does
+    # (less the first token's, which no point predicts: a few bytes in 2,454)
+    args = _bench_speedrun_args(tmp_path, curve="x.png", curve_tokens=10 ** 6)
+    val = Path(args.valid).read_text()
+    r = bench._speedrun_peer(args, 3e-3, 0, Path(args.train).read_text(), val,
+                             len(val.replace(bpe.EOT, "").encode("utf-8")))
+    assert r["curve"][-1][1] == pytest.approx(r["bpb"], rel=3e-3)
+
+
+def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeypatch):
+    # --ours="--preset=..." runs the preset's settings, not the peer's shape and schedule (bench.py passes only its
+    # data, budget and quiet-logging flags then); the flags after the preset still win
+    seen = []
+    real = train.train
+    monkeypatch.setattr(train, "train", lambda cfg, **kw: (seen.append(dict(cfg)), real(cfg, **kw))[1])
+    tiny = "--d_model=16 --num_layers=1 --num_heads=2 --d_ff=32 --context_length=16 --batch_size=2 --vocab_size=300"
+    bench.bench_speedrun(_bench_speedrun_args(tmp_path, peer_lr="", ours=f"--preset=speedrun-cpu {tiny}"))
+    given = {f[2:].split("=")[0] for f in tiny.split()} | {"data_dir", "out_dir", "prepare_data", "time_budget",
+                                                           "eval_interval", "eval_iters", "eval_tokens", "log_interval",
+                                                           "num_samples", "seed", "device"}
+    (cfg,) = seen
+    assert {k: cfg[k] for k in train.PRESETS["speedrun-cpu"] if k not in given} == {
+        k: v for k, v in train.PRESETS["speedrun-cpu"].items() if k not in given}
+    assert (cfg["d_model"], cfg["time_budget"]) == (16, "0.6s")
+
+
 @pytest.mark.parametrize("argv, flag, named", [
     (["--minutes", "0"], "--minutes", ["0"]), (["--seeds", "a"], "--seeds", ["'a'"]),
+    (["--curve_every", "0"], "--curve_every", ["0"]),
     (["--peer_lr", "0"], "--peer_lr", ["'0'"]), (["--train", "/no/such.txt"], "--train", ["/no/such.txt"]),
     (["--num_heads", "3"], "--num_heads", ["3", "256"]), (["--vocab_size", "100"], "--vocab_size", ["100", "257"])])
 def test_bench_speedrun_bad_flags_are_one_line_before_any_work(monkeypatch, argv, flag, named):
