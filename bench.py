@@ -587,10 +587,11 @@ def _speedrun_bpb(logits_of, ids, n_bytes, T, batch=16):
 
 
 def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()   # decode to the text's bytes, not to the byte-level alphabet's characters
     tok.train_from_iterator([train_text], trainers.BpeTrainer(
         vocab_size=args.vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
@@ -604,8 +605,13 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attn_implementation="sdpa"))
     opt = torch.optim.AdamW(M.param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(seed)
-    budget, elapsed, steps = 60 * args.minutes, 0.0, 0
+    logits_of = lambda x: model(input_ids=x, use_cache=False).logits   # noqa: E731
+    n = _speedrun_curve_tokens(args, args.batch_size, T)   # the curve: the first n validation targets, off the clock
+    curve_bytes = len(tok.decode(val_ids[1:n + 1]).encode("utf-8"))   # (decode drops <|endoftext|>)
+    budget, elapsed, steps, curve = 60 * args.minutes, 0.0, 0, []
     while elapsed < budget:
+        if args.curve and steps % args.curve_every == 0:
+            curve.append((elapsed, _speedrun_bpb(logits_of, val_ids[:n + 1], curve_bytes, T)))
         t0 = time.perf_counter()
         for g in opt.param_groups:   # train.py's warmup (5%) and cosine (to 10%), over the share of the budget spent
             g["lr"] = train.get_lr_cosine_schedule(elapsed / budget, lr, 0.1 * lr, 0.05, 1.0)
@@ -619,27 +625,61 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
         opt.zero_grad(set_to_none=True)
         steps += 1
         elapsed += time.perf_counter() - t0
-    model.eval()
-    bpb = _speedrun_bpb(lambda x: model(input_ids=x, use_cache=False).logits, val_ids, n_bytes, T)
-    return dict(steps=steps, tps=steps * args.batch_size * T / elapsed, bpb=bpb)
+    if args.curve:
+        curve.append((elapsed, _speedrun_bpb(logits_of, val_ids[:n + 1], curve_bytes, T)))
+    bpb = _speedrun_bpb(logits_of, val_ids, n_bytes, T)
+    return dict(steps=steps, tps=steps * args.batch_size * T / elapsed, bpb=bpb, curve=curve)
 
 
 def _speedrun_ours(args, seed, tmp, n_bytes):
     out = tmp / f"ours-{seed}"
+    shape = dict(model="llama", d_model=args.d_model, num_layers=args.num_layers, num_heads=args.num_heads,
+                 d_ff=args.d_ff, context_length=args.context_length, batch_size=args.batch_size, learning_rate=1e-3,
+                 max_iters=1000000, warmup_iters=50000)   # 5% warmup on the clock, as the peer's
+    preset = any(f.startswith("--preset") for f in shlex.split(args.ours))
     flags = [f"--data_dir={tmp / 'data'}", f"--out_dir={out}", "--prepare_data=false", "--fresh=true",
-             "--model=llama", f"--d_model={args.d_model}", f"--num_layers={args.num_layers}",
-             f"--num_heads={args.num_heads}", f"--d_ff={args.d_ff}", f"--context_length={args.context_length}",
-             f"--batch_size={args.batch_size}", "--learning_rate=1e-3", "--max_iters=1000000",
-             "--warmup_iters=50000", f"--time_budget={60 * args.minutes}s", "--eval_interval=1000000000",
-             "--eval_iters=1", "--num_samples=0", "--log_interval=1000000000", "--device=cpu", "--compile=false",
-             "--dtype=float32", f"--seed={seed}", *shlex.split(args.ours)]
+             f"--time_budget={60 * args.minutes}s", "--eval_interval=1000000000", "--eval_iters=1", "--eval_tokens=0",
+             "--num_samples=0", "--log_interval=1000000000", "--device=cpu", f"--seed={seed}",
+             *([] if preset else ["--dtype=float32", "--compile=false", *(f"--{k}={v}" for k, v in shape.items())]),
+             *shlex.split(args.ours)]
     cfg, _ = train.get_config(flags)
+    if args.curve:   # train.py's own evaluation, every curve_every steps (off the clock), on the first n targets
+        cfg.update(eval_interval=args.curve_every,
+                   eval_tokens=_speedrun_curve_tokens(args, cfg["batch_size"], cfg["context_length"]))
     summary = train.train(cfg, log=lambda *a, **k: None)
     m = M.load_model(summary["ckpt"])[0].eval()
     val_ids = np.fromfile(tmp / "data" / "val.bin", dtype=np.uint16)
     bpb = _speedrun_bpb(lambda x: M.logits(m, x), val_ids, n_bytes, cfg["context_length"])
     tokens = summary["step"] * cfg["batch_size"] * cfg["context_length"]
-    return dict(steps=summary["step"], tps=tokens / summary["elapsed"], bpb=bpb)
+    curve = [(r["elapsed"], r["val_bpb"]) for r in runs.read_log(summary["log"])[2]] if args.curve else []
+    return dict(steps=summary["step"], tps=tokens / summary["elapsed"], bpb=bpb, curve=curve)
+
+
+def _speedrun_curve_tokens(args, batch_size, context_length):
+    """The validation targets each curve point scores: --curve_tokens rounded up to whole batches (train.py's
+    --eval_tokens must be a multiple of one)."""
+    per_batch = batch_size * context_length
+    return -(-args.curve_tokens // per_batch) * per_batch
+
+
+def _speedrun_plot(path, results, minutes, title):
+    """One PNG: validation bits per byte (the curve's tokens) against training time, one line per run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for i, (name, rs) in enumerate(results.items()):
+        for j, r in enumerate(rs):
+            ax.plot([t / 60 for t, _ in r["curve"]], [b for _, b in r["curve"]], color=f"C{i}", lw=1.4, alpha=0.85,
+                    label=f"{name} (final, whole text: {statistics.median(x['bpb'] for x in rs):.3f} median)"
+                    if j == 0 else None)
+    ax.set(xlabel="training time (min)", ylabel="validation bits per byte", xlim=(0, minutes), title=title)
+    ax.set_ylim(top=min(3.0, ax.get_ylim()[1]))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _check_speedrun_args(args):
@@ -661,6 +701,9 @@ def _check_speedrun_args(args):
     if args.vocab_size < 257:
         raise SystemExit(f"bench.py: --vocab_size {args.vocab_size}: expected at least 257 (the bytes and "
                          f"<|endoftext|>)")
+    if args.curve_every < 1 or args.curve_tokens < 1:
+        raise SystemExit(f"bench.py: --curve_every {args.curve_every} / --curve_tokens {args.curve_tokens}: expected "
+                         f"positive integers")
     for flag in ("train", "valid"):
         if not Path(getattr(args, flag)).is_file():
             raise SystemExit(f"bench.py: --{flag} {getattr(args, flag)}: no such file (../shared/data/tinystories/ "
@@ -698,10 +741,16 @@ def bench_speedrun(args):
     ours_name = next(iter(results))
     print(f"medians over {len(seeds)} seed(s): " + ", ".join(f"{n} {b:.4f}" for n, b in median.items()))
     if not peer_lrs:
+        if args.curve:
+            _speedrun_plot(args.curve, results, args.minutes, "speedrun: validation bits per byte by training time")
         print(f"speedrun: ours {median[ours_name]:.4f} bpb (no peer run)")
         return
     peer_name = min((n for n in median if n != ours_name), key=median.get)   # the peer at its better learning rate
     ours, peer = median[ours_name], median[peer_name]
+    if args.curve:
+        _speedrun_plot(args.curve, results, args.minutes, f"speedrun, {args.minutes:g} min a run: validation bits per "
+                       f"byte (first {args.curve_tokens:,} tokens) by training time, {flops.cpu_name()}")
+        print(f"wrote {args.curve}")
     print(f"speedrun: ours {ours:.4f} bpb, peer {peer:.4f} bpb, ratio {ours / peer:.3f}")
 
 
@@ -925,7 +974,12 @@ def main():
     p.add_argument("--seeds", default="0,1,2", help="comma list of seeds, one run per side each (medians reported)")
     p.add_argument("--peer_lr", default="1e-3,3e-3",
                    help="comma list of the peer's learning rates (its best counts; '' = no peer)")
-    p.add_argument("--ours", default="", help="train.py flags for our runs, e.g. \"--learning_rate=3e-3\"")
+    p.add_argument("--ours", default="", help="train.py flags for our runs, e.g. \"--learning_rate=3e-3\" (the "
+                   "peer's shape and schedule otherwise; a --preset brings its own)")
+    p.add_argument("--curve", default="", help="also score both sides every --curve_every steps (off the clock) and "
+                   "draw validation bits/byte against training time into this PNG")
+    p.add_argument("--curve_every", type=int, default=10, help="steps between the curve's points")
+    p.add_argument("--curve_tokens", type=int, default=8192, help="validation tokens each curve point scores")
     p.add_argument("--train", default=str(SPEEDRUN_DATA / "tinystories_train_head_2MiB.txt"), help="training text")
     p.add_argument("--valid", default=str(SPEEDRUN_DATA / "tinystories_valid_first1000.txt"),
                    help="validation text, scored whole")

@@ -9,6 +9,7 @@ one loop that runs from a laptop CPU to torchrun on a GPU node.
     python train.py --preset=tinystories               # the same model, 327.68M tokens (one GPU)
     python train.py --preset=owt                       # OpenWebText, 32k tokenizer, same model
     torchrun --standalone --nproc_per_node=8 train.py --preset=gpt2-124m     # GPT-2 124M on FineWeb-Edu 10B
+    python train.py --preset=speedrun-cpu              # the best model 5 minutes of 2 CPU cores train (Muon, ...)
     python train.py --model=gpt2 --init_from=gpt2 --data_dir=data/mydata --out_dir=out/ft   # fine-tune GPT-2
     python train.py --preset=owt --time_budget=45m     # a fixed wall-clock run: the schedule follows the clock
     python train.py --resume                           # continue out/ckpt.pt exactly where it stopped
@@ -68,8 +69,8 @@ class TrainConfig:
                                 "prepare", resumable=True)
     download: bool = setting(True, "with --prepare_data: try TinyStories from the Hugging Face hub before generating "
                              "stories", resumable=True)
-    preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m (sets the documented values; flags "
-                          "still override)", resumable=True)
+    preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | speedrun-cpu | speedrun-gpu (sets "
+                          "the documented values; flags still override)", resumable=True)
     resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the "
                           "run: use --fresh), true = must, false = never", auto=True, resumable=True)
     fresh: bool = setting(False, "start over: replace out_dir's checkpoint and log (and re-prepare the data of the "
@@ -95,17 +96,23 @@ class TrainConfig:
     optimizer: str = setting("adamw", "adamw | muon (Muon for the blocks' matrices, at AdamW's learning rate and "
                              "weight decay; AdamW for embeddings, head and gains)", choices=("adamw", "muon"))
     learning_rate: float = setting(3e-3, "peak learning rate", check="finite and >= 0")
-    min_lr_ratio: float = setting(0.1, "the cosine ends at min_lr_ratio * learning_rate", check="in [0, 1]")
+    lr_schedule: str = setting("cosine", "cosine (warmup, then cosine down to min_lr_ratio) | wsd (warmup, flat at "
+                               "the peak, then linear down to min_lr_ratio over the last --cooldown_frac)",
+                               choices=("cosine", "wsd"))
+    cooldown_frac: float = setting(0.2, "wsd: the share of the schedule's length spent decaying", check="in [0, 1]")
+    min_lr_ratio: float = setting(0.1, "the schedule ends at min_lr_ratio * learning_rate", check="in [0, 1]")
     warmup_iters: int = setting(50, "linear warmup steps", check=">= 0")
     max_iters: int = setting(1000, "optimizer steps (the run ends at max_iters or when --time_budget is spent, the "
                              "first)", check=">= 0", resumable=True)
-    lr_decay_iters: int = setting(0, "cosine length in steps (0 = max_iters)", check=">= 0", resumable=True)
+    lr_decay_iters: int = setting(0, "schedule length in steps (0 = max_iters)", check=">= 0", resumable=True)
     time_budget: str = setting("2.5m", "training time limit, e.g. 45m, 90s, 1.5h ('' = none); the schedule follows "
                                "the clock", resumable=True)
     weight_decay: float = setting(0.1, "AdamW decoupled weight decay (2-D weights only)", check="finite and >= 0")
     beta1: float = setting(0.9, "AdamW beta1", check="in [0, 1)")
     beta2: float = setting(0.95, "AdamW beta2", check="in [0, 1)")
     eps: float = setting(1e-8, "AdamW epsilon", check="finite and >= 0")
+    z_loss: float = setting(0.0, "add z_loss * logsumexp(logits)^2 to the training loss (PaLM's z-loss; 0 = off)",
+                            check=">= 0", arch="llama")
     grad_clip: float = setting(1.0, "clip the global gradient L2 norm to this (0 = off)", check=">= 0")
     fused: str = setting("auto", "use PyTorch's fused AdamW (auto = on CUDA); otherwise this file's AdamW", auto=True,
                          resumable=True)
@@ -177,6 +184,10 @@ class Settings(dict):
 TINYSTORIES_MODEL = dict(model="llama", vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
                          d_ff=1344, rope_theta=10000.0)
 RUN = dict(prepare_data=False, time_budget="")   # presets are step-counted runs on prepared data
+SPEEDRUN = dict(model="llama", vocab_size=4096, context_length=256, d_model=256, num_layers=4, num_heads=8, d_ff=704,
+                prepare_data=False, time_budget="5m", max_iters=1_000_000, warmup_iters=50_000, optimizer="muon",
+                learning_rate=1e-2, min_lr_ratio=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95,
+                eval_interval=50, eval_tokens=16384, log_interval=10)
 PRESETS = {
     # CS336 baseline at 327,680,000 tokens = 128 x 10,000 x 256 (one GPU)
     "tinystories": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=128,
@@ -198,6 +209,13 @@ PRESETS = {
                       beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True,
                       lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
                       sample_tokens=32, num_samples=4),
+    # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
+    # TinyStories head at vocab 4096: Muon at lr 1e-2, batch 8, compiled (compilation is off the clock, as a
+    # compiled run's first step always is); the schedule is on the clock (max_iters only bounds it: 5% warmup)
+    "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true"),
+    # the same recipe on one GPU, all of TinyStories (not timed yet)
+    "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
+                         d_ff=1344, batch_size=64),
 }
 # the command that prepares each preset's data (printed when it is missing)
 PREPARE_COMMANDS = {
@@ -209,7 +227,16 @@ PREPARE_COMMANDS = {
     # FineWeb-Edu sample-10BT, GPT-2 tokenizer, 100M-token shards (build-nanogpt's layout)
     "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
 }
-PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["tinystories"]
+PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
+# the speedrun's data: a 4096 BPE trained on the 2 MiB TinyStories head, which it encodes with the 1,000 validation
+# stories (the files of ../shared/data/tinystories/, whose SOURCES.md says how they were cut)
+_TS = "../shared/data/tinystories/tinystories"
+PREPARE_COMMANDS["speedrun-cpu"] = (
+    f"python bpe.py --input {_TS}_train_head_2MiB.txt --vocab 4096 --out data/speedrun-4k/tokenizer && "
+    f"python bpe.py --encode {_TS}_train_head_2MiB.txt --tokenizer data/speedrun-4k/tokenizer "
+    f"--out data/speedrun-4k/train.bin && "
+    f"python bpe.py --encode {_TS}_valid_first1000.txt --tokenizer data/speedrun-4k/tokenizer "
+    f"--out data/speedrun-4k/val.bin")
 for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
     _preset.setdefault("out_dir", f"out/{_name}")
 
@@ -311,6 +338,20 @@ def get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iter
     return min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (max_learning_rate - min_learning_rate)
 
 
+def get_lr_wsd_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, total_iters, cooldown_frac):
+    """Warmup-stable-decay: linear warmup to max, flat at max, then linear down to min over the last cooldown_frac
+    of total_iters, then flat at min."""
+    if it < warmup_iters:
+        return max_learning_rate * it / warmup_iters
+    decay_start = max(warmup_iters, total_iters * (1 - cooldown_frac))
+    if it < decay_start:
+        return max_learning_rate
+    if it >= total_iters:
+        return min_learning_rate
+    progress = (it - decay_start) / (total_iters - decay_start)
+    return max_learning_rate + progress * (min_learning_rate - max_learning_rate)
+
+
 def scheduled_lr(c, step, elapsed):
     """A run's learning rate at `step` after `elapsed` seconds of training. Under --time_budget the schedule follows
     whichever is further along, steps or the clock (elapsed time mapped onto the step axis 0..max_iters), so with
@@ -318,8 +359,10 @@ def scheduled_lr(c, step, elapsed):
     c = Settings(c)
     budget = runs.parse_duration(c.time_budget)
     it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c.max_iters)
-    return get_lr_cosine_schedule(it, c.learning_rate, c.learning_rate * c.min_lr_ratio, c.warmup_iters,
-                                  c.lr_decay_iters or c.max_iters)
+    lo, length = c.learning_rate * c.min_lr_ratio, c.lr_decay_iters or c.max_iters
+    if c.lr_schedule == "wsd":
+        return get_lr_wsd_schedule(it, c.learning_rate, lo, c.warmup_iters, length, c.cooldown_frac)
+    return get_lr_cosine_schedule(it, c.learning_rate, lo, c.warmup_iters, length)
 
 
 @torch.no_grad()
@@ -473,14 +516,18 @@ class LossOf(nn.Module):
     """The module train.py compiles and wraps in DDP: (x, y) -> mean next-token loss, so the loss is inside the
     compiled graph for both models. TransformerLM.forward returns logits: compiling it alone left Llama's
     cross-entropy over the (tokens, vocab) logits eager, 387k against 472k tok/s at the GPT-2 124M shape on an H200.
-    The model is .module, so model.unwrap() sees through this as through DDP."""
+    The model is .module, so model.unwrap() sees through this as through DDP. z_loss (Llama): PaLM's auxiliary
+    z_loss * logsumexp(logits)^2, which keeps the softmax's normaliser near 1."""
 
-    def __init__(self, model, arch):
+    def __init__(self, model, arch, z_loss=0.0):
         super().__init__()
-        self.module, self.arch = model, arch
+        self.module, self.arch, self.z_loss = model, arch, z_loss
 
     def forward(self, x, y):
-        return model_lib.lm_loss(self.module, x, y, arch=self.arch)
+        if not self.z_loss:
+            return model_lib.lm_loss(self.module, x, y, arch=self.arch)
+        logits = self.module(x)
+        return model_lib.cross_entropy(logits, y) + self.z_loss * torch.logsumexp(logits.float(), -1).square().mean()
 
 
 # -----------------------------------------------------------------------------
@@ -812,7 +859,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if ckpt is not None:
         state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"],
                              lambda cfg, s: scheduled_lr(cfg, s.step, s.elapsed), say)
-    model = LossOf(raw, arch)   # (x, y) -> loss: compiled, the loss is in the graph with the model
+    model = LossOf(raw, arch, c.z_loss)   # (x, y) -> loss: compiled, the loss is in the graph with the model
     if hw["compile"]:
         model = torch.compile(model, backend=c.compile_backend)
     if ddp:   # (it broadcasts Llama's constant RoPE buffers every forward: small. The switch against that,
