@@ -609,9 +609,12 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
     n = _speedrun_curve_tokens(args, args.batch_size, T)   # the curve: the first n validation targets, off the clock
     curve_bytes = len(tok.decode(val_ids[1:n + 1]).encode("utf-8"))   # (decode drops <|endoftext|>)
     budget, elapsed, steps, curve = 60 * args.minutes, 0.0, 0, []
+
+    def curve_point():
+        curve.append((elapsed, _speedrun_bpb(logits_of, val_ids[:n + 1], curve_bytes, T)))
     while elapsed < budget:
         if args.curve and steps % args.curve_every == 0:
-            curve.append((elapsed, _speedrun_bpb(logits_of, val_ids[:n + 1], curve_bytes, T)))
+            curve_point()
         t0 = time.perf_counter()
         for g in opt.param_groups:   # train.py's warmup (5%) and cosine (to 10%), over the share of the budget spent
             g["lr"] = train.get_lr_cosine_schedule(elapsed / budget, lr, 0.1 * lr, 0.05, 1.0)
@@ -626,7 +629,7 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
         steps += 1
         elapsed += time.perf_counter() - t0
     if args.curve:
-        curve.append((elapsed, _speedrun_bpb(logits_of, val_ids[:n + 1], curve_bytes, T)))
+        curve_point()
     bpb = _speedrun_bpb(logits_of, val_ids, n_bytes, T)
     return dict(steps=steps, tps=steps * args.batch_size * T / elapsed, bpb=bpb, curve=curve)
 
@@ -740,17 +743,15 @@ def bench_speedrun(args):
     median = {name: statistics.median(r["bpb"] for r in rs) for name, rs in results.items()}
     ours_name = next(iter(results))
     print(f"medians over {len(seeds)} seed(s): " + ", ".join(f"{n} {b:.4f}" for n, b in median.items()))
-    if not peer_lrs:
-        if args.curve:
-            _speedrun_plot(args.curve, results, args.minutes, "speedrun: validation bits per byte by training time")
-        print(f"speedrun: ours {median[ours_name]:.4f} bpb (no peer run)")
-        return
-    peer_name = min((n for n in median if n != ours_name), key=median.get)   # the peer at its better learning rate
-    ours, peer = median[ours_name], median[peer_name]
     if args.curve:
         _speedrun_plot(args.curve, results, args.minutes, f"speedrun, {args.minutes:g} min a run: validation bits per "
                        f"byte (first {args.curve_tokens:,} tokens) by training time, {flops.cpu_name()}")
         print(f"wrote {args.curve}")
+    if not peer_lrs:
+        print(f"speedrun: ours {median[ours_name]:.4f} bpb (no peer run)")
+        return
+    peer_name = min((n for n in median if n != ours_name), key=median.get)   # the peer at its better learning rate
+    ours, peer = median[ours_name], median[peer_name]
     print(f"speedrun: ours {ours:.4f} bpb, peer {peer:.4f} bpb, ratio {ours / peer:.3f}")
 
 

@@ -404,7 +404,8 @@ class TransformerLM(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(c.d_model, c.num_heads, c.d_ff, c.context_length, theta, c,
                                                      device, dtype) for _ in range(c.num_layers))
         # with use_post_norm the last block already ends in a norm; ln_final stays anyway (a learned rescale),
-        # so every ablation keeps the same state-dict keys except remove_rmsnorm and ffn_type="silu" (no w3)
+        # so every ablation keeps the same state-dict keys except remove_rmsnorm, the FFNs without a gate (no w3)
+        # and qk_norm (its q_norm / k_norm gains)
         self.ln_final = norm_layer(c, c.d_model, device, dtype)
         self.lm_head = Linear(c.d_model, c.vocab_size, device, dtype)
         if c.tie_embeddings:   # the lookup reads the head's rows (its small init; RMSNorm follows in every block)
