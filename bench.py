@@ -727,21 +727,22 @@ def bench_speedrun(args):
     seeds = [int(x) for x in args.seeds.split(",")]
     peer_lrs = [float(x) for x in args.peer_lr.split(",") if x]
     print(f"speedrun: {args.minutes:g} min a run, {train_path.name} -> {val_path.name} ({n_bytes:,} bytes), "
-          f"vocab {args.vocab_size}, Llama d{args.d_model} x {args.num_layers} layers, context {args.context_length}, "
-          f"batch {args.batch_size}, {torch.get_num_threads()} threads, {flops.cpu_name()} "
-          f"({torch.backends.cpu.get_cpu_capability()})")
-    print(f"{'run':<28}{'seed':>5}{'steps':>8}{'tok/s':>9}{'val bpb':>9}")
+          f"vocab {args.vocab_size}, the peer's shape (ours too, unless --ours sets one): Llama d{args.d_model} x "
+          f"{args.num_layers} layers, context {args.context_length}, batch {args.batch_size}, "
+          f"{torch.get_num_threads()} threads, {flops.cpu_name()} ({torch.backends.cpu.get_cpu_capability()})")
+    ours_name = "ours " + args.ours if args.ours else "ours"
+    width = max(28, len(ours_name) + 2)   # the run column fits the --ours flags
+    print(f"{'run':<{width}}{'seed':>5}{'steps':>8}{'tok/s':>9}{'val bpb':>9}")
     results = {}
     for seed in seeds:   # one after the other, each side on the same budget
-        sides = [("ours " + args.ours if args.ours else "ours", lambda: _speedrun_ours(args, seed, tmp, n_bytes))]
+        sides = [(ours_name, lambda: _speedrun_ours(args, seed, tmp, n_bytes))]
         sides += [(f"peer lr {lr:g}", lambda lr=lr: _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes))
                   for lr in peer_lrs]
         for name, run in sides:
             r = run()
             results.setdefault(name, []).append(r)
-            print(f"{name:<28}{seed:>5}{r['steps']:>8}{r['tps']:>9,.0f}{r['bpb']:>9.4f}", flush=True)
+            print(f"{name:<{width}}{seed:>5}{r['steps']:>8}{r['tps']:>9,.0f}{r['bpb']:>9.4f}", flush=True)
     median = {name: statistics.median(r["bpb"] for r in rs) for name, rs in results.items()}
-    ours_name = next(iter(results))
     print(f"medians over {len(seeds)} seed(s): " + ", ".join(f"{n} {b:.4f}" for n, b in median.items()))
     if args.curve:
         _speedrun_plot(args.curve, results, args.minutes, f"speedrun, {args.minutes:g} min a run: validation bits per "
