@@ -2875,24 +2875,58 @@ def test_train_bytes_per_token_counts_utf8_bytes_not_characters():
 # ---- device settings, batch arithmetic, the model's config
 
 
+def _settings(c, device):
+    """train.device_settings without its dtype_why phrase (a test of the choices, not of their wording)."""
+    return {k: v for k, v in train.device_settings(c, device).items() if k != "dtype_why"}
+
+
 def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
     # --tf32/--dtype/--pad_vocab/--fused/--compile=auto: all on for a CUDA device, all off elsewhere; --dtype=auto is
     # bfloat16 only on a GPU that has it natively (a V100 only emulates it: float32 there); a given value wins
     native = {True: True, False: True}   # is_bf16_supported(including_emulation=...)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native[including_emulation])
+    monkeypatch.setattr(M, "cpu_flags", lambda: {"avx2"})   # a CPU without native bf16
     on = dict(tf32=True, dtype="bfloat16", pad_vocab=64, fused=True, compile=True)
     off = dict(tf32=False, dtype="float32", pad_vocab=1, fused=False, compile=False)
     auto = dict(train.DEFAULTS)
-    assert train.device_settings(auto, torch.device("cuda", 1)) == on
-    assert train.device_settings(auto, torch.device("cpu")) == off
+    assert _settings(auto, torch.device("cuda", 1)) == on
+    assert _settings(auto, torch.device("cpu")) == off
     native[False] = False   # bf16 emulated only
-    assert train.device_settings(auto, torch.device("cuda")) == dict(on, dtype="float32")
+    assert _settings(auto, torch.device("cuda")) == dict(on, dtype="float32")
     given = dict(auto, tf32="false", dtype="bfloat16", pad_vocab="false", fused="false", compile="false")
-    assert train.device_settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
+    assert _settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
     given = dict(auto, tf32="true", dtype="float32", pad_vocab="true", fused="true", compile="true")
-    assert train.device_settings(given, torch.device("cpu")) == dict(on, dtype="float32")
+    assert _settings(given, torch.device("cpu")) == dict(on, dtype="float32")
     muon = dict(auto, optimizer="muon")   # torch's fused kernel is AdamW's: Muon runs this file's optimizer
-    assert train.device_settings(muon, torch.device("cuda")) == dict(on, dtype="float32", fused=False)
+    assert _settings(muon, torch.device("cuda")) == dict(on, dtype="float32", fused=False)
+
+
+@pytest.mark.parametrize("flags, d_model, init_from, dtype", [
+    ({"avx2", "fma"}, 512, "scratch", "float32"),              # AVX2 only: bf16 emulated, float32 as always
+    ({"avx512f", "avx512bw"}, 512, "scratch", "float32"),      # AVX-512 without its BF16 extension: the same
+    ({"avx512f", "avx512_bf16"}, 512, "scratch", "bfloat16"),  # AMD Zen 4, Intel Cooper Lake
+    ({"amx_bf16", "amx_tile"}, 256, "scratch", "bfloat16"),    # Intel Sapphire Rapids (AMX)
+    ({"fp", "asimd", "bf16"}, 1024, "scratch", "bfloat16"),    # Arm with BF16 (Graviton 3, Neoverse V1)
+    ({"avx512f", "avx512_bf16"}, 128, "scratch", "float32"),   # native, but the main job's width: too narrow
+    ({"avx512f", "avx512_bf16"}, 128, "gpt2", "bfloat16"),     # released GPT-2 brings its 768 width
+])
+def test_train_auto_dtype_on_cpu_is_bf16_where_native_and_wide_enough(monkeypatch, flags, d_model, init_from, dtype):
+    monkeypatch.setattr(M, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    c = dict(train.DEFAULTS, d_model=d_model, init_from=init_from)
+    hw = train.device_settings(c, torch.device("cpu"))
+    assert hw["dtype"] == dtype and hw["dtype_why"].startswith("auto")
+    assert train.device_settings(dict(c, dtype="float32"), "cpu")["dtype"] == "float32"   # a given dtype wins
+    assert train.device_settings(dict(c, dtype="bfloat16"), "cpu")["dtype"] == "bfloat16"
+
+
+def test_train_auto_dtype_is_said_in_the_start_line_and_logged(monkeypatch, tmp_path, _train_data):
+    monkeypatch.setattr(M, "cpu_flags", lambda: {"avx2"})
+    lines = []
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1, dtype="auto"), log=lines.append)
+    config = json.loads((tmp_path / "o" / "log.jsonl").read_text().splitlines()[0])
+    assert config["used"]["dtype"] == "float32" and config["used"]["dtype_why"].startswith("auto")
+    assert any(config["used"]["dtype_why"] in line for line in lines)
 
 
 def test_train_total_batch_tokens_sets_the_accumulation_steps():
@@ -5017,23 +5051,26 @@ _TRAIN_WIDE = dict(d_model=256, num_layers=2, num_heads=4, context_length=64, ba
                    warmup_iters=2, eval_interval=3, ckpt_interval=3, num_threads=0)
 
 
-def test_train_two_identical_runs_at_the_default_thread_count_are_bit_for_bit_equal(tmp_path, _train_data):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_two_identical_runs_at_the_default_thread_count_are_bit_for_bit_equal(tmp_path, _train_data, dtype):
     # d_model 256 and torch's default threads reach the multi-threaded kernels (the embedding's backward once summed
-    # in a thread-timing order there): two runs of the same settings end with the same weights and the same log
+    # in a thread-timing order there): two runs of the same settings end with the same weights and the same log,
+    # under CPU bf16 autocast too (oneDNN's bf16 kernels on a CPU that has them)
     assert torch.get_num_threads() >= 2 or pytest.skip("one CPU thread: nothing multi-threaded to check")
     for out in ("a", "b"):
-        train.train(_train_cfg(_train_data, tmp_path / out, **_TRAIN_WIDE), log=_train_quiet)
+        train.train(_train_cfg(_train_data, tmp_path / out, **_TRAIN_WIDE, dtype=dtype), log=_train_quiet)
     a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["loss"] for r in _train_records(tmp_path / "a", "train")] == [
         r["loss"] for r in _train_records(tmp_path / "b", "train")]
 
 
-def test_train_killed_with_sigkill_resumes_to_the_uninterrupted_runs_weights(tmp_path, _train_data):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_killed_with_sigkill_resumes_to_the_uninterrupted_runs_weights(tmp_path, _train_data, dtype):
     # a real kill -9 after step 4 (no handler runs, the last checkpoint is step 3's), then --resume: the same weights
-    # as the run that was never interrupted, at the default thread count and a multi-threaded width
-    train.train(_train_cfg(_train_data, tmp_path / "straight", **_TRAIN_WIDE), log=_train_quiet)
-    cfg = _train_cfg(_train_data, tmp_path / "killed", **_TRAIN_WIDE)
+    # as the run that was never interrupted, at the default thread count and a multi-threaded width, in bf16 too
+    train.train(_train_cfg(_train_data, tmp_path / "straight", **_TRAIN_WIDE, dtype=dtype), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "killed", **_TRAIN_WIDE, dtype=dtype)
     code = (f"import os, signal, train\n"
             f"train.train({cfg!r}, log=lambda *a, **k: None, on_step=lambda s: s == 4 and os.kill(os.getpid(), "
             f"signal.SIGKILL))\n")

@@ -740,16 +740,32 @@ def _auto(value, when_auto):
     return when_auto if value == "auto" else value
 
 
+# --dtype=auto on a CPU with native bf16: bfloat16 from this width on; below it the casts autocast adds cost more
+# than the narrow matmuls save (measured on AVX512-BF16: docs/BENCHMARKS.md, "bf16 on CPU")
+CPU_BF16_MIN_D_MODEL = 256
+
+
+def auto_dtype(c, device):
+    """(dtype, why) that --dtype=auto comes to: bfloat16 on a GPU with native bf16, and on a CPU with native bf16
+    for a model at least CPU_BF16_MIN_D_MODEL wide; float32 elsewhere (bf16 emulated is slower, not faster)."""
+    kind = "GPU" if device.type == "cuda" else "CPU"
+    if not model_lib.native_bf16(device):
+        return "float32", f"auto: no native bf16 on this {kind}"
+    width = model_lib.HUB_SHAPES.get(c.init_from, (c.d_model,))[-1]   # released GPT-2 weights bring their own
+    if device.type == "cpu" and width < CPU_BF16_MIN_D_MODEL:
+        return "float32", f"auto: d_model {width} < {CPU_BF16_MIN_D_MODEL}, too narrow for CPU bf16 to pay"
+    return "bfloat16", f"auto: native bf16 on this {kind}"
+
+
 def device_settings(c, device):
     """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
-    device and off elsewhere; --dtype=auto is bfloat16 only on a GPU that has it natively (not emulated, as on a V100).
-    Returns dict(tf32, dtype (a name), pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so
-    never with --optimizer=muon."""
+    device and off elsewhere; --dtype=auto is auto_dtype's choice. Returns dict(tf32, dtype (a name), dtype_why,
+    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon."""
     c = Settings(c)
-    cuda = torch.device(device).type == "cuda"
-    bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
-    dtype = c.dtype if c.dtype != "auto" else ("bfloat16" if bf16 else "float32")
-    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    dtype, why = auto_dtype(c, device) if c.dtype == "auto" else (c.dtype, "given")
+    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, dtype_why=why, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
                 fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
 
 
@@ -875,7 +891,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {c.data_dir}: "
         f"{sum(len(a) for _, a, _ in data.train):,} train / {sum(len(a) for _, a, _ in data.val):,} val tokens | "
         f"{tokens_per_step:,} tokens/step = {B} x {T} x {accum} accum x {world} procs | {device} {hw['dtype']}"
-        f"{' | compiled' if hw['compile'] else ''}")
+        + (f" ({hw['dtype_why']})" if c.dtype == "auto" else "") + (" | compiled" if hw["compile"] else ""))
     run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
                resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
 
