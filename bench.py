@@ -605,7 +605,12 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attn_implementation="sdpa"))
     opt = torch.optim.AdamW(M.param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(seed)
-    logits_of = lambda x: model(input_ids=x, use_cache=False).logits   # noqa: E731
+    # the peer's precision as a transformers user runs it: torch.autocast around the forwards (and the scoring)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=_speedrun_peer_dtype(args) == "bfloat16")
+
+    def logits_of(x):
+        with autocast:
+            return model(input_ids=x, use_cache=False).logits
     n = _speedrun_curve_tokens(args, args.batch_size, T)   # the curve: the first n validation targets, off the clock
     curve_bytes = len(tok.decode(val_ids[1:n + 1]).encode("utf-8"))   # (decode drops <|endoftext|>)
     budget, elapsed, steps, curve = 60 * args.minutes, 0.0, 0, []
@@ -620,8 +625,8 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
             g["lr"] = train.get_lr_cosine_schedule(elapsed / budget, lr, 0.1 * lr, 0.05, 1.0)
         starts = torch.randint(0, len(train_ids) - T, (args.batch_size,), generator=gen)
         batch = torch.stack([train_ids[i:i + T + 1] for i in starts.tolist()])
-        logits = model(input_ids=batch[:, :-1], use_cache=False).logits   # T targets a row, as ours
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        logits = logits_of(batch[:, :-1])   # T targets a row, as ours
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -634,6 +639,13 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
     return dict(steps=steps, tps=steps * args.batch_size * T / elapsed, bpb=bpb, curve=curve)
 
 
+def _speedrun_peer_dtype(args):
+    """The peer's --peer_dtype; auto: what train.py's --dtype=auto picks for a model of the peer's width here."""
+    if args.peer_dtype != "auto":
+        return args.peer_dtype
+    return train.auto_dtype(train.Settings(d_model=args.d_model, init_from="scratch"), torch.device("cpu"))[0]
+
+
 def _speedrun_ours(args, seed, tmp, n_bytes):
     out = tmp / f"ours-{seed}"
     shape = dict(model="llama", d_model=args.d_model, num_layers=args.num_layers, num_heads=args.num_heads,
@@ -643,7 +655,7 @@ def _speedrun_ours(args, seed, tmp, n_bytes):
     flags = [f"--data_dir={tmp / 'data'}", f"--out_dir={out}", "--prepare_data=false", "--fresh=true",
              f"--time_budget={60 * args.minutes}s", "--eval_interval=1000000000", "--eval_iters=1", "--eval_tokens=0",
              "--num_samples=0", "--log_interval=1000000000", "--device=cpu", f"--seed={seed}",
-             *([] if preset else ["--dtype=float32", "--compile=false", *(f"--{k}={v}" for k, v in shape.items())]),
+             *([] if preset else ["--compile=false", *(f"--{k}={v}" for k, v in shape.items())]),
              *shlex.split(args.ours)]
     cfg, _ = train.get_config(flags)
     if args.curve:   # train.py's own evaluation, every curve_every steps (off the clock), on the first n targets
@@ -729,7 +741,8 @@ def bench_speedrun(args):
     print(f"speedrun: {args.minutes:g} min a run, {train_path.name} -> {val_path.name} ({n_bytes:,} bytes), "
           f"vocab {args.vocab_size}, the peer's shape (ours too, unless --ours sets one): Llama d{args.d_model} x "
           f"{args.num_layers} layers, context {args.context_length}, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads, {flops.cpu_name()} ({torch.backends.cpu.get_cpu_capability()})")
+          f"{torch.get_num_threads()} threads, {flops.cpu_name()} ({torch.backends.cpu.get_cpu_capability()}"
+          f"{', native bf16' if M.native_bf16('cpu') else ''}), the peer in {_speedrun_peer_dtype(args)}")
     ours_name = "ours " + args.ours if args.ours else "ours"
     width = max(28, len(ours_name) + 2)   # the run column fits the --ours flags
     print(f"{'run':<{width}}{'seed':>5}{'steps':>8}{'tok/s':>9}{'val bpb':>9}")
@@ -985,6 +998,9 @@ def main():
     p.add_argument("--train", default=str(SPEEDRUN_DATA / "tinystories_train_head_2MiB.txt"), help="training text")
     p.add_argument("--valid", default=str(SPEEDRUN_DATA / "tinystories_valid_first1000.txt"),
                    help="validation text, scored whole")
+    p.add_argument("--peer_dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the peer's autocast dtype (auto: train.py's --dtype=auto rule for the peer's width on this "
+                   "CPU; ours follows train.py's --dtype, auto unless --ours sets it)")
     p.add_argument("--vocab_size", type=int, default=4096, help="both tokenizers' vocabulary")
     p.add_argument("--d_model", type=int, default=256, help="model width (both sides)")
     p.add_argument("--num_layers", type=int, default=4, help="layers")

@@ -9940,7 +9940,7 @@ def _bench_speedrun_args(tmp_path, **kw):
     return argparse.Namespace(**{**dict(
         minutes=0.01, seeds="0", peer_lr="3e-3", ours="", train=str(tmp_path / "train.txt"),
         valid=str(tmp_path / "val.txt"), vocab_size=300, d_model=16, num_layers=1, num_heads=2, d_ff=32,
-        context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192), **kw})
+        context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192, peer_dtype="float32"), **kw})
 
 
 def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
@@ -9980,6 +9980,24 @@ def test_bench_speedrun_curve_scores_both_sides_every_few_steps_into_a_png(tmp_p
     r = bench._speedrun_peer(args, 3e-3, 0, Path(args.train).read_text(), val,
                              len(val.replace(bpe.EOT, "").encode("utf-8")))
     assert r["curve"][-1][1] == pytest.approx(r["bpb"], rel=3e-3)
+
+
+def test_bench_speedrun_peer_runs_under_bf16_autocast_when_asked_and_auto_follows_train_py(tmp_path, monkeypatch):
+    seen, made = [], []
+    real, real_autocast = torch.nn.functional.cross_entropy, torch.autocast
+    monkeypatch.setattr(bench.F, "cross_entropy", lambda logits, *a, **k: (seen.append(logits.dtype),
+                                                                           real(logits, *a, **k))[1])
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: (made.append((a, k)), real_autocast(*a, **k))[1])
+    args = _bench_speedrun_args(tmp_path, peer_dtype="bfloat16")
+    val = Path(args.valid).read_text()
+    r = bench._speedrun_peer(args, 3e-3, 0, Path(args.train).read_text(), val, len(val.encode("utf-8")))
+    assert made == [(("cpu",), dict(dtype=torch.bfloat16, enabled=True))]   # the peer's forwards under autocast
+    assert r["steps"] >= 1 and 0 < r["bpb"] < 20 and seen and set(seen) == {torch.float32}   # the loss in float32
+    for flags, d_model, dtype in (({"avx2"}, 512, "float32"), ({"avx512_bf16"}, 512, "bfloat16"),
+                                  ({"avx512_bf16"}, 16, "float32")):
+        monkeypatch.setattr(M, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+        assert bench._speedrun_peer_dtype(_bench_speedrun_args(tmp_path, peer_dtype="auto", d_model=d_model)) == dtype
 
 
 def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeypatch):
