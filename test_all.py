@@ -8799,6 +8799,31 @@ def test_export_refuses_llama_ablations_hf_cannot_express(tmp_path, monkeypatch,
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("arch, plain", [("llama", False), ("llama", True), ("gpt2", True)])
+def test_export_refuses_a_config_field_it_does_not_translate(tmp_path, monkeypatch, own_tok, arch, plain):
+    # a field added to model.py's config (the README's Hacking example: norm, with setting(...) or as a plain
+    # dataclass field) is refused away from its default, naming it and its value, until export.py is taught it;
+    # at its default the model is the target class's and exports with the same logits
+    import dataclasses
+    name = {"llama": "TransformerLMConfig", "gpt2": "GPTConfig"}[arch]
+
+    @dataclasses.dataclass
+    class WithNorm(getattr(M, name)):
+        norm: str = "rmsnorm" if plain else M.setting("rmsnorm", "rmsnorm | layernorm",
+                                                      choices=("rmsnorm", "layernorm"))
+    monkeypatch.setattr(M, name, WithNorm)
+    ckpt, _ = _checkpoint(tmp_path / "ln.pt", arch, own_tok[0], own_tok[1].vocab_size, norm="layernorm")
+    message = _exits(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
+    _one_line(message, "export.py: --ckpt", ckpt, "norm='layernorm'", export.TARGETS[arch])
+    assert not (tmp_path / "hf").exists()
+    ckpt, ours = _checkpoint(tmp_path / "rms.pt", arch, own_tok[0], own_tok[1].vocab_size, norm="rmsnorm")
+    _run(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, ours.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, M.logits(ours, idx), atol=1e-5, rtol=0)
+
+
 def test_export_refuses_an_unknown_architecture(tmp_path, monkeypatch, exported):
     ckpt = torch.load(exported["llama"][0], weights_only=True)
     ckpt["model_config"]["arch"] = "mamba"
