@@ -3851,6 +3851,30 @@ def test_train_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _t
         _one_line_naming(str(e.value), f"train.py: {about}", named)
 
 
+@pytest.mark.parametrize("where", ["model", "run"])
+def test_train_a_plain_dataclass_field_is_a_flag_too(tmp_path, _train_data, monkeypatch, capsys, where):
+    # a field written as anyone writes one (`probe: bool = False`, no setting(...)) in the model's config or in
+    # TrainConfig is a flag all the same: --help lists it (its name for help), and a run given it stores it
+    import dataclasses
+    module, name = (M, "TransformerLMConfig") if where == "model" else (train, "TrainConfig")
+
+    @dataclasses.dataclass
+    class WithProbe(getattr(module, name)):
+        probe: bool = False
+        probe_width: int = 3
+    monkeypatch.setattr(module, name, WithProbe)
+    with pytest.raises(SystemExit) as e:
+        train.build_parser().parse_args(["--help"])
+    listed = capsys.readouterr().out
+    assert e.value.code == 0 and "--probe" in listed and "--probe_width" in listed
+    train.main(_train_main_args(_train_data, tmp_path / "o") + ["--probe", "--probe_width=5"])
+    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert (ckpt["config"]["probe"], ckpt["config"]["probe_width"]) == (True, 5)
+    if where == "model":
+        assert (ckpt["model_config"]["probe"], ckpt["model_config"]["probe_width"]) == (True, 5)
+        assert M.model_from_checkpoint(ckpt).config.probe_width == 5
+
+
 # ---- the command line: presets
 
 
