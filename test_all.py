@@ -10239,3 +10239,25 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
     _bad_says(str(e.value), f"{ckpt}: ", old, new, "--fresh")
+
+
+# ---- CI: .ci/run lints before it tests
+
+
+def test_ci_run_lints_with_ruff_before_the_tests(tmp_path):
+    # .ci/run with a `python` that only records its arguments: the dev requirements installed (ruff among them),
+    # then `ruff check .`, then the suite; a lint failure stops it before the tests (set -e)
+    shim = tmp_path / "bin" / "python"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls"}\n[ "$2" != ruff ] || exit "${{RUFF_RC:-0}}"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[1] for c in calls] == ["pip", "ruff", "pytest"] and calls[1] == "-m ruff check ."
+    assert "ruff" in re.findall(r"(?m)^([\w.-]+)", (ROOT / "requirements-dev.txt").read_text())
+    (tmp_path / "calls").unlink()
+    r = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=dict(env, RUFF_RC="1"), capture_output=True)
+    assert r.returncode == 1 and [c.split()[1] for c in (tmp_path / "calls").read_text().splitlines()] == [
+        "pip", "ruff"]
