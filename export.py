@@ -15,8 +15,11 @@ lm-evaluation-harness's `--model hf`.
   or not as it was trained (tie_embeddings), RMSNorm's eps and the RoPE theta carried. model.py rotates adjacent
   pairs (x0, x1), (x2, x3), ... while Hugging Face rotates the two halves of each head (x_i with x_{i + d/2}), so
   the rows of q_proj and k_proj are permuted within each head (rows 0, 2, 4, ... first, then 1, 3, 5, ...): the
-  rotated q.k products, and so the logits, are unchanged. The switches LlamaForCausalLM cannot express
-  (remove_rope, use_post_norm, remove_rmsnorm, an ffn_type other than swiglu, qk_norm, logit_softcap) are refused.
+  rotated q.k products, and so the logits, are unchanged.
+* Each field of model.py's config dataclass is carried into config.json (CARRIED: the shape, the RoPE theta, the
+  tied head), changes how the model computes and not what (attn_impl, GPT-2's vocabulary padding), or must be at
+  its default: a checkpoint with another value (an ablation switch, a field added to model.py and not taught here)
+  is refused, naming the field and its value, rather than exported as a model that loads and computes otherwise.
 * The tokenizer is a byte-level BPE in Hugging Face `tokenizers` form: bpe.py's pre-tokenizer regex, its merges,
   its special tokens, and a pre-token that is itself a token taken whole, as bpe.py does (ignore_merges), so
   AutoTokenizer gives exactly bpe.py's ids. A run on GPT-2's tokenizer gets GPT-2's own vocab.json / merges.txt
@@ -28,6 +31,7 @@ The checkpoint is loaded as sample.py loads it (a --tokenizer must match it: sam
 import argparse
 import json
 import os
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import torch
@@ -44,6 +48,47 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # -----------------------------------------------------------------------------
 # weights and config.json
 
+# What each architecture's Hugging Face class is told, field by field of model.py's config dataclass: the fields
+# config.json carries (ours -> theirs, written by gpt2_weights / llama_weights) and those that change how the model
+# computes, not what. Any other field exports only at its default, the model the class is; so a field added to
+# model.py tomorrow is refused, naming it and its value, until it is taught here.
+TARGETS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+CARRIED = {
+    "gpt2": {"vocab_size": "vocab_size", "block_size": "n_positions", "n_embd": "n_embd", "n_layer": "n_layer",
+             "n_head": "n_head"},
+    "llama": {"vocab_size": "vocab_size", "context_length": "max_position_embeddings", "d_model": "hidden_size",
+              "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "d_ff": "intermediate_size",
+              "rope_theta": "rope_theta", "tie_embeddings": "tie_word_embeddings"},
+}
+HOW_NOT_WHAT = {"gpt2": {"attn_impl", "pad_vocab_to_multiple_of"},   # the padded rows are dropped
+                "llama": {"attn_impl"}}
+WHY = {"remove_rope": "always applies RoPE", "use_post_norm": "has pre-norm blocks",
+       "remove_rmsnorm": "always has its RMSNorms", "ffn_type": "has the gated SwiGLU MLP",
+       "qk_norm": "has no query/key norms", "logit_softcap": "does not cap its logits"}
+
+
+def carried(arch, config):
+    """config.json's entries for the fields CARRIED, under Hugging Face's names."""
+    return {theirs: getattr(config, ours) for ours, theirs in CARRIED[arch].items()}
+
+
+def _default(f):
+    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+
+
+def refusals(arch, config):
+    """The fields of config (a model.py config dataclass) whose value the architecture's Hugging Face class cannot
+    express, one phrase each naming the field and its value: every field neither carried nor at its default."""
+    known = set(CARRIED[arch]) | HOW_NOT_WHAT[arch]
+    out = []
+    for f in fields(config):
+        value, default = getattr(config, f.name), _default(f)
+        if f.name not in known and value != default:
+            why = (f"{TARGETS[arch]} {WHY[f.name]}" if f.name in WHY else
+                   f"a field export.py does not translate: only its default, {default!r}, exports")
+            out.append(f"{f.name}={value!r} ({why})")
+    return out
+
 
 def gpt2_weights(model):
     """(config.json dict, tensors) of a model.GPT as GPT2LMHeadModel."""
@@ -54,23 +99,10 @@ def gpt2_weights(model):
         if key == "lm_head.weight":
             continue   # tied to wte: Hugging Face ties it again on load (tie_word_embeddings)
         tensors[key] = w.t() if key.endswith(conv1d) else w[:V] if key == "transformer.wte.weight" else w
-    config = dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=V, n_positions=c.block_size,
-                  n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, n_inner=None, activation_function="gelu_new",
-                  layer_norm_epsilon=model.transformer.ln_f.eps, tie_word_embeddings=True,
-                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)   # model.py trains without dropout
+    config = dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", **carried("gpt2", c), n_inner=None,
+                  activation_function="gelu_new", layer_norm_epsilon=model.transformer.ln_f.eps,
+                  tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)   # trained without dropout
     return config, tensors
-
-
-def llama_refusals(c):
-    """What LlamaForCausalLM cannot express in a TransformerLMConfig, one phrase each."""
-    return [why for on, why in [
-        (c.remove_rope, "remove_rope=True (LlamaForCausalLM always applies RoPE)"),
-        (c.use_post_norm, "use_post_norm=True (LlamaForCausalLM's blocks are pre-norm)"),
-        (c.remove_rmsnorm, "remove_rmsnorm=True (LlamaForCausalLM always has its RMSNorms)"),
-        (c.ffn_type != "swiglu", f"ffn_type={c.ffn_type!r} (LlamaForCausalLM's MLP is the gated SwiGLU)"),
-        (c.qk_norm, "qk_norm=True (LlamaForCausalLM has no query/key norms)"),
-        (c.logit_softcap, f"logit_softcap={c.logit_softcap!r} (LlamaForCausalLM does not cap its logits)"),
-    ] if on]
 
 
 def rope_halves(w, num_heads):
@@ -96,12 +128,9 @@ def llama_weights(model):
         for ours, theirs in names.items():
             w = sd[f"layers.{i}.{ours}"]
             tensors[f"model.layers.{i}.{theirs}"] = rope_halves(w, c.num_heads) if ours in rotated else w
-    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=c.vocab_size,
-                  hidden_size=c.d_model, intermediate_size=c.d_ff, num_hidden_layers=c.num_layers,
-                  num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads, head_dim=c.d_model // c.num_heads,
-                  max_position_embeddings=c.context_length, rms_norm_eps=model.ln_final.eps, rope_theta=c.rope_theta,
-                  hidden_act="silu", attention_bias=False, mlp_bias=False,
-                  tie_word_embeddings=c.tie_embeddings)
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", **carried("llama", c),
+                  num_key_value_heads=c.num_heads, head_dim=c.d_model // c.num_heads, rms_norm_eps=model.ln_final.eps,
+                  hidden_act="silu", attention_bias=False, mlp_bias=False)
     return config, tensors
 
 
@@ -169,10 +198,11 @@ def export(model, tokenizer, out, dtype=torch.float32):
     from safetensors.torch import save_file
     model = model_lib.unwrap(model)
     arch = model.model_config()["arch"]
-    if arch not in ("gpt2", "llama"):
+    if arch not in TARGETS:
         raise ValueError(f"architecture {arch!r} has no Hugging Face counterpart here (gpt2 and llama have)")
-    if arch == "llama" and llama_refusals(model.config):
-        raise ValueError(f"a llama with {'; '.join(llama_refusals(model.config))}: LlamaForCausalLM cannot load it")
+    refused = refusals(arch, model.config)
+    if refused:
+        raise ValueError(f"a {arch} model with {'; '.join(refused)}: {TARGETS[arch]} cannot load it as it is")
     config, tensors = (gpt2_weights if arch == "gpt2" else llama_weights)(model)
     eot = tokenizer.eot_id
     config.update(bos_token_id=eot, eos_token_id=eot, torch_dtype=str(dtype).removeprefix("torch."))

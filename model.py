@@ -45,7 +45,8 @@ CHECKS = {  # the range a setting may be held to; the key is also what its error
 
 def setting(default, help, check=None, choices=None, **meta):
     """A dataclass field with its --help text, a range check (a key of CHECKS) or allowed values, and any other
-    metadata train.py reads (flag: the flag's name when it differs from the field's, None for no flag)."""
+    metadata train.py reads (flag: the flag's name when it differs from the field's, None for no flag). A plain
+    field (`probe: bool = False`) is a flag as well, with its name for help and no check."""
     if check is not None and check not in CHECKS:
         raise ValueError(f"setting: unknown check {check!r}; expected one of {list(CHECKS)}")
     return field(default=default, metadata=dict(help=help, check=check, choices=choices, **meta))

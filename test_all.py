@@ -3885,6 +3885,30 @@ def test_train_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _t
         _one_line_naming(str(e.value), f"train.py: {about}", named)
 
 
+@pytest.mark.parametrize("where", ["model", "run"])
+def test_train_a_plain_dataclass_field_is_a_flag_too(tmp_path, _train_data, monkeypatch, capsys, where):
+    # a field written as anyone writes one (`probe: bool = False`, no setting(...)) in the model's config or in
+    # TrainConfig is a flag all the same: --help lists it (its name for help), and a run given it stores it
+    import dataclasses
+    module, name = (M, "TransformerLMConfig") if where == "model" else (train, "TrainConfig")
+
+    @dataclasses.dataclass
+    class WithProbe(getattr(module, name)):
+        probe: bool = False
+        probe_width: int = 3
+    monkeypatch.setattr(module, name, WithProbe)
+    with pytest.raises(SystemExit) as e:
+        train.build_parser().parse_args(["--help"])
+    listed = capsys.readouterr().out
+    assert e.value.code == 0 and "--probe" in listed and "--probe_width" in listed
+    train.main(_train_main_args(_train_data, tmp_path / "o") + ["--probe", "--probe_width=5"])
+    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert (ckpt["config"]["probe"], ckpt["config"]["probe_width"]) == (True, 5)
+    if where == "model":
+        assert (ckpt["model_config"]["probe"], ckpt["model_config"]["probe_width"]) == (True, 5)
+        assert M.model_from_checkpoint(ckpt).config.probe_width == 5
+
+
 # ---- the command line: presets
 
 
@@ -8836,6 +8860,31 @@ def test_export_refuses_llama_ablations_hf_cannot_express(tmp_path, monkeypatch,
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("arch, plain", [("llama", False), ("llama", True), ("gpt2", True)])
+def test_export_refuses_a_config_field_it_does_not_translate(tmp_path, monkeypatch, own_tok, arch, plain):
+    # a field added to model.py's config (the README's Hacking example: norm, with setting(...) or as a plain
+    # dataclass field) is refused away from its default, naming it and its value, until export.py is taught it;
+    # at its default the model is the target class's and exports with the same logits
+    import dataclasses
+    name = {"llama": "TransformerLMConfig", "gpt2": "GPTConfig"}[arch]
+
+    @dataclasses.dataclass
+    class WithNorm(getattr(M, name)):
+        norm: str = "rmsnorm" if plain else M.setting("rmsnorm", "rmsnorm | layernorm",
+                                                      choices=("rmsnorm", "layernorm"))
+    monkeypatch.setattr(M, name, WithNorm)
+    ckpt, _ = _checkpoint(tmp_path / "ln.pt", arch, own_tok[0], own_tok[1].vocab_size, norm="layernorm")
+    message = _exits(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
+    _one_line(message, "export.py: --ckpt", ckpt, "norm='layernorm'", export.TARGETS[arch])
+    assert not (tmp_path / "hf").exists()
+    ckpt, ours = _checkpoint(tmp_path / "rms.pt", arch, own_tok[0], own_tok[1].vocab_size, norm="rmsnorm")
+    _run(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, ours.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, M.logits(ours, idx), atol=1e-5, rtol=0)
+
+
 def test_export_refuses_an_unknown_architecture(tmp_path, monkeypatch, exported):
     ckpt = torch.load(exported["llama"][0], weights_only=True)
     ckpt["model_config"]["arch"] = "mamba"
@@ -10245,3 +10294,25 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
     _bad_says(str(e.value), f"{ckpt}: ", old, new, "--fresh")
+
+
+# ---- CI: .ci/run lints before it tests
+
+
+def test_ci_run_lints_with_ruff_before_the_tests(tmp_path):
+    # .ci/run with a `python` that only records its arguments: the dev requirements installed (ruff among them),
+    # then `ruff check .`, then the suite; a lint failure stops it before the tests (set -e)
+    shim = tmp_path / "bin" / "python"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls"}\n[ "$2" != ruff ] || exit "${{RUFF_RC:-0}}"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[1] for c in calls] == ["pip", "ruff", "pytest"] and calls[1] == "-m ruff check ."
+    assert "ruff" in re.findall(r"(?m)^([\w.-]+)", (ROOT / "requirements-dev.txt").read_text())
+    (tmp_path / "calls").unlink()
+    r = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=dict(env, RUFF_RC="1"), capture_output=True)
+    assert r.returncode == 1 and [c.split()[1] for c in (tmp_path / "calls").read_text().splitlines()] == [
+        "pip", "ruff"]

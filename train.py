@@ -50,9 +50,10 @@ from model import setting
 from sample import generate
 
 # -----------------------------------------------------------------------------
-# settings: each field is a flag with its default and --help, checked by its `check` / `choices`. The model's
-# own settings are the fields of model.py's configs (see model_settings). "auto": on where the hardware supports
-# it (CUDA), off elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
+# settings: each field is a flag with its default and --help, checked by its `check` / `choices` (a plain dataclass
+# field, without setting(...), is a flag too: its help is its name, unchecked). The model's own settings are the
+# fields of model.py's configs (see model_settings). "auto": on where the hardware supports it (CUDA), off
+# elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
 
 
 @dataclass
@@ -1010,7 +1011,8 @@ def build_parser():
     own = {f.name for f in fields(TrainConfig)}
     for name, (f, archs) in settings().items():
         g = groups["run" if name in own else "model"]
-        help_text = f.metadata["help"] + ("" if archs == set(model_lib.ARCHS) else f" [--model={'/'.join(archs)}]")
+        help_text = (f.metadata.get("help", f.name)   # a plain dataclass field (no setting(...)): its name
+                     + ("" if archs == set(model_lib.ARCHS) else f" [--model={'/'.join(archs)}]"))
         if isinstance(f.default, bool) or f.metadata.get("auto"):
             g.add_argument(f"--{name}", type=_parse_bool if f.metadata.get("auto") else _parse_switch, nargs="?",
                            const=True, default=f.default, help=help_text)
