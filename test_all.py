@@ -3816,39 +3816,68 @@ def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypat
     assert (tmp_path / "s.txt").stat().st_size >= 1000 and not (tmp_path / "~").exists()
 
 
-def test_train_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _train_data, monkeypatch):
-    # the README's Hacking example, made by the test itself: a field added to TransformerLMConfig and used in
-    # norm_layer is a train.py flag (its default, help and choices), is stored in the checkpoint, is rebuilt by
-    # model_from_checkpoint and is counted by flops.py, with no edit anywhere else
-    import dataclasses
+def _scripts_copy(tmp_path):
+    """A copy of the project's scripts in tmp_path/clone, nothing beside it (no ../shared): a fresh clone's files."""
+    copy = tmp_path / "clone"
+    copy.mkdir()
+    for f in ROOT.glob("*.py"):
+        shutil.copy(f, copy)
+    return copy
 
-    @dataclasses.dataclass
-    class WithNorm(M.TransformerLMConfig):
-        norm: str = M.setting("rmsnorm", "rmsnorm | layernorm", choices=("rmsnorm", "layernorm"))
-    plain_norm = M.norm_layer
 
-    def norm_layer(config, d_model, device=None, dtype=None):
-        if config.norm == "layernorm":
-            return torch.nn.LayerNorm(d_model, device=device, dtype=dtype)
-        return plain_norm(config, d_model, device, dtype)
-    monkeypatch.setattr(M, "TransformerLMConfig", WithNorm)
-    monkeypatch.setattr(M, "norm_layer", norm_layer)
-    flag = next(a for a in train.build_parser()._actions if a.dest == "norm")
-    assert flag.default == "rmsnorm" and "layernorm" in flag.help
-    args = _train_main_args(_train_data, tmp_path / "o") + ["--norm=layernorm"]
-    train.main(args)
-    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm"
-    model = M.model_from_checkpoint(ckpt)
-    assert isinstance(model.layers[0].ln1, torch.nn.LayerNorm) and isinstance(model.ln_final, torch.nn.LayerNorm)
-    counted = flops.count_params(ckpt["model_config"])
-    assert counted["total"] == sum(p.numel() for p in model.parameters())
+# runs command lines (python SCRIPT ARGS...) one after the other in one interpreter, each as `python SCRIPT ARGS`
+# would (runpy, as __main__), and prints for each its exit code or message and its stdout, as JSON: one torch import
+_RUN_SCRIPTS = """
+import contextlib, io, json, runpy, sys
+sys.path.insert(0, "")
+done = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv, out, code = argv, io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code or 0
+    done.append([code, out.getvalue()])
+print(json.dumps(done))
+"""
+
+
+def _run_scripts(cwd, *commands):
+    """[(exit code or message, stdout)] of each command line (a list: script, args...) run in cwd, offline."""
+    r = subprocess.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps([list(map(str, c)) for c in commands])],
+                       cwd=cwd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_train_readme_hacking_diff_applies_and_its_command_trains_the_new_field(tmp_path, _train_data):
+    # the README's Hacking example as a user follows it: its diff applied with `git apply` to a copy of the scripts,
+    # then its command (made quick: a tiny model on tiny data, 2 steps): the field added to TransformerLMConfig is a
+    # train.py flag with its help and choices, is stored in the checkpoint, is Llama's only, and flops.py rebuilds
+    # the model from the checkpoint and counts the LayerNorm biases, with no edit anywhere else
+    hacking = (ROOT / "README.md").read_text().split("\n## Hacking\n", 1)[1].split("\n## ", 1)[0]
+    diff = re.search(r"```diff\n(.*?)```", hacking, re.S).group(1)
+    command = shlex.split(re.search(r"and then `python (train\.py [^`]*)`", hacking).group(1))
+    out = dict(a[2:].split("=", 1) for a in command if a.startswith("--out_dir="))["out_dir"]
+    copy = _scripts_copy(tmp_path)
+    (tmp_path / "norm.diff").write_text(diff)
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)   # git apply: paths from the copy's root
+    r = subprocess.run(["git", "apply", str(tmp_path / "norm.diff")], cwd=copy, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    quick = [a for a in _train_main_args(_train_data, "-") if not a.startswith("--out_dir")]
+    (help_code, help_text), (code, _), (flops_code, flops_json), *refused = _run_scripts(
+        copy, ["train.py", "--help"], command + quick, ["flops.py", f"--ckpt={out}/ckpt.pt", "--json"],
+        *[command + quick + ["--out_dir=out/p", bad] for bad in ("--norm=batchnorm", "--model=gpt2")])
+    assert (help_code, code, flops_code) == (0, 0, 0) and "--norm" in help_text
+    ckpt = torch.load(copy / out / "ckpt.pt", weights_only=True)
+    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm" and "ln_final.bias" in ckpt["model"]
+    counted = json.loads(flops_json)["params"]
+    assert counted["total"] == sum(t.numel() for t in ckpt["model"].values())
     assert counted["norm"] == 2 * (2 * 1 + 1) * 32   # weight and bias of ln1 and ln2 (1 layer) and of ln_final
-    for bad, about, named in (("--norm=batchnorm", "--norm", "'batchnorm'"),     # its choices are checked
-                              ("--model=gpt2", "--norm=layernorm", "--model=llama")):  # and it is Llama's only
-        with pytest.raises(SystemExit) as e:
-            train.main(_train_main_args(_train_data, tmp_path / "p") + ["--norm=layernorm", bad])
-        _one_line_naming(str(e.value), f"train.py: {about}", named)
+    for (message, _), about, named in zip(refused, ("--norm", "--norm=layernorm"), ("'batchnorm'", "--model=llama")):
+        _one_line_naming(message, f"train.py: {about}", named)   # its choices are checked, and it is Llama's only
+    assert not (copy / "out/p").exists()
 
 
 # ---- the command line: presets
