@@ -5947,6 +5947,57 @@ def test_fw_prepare_tinystories_download_stops_at_the_first_story_that_reaches_e
         assert limit <= len(text.encode()) < limit + last, (split, len(text))
 
 
+# ---- fineweb.py: the speedrun's and experiments.py's text (tinystories_head)
+
+
+def test_fw_tinystories_head_is_the_head_of_each_split_fetched_once(tmp_path, monkeypatch):
+    # through `datasets` (local rows here): train.txt is the first train_bytes of the train split's stories, each
+    # followed by the separator, cut there mid-story (less a character the cut would split); valid.txt is the first
+    # val_stories validation stories; a second call reuses both without a download, an edited file is fetched again
+    calls, logs = [], []
+    rows = {"train": [f"Train story {i}.\n\nIts second paragraph, \u00fcber {i}." for i in range(400)],
+            "validation": [f"Val story {i}." for i in range(50)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    stream = "".join(d + "\n" + _FW_EOT + "\n" for d in rows["train"]).encode()
+    cut = stream.index("\u00fc".encode(), 5000) + 1   # inside a two-byte character
+    train_txt, valid_txt = fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append)
+    assert train_txt.read_bytes() == stream[:cut - 1]
+    assert valid_txt.read_text() == "".join(d + "\n" + _FW_EOT + "\n" for d in rows["validation"][:20])
+    assert {(c["path"], c["split"], c["streaming"]) for c in calls} == {
+        ("roneneldan/TinyStories", "train", True), ("roneneldan/TinyStories", "validation", True)}
+    calls.clear()
+    assert fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append) == (
+        train_txt, valid_txt) and calls == []
+    valid_txt.write_text("edited")
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append)
+    assert len(calls) == 2 and valid_txt.read_text().startswith("Val story 0.")
+
+
+def test_fw_tinystories_head_offline_says_in_one_line_that_its_figures_do_not_compare(tmp_path, monkeypatch, capsys):
+    # offline: stories.py's stories of the same sizes, and one line saying so; again offline: the same stories
+    # reused, the line again; online later: TinyStories replaces them. The command line does the same
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    logs = []
+    train_txt, valid_txt = fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    (said,) = [line for line in logs if "compare" in line]
+    _one_line_naming(said, "TinyStories ", "cannot reach huggingface.co", "stories.py", "published")
+    assert train_txt.stat().st_size == 6000 and len(list(fineweb.file_docs(valid_txt))) == 12
+    generated, logs[:] = train_txt.read_bytes(), []
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    assert train_txt.read_bytes() == generated and [line for line in logs if "compare" in line] == [said]
+    _fw_fake_datasets(monkeypatch, {"train": ["A real story."] * 1000, "validation": ["A real one."] * 20}, [])
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    assert train_txt.read_text().startswith("A real story.") and train_txt.stat().st_size == 6000
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--tinystories_head", "--out_dir=cli"])
+    capsys.readouterr()
+    fineweb.main()
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if "compare" in line]) == 1 and (tmp_path / "cli/valid.txt").is_file()
+    assert (tmp_path / "cli/train.txt").stat().st_size == fineweb.HEAD_TRAIN_BYTES
+
+
 # ---- fineweb.py: a tokenizer trained on the corpus first (train_tokenizer_on_docs)
 
 
