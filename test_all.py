@@ -3921,6 +3921,26 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
         cfg["optimizer"] == "muon")
 
 
+def test_train_speedrun_cpu_prepare_command_runs_on_a_fresh_clone(tmp_path, monkeypatch):
+    # the command --preset=speedrun-cpu prints when its data is missing names nothing outside the clone and runs in a
+    # copy of the scripts with nothing beside it (offline here: stories.py's text, saying so in one line; a small
+    # vocabulary keeps it quick); the preset then trains on what it made
+    command = train.PREPARE_COMMANDS["speedrun-cpu"]
+    assert "shared" not in command and ".." not in command and "--vocab 4096" in command
+    copy = _scripts_copy(tmp_path)
+    command = command.replace("--vocab 4096", "--vocab 300").replace("python ", f"{shlex.quote(sys.executable)} ")
+    r = subprocess.run(command, shell=True, cwd=copy, capture_output=True, text=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len([line for line in r.stdout.splitlines() if "stories.py" in line and "compare" in line]) == 1
+    monkeypatch.chdir(copy)
+    s = train.train(train.get_config(["--preset=speedrun-cpu", "--d_model=32", "--num_layers=1", "--num_heads=2",
+                                      "--d_ff=64", "--context_length=16", "--batch_size=4", "--eval_tokens=128",
+                                      "--max_iters=2", "--warmup_iters=1", "--time_budget=", "--compile=false",
+                                      "--num_samples=0", "--device=cpu"])[0], log=_train_quiet)
+    assert s["step"] == 2 and math.isfinite(s["val_loss"]) and (copy / "out/speedrun-cpu/ckpt.pt").is_file()
+
+
 def test_train_tinystories_presets_use_the_reference_peak_lr():
     # SPEC: the TinyStories baseline reaches 1.564 at lr_max 1e-3 (batch 32, 5,000 steps), 1.48 at batch 128
     for name, batch in (("tinystories-cpu", 32), ("tinystories", 128)):
@@ -9406,6 +9426,21 @@ def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_
     assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
 
 
+def test_experiments_cpu_text_is_the_fetched_tinystories_head_unless_given(tmp_path, _experiments_results,
+                                                                           _experiments_tiny_preset, monkeypatch):
+    # the preset's text when it names none: fineweb.tinystories_head's files (fetched once under data/); texts given
+    # (--train / --valid) win
+    head = experiments.PRESETS[_experiments_tiny_preset]
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda log=print: (head["train_text"], head["val_text"]))
+    monkeypatch.setitem(experiments.PRESETS, "tiny", dict(head, train_text=None, val_text=None))
+    experiments.prepare_data("tiny", tmp_path / "s", log=lambda *a: None)
+    setup = json.loads((_experiments_results / "setup.json").read_text())
+    assert (setup["train_text"], setup["val_text"]) == ("train.txt", "val.txt")
+    other = _bpe_corpus(tmp_path / "other.txt", 60, 9)
+    experiments.prepare_data("tiny", tmp_path / "s", log=lambda *a: None, texts=(other, head["val_text"]))
+    assert json.loads((_experiments_results / "setup.json").read_text())["train_text"] == "other.txt"
+
+
 def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, _experiments_results):
     d = tmp_path / "data"
     d.mkdir()
@@ -9761,7 +9796,11 @@ def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _experiments_re
 @pytest.mark.parametrize("argv, prefix, named", [
     (["--steps=-5"], "experiments.py: --steps ", [-5]),
     (["--only=,"], "experiments.py: --only ", ["','"]),
-    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"])], ids=["negative-steps", "no-names", "unknown"])
+    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"]),
+    (["--train=/no/such.txt", "--valid=/no/such.txt"], "experiments.py: --train ", ["/no/such.txt"]),
+    ([f"--train={ROOT / 'README.md'}"], "experiments.py: --valid", []),
+    ([f"--train={ROOT / 'README.md'}", f"--valid={ROOT / 'README.md'}", "--preset=cs336"], "experiments.py: --train",
+     ["--preset=cs336"])], ids=["negative-steps", "no-names", "unknown", "no-text", "train-alone", "not-cpu"])
 def test_experiments_bad_flags_are_one_line_before_anything_runs(tmp_path, _experiments_results, argv, prefix, named):
     with pytest.raises(SystemExit) as e:
         experiments.main(["run", *argv, f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
@@ -9917,7 +9956,10 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["tokenizer", "--mix20", "."], "--mix20", [".", "folder"]),
     (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "--mix20", ["/nonexistent-dir/mix20.txt",
                                                                          "/nonexistent-dir"]),
-    (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"])])
+    (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"]),
+    (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
+    (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
+    (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"])])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
     for section in ("tokenizer", "model", "train", "gpu", "sample"):
@@ -9948,6 +9990,20 @@ def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
     bench.main()
     assert ran == [str(tmp_path / "mix.txt")]
+
+
+def test_bench_tokenizer_texts_default_to_the_fetched_tinystories_and_make_the_mix_from_them(tmp_path, monkeypatch):
+    # no --texts: the speedrun's TinyStories text at vocab 10,000; an absent --mix20 is made from the texts: each
+    # stripped and followed by the separator, repeated to the size, cut at a newline (the team's make_mix20.py rule)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("  one\ntwo \n")
+    b.write_text("three")
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda: (a, b))
+    assert bench._tok_texts(argparse.Namespace(texts="")) == [(a, 10000)]
+    assert bench._tok_texts(argparse.Namespace(texts=f"{a}:500,{b}:300")) == [(a, 500), (b, 300)]
+    bench._tok_make_mix(tmp_path / "mix.txt", [a, b], size=100)
+    head = ("one\ntwo\n<|endoftext|>\nthree\n<|endoftext|>\n" * 4)[:100]
+    assert (tmp_path / "mix.txt").read_text() == head[:head.rindex("\n") + 1]
 
 
 def _bench_rows(text, first):
@@ -9986,10 +10042,12 @@ def _bench_speedrun_args(tmp_path, **kw):
         context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192), **kw})
 
 
-def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
+def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys, monkeypatch):
     # a tiny shape on a tiny budget: both sides train and are scored on the whole validation text, and the last
-    # line's ratio is ours over the peer's median
-    bench.bench_speedrun(_bench_speedrun_args(tmp_path))
+    # line's ratio is ours over the peer's median; with no --train / --valid, the text is the fetched TinyStories head
+    args = _bench_speedrun_args(tmp_path)
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda: (Path(args.train), Path(args.valid)))
+    bench.bench_speedrun(argparse.Namespace(**{**vars(args), "train": "", "valid": ""}))
     out = capsys.readouterr().out
     rows = {r[0]: r for r in _bench_rows(out, "run") if r[0] in ("ours", "peer")}
     assert set(rows) == {"ours", "peer"} and all(int(r[-3]) >= 1 for r in rows.values())
@@ -10046,6 +10104,7 @@ def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeyp
     (["--minutes", "0"], "--minutes", ["0"]), (["--seeds", "a"], "--seeds", ["'a'"]),
     (["--curve_every", "0"], "--curve_every", ["0"]),
     (["--peer_lr", "0"], "--peer_lr", ["'0'"]), (["--train", "/no/such.txt"], "--train", ["/no/such.txt"]),
+    (["--valid", str(ROOT / "README.md")], "--train", []),
     (["--num_heads", "3"], "--num_heads", ["3", "256"]), (["--vocab_size", "100"], "--vocab_size", ["100", "257"])])
 def test_bench_speedrun_bad_flags_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", "speedrun", *argv])
@@ -10168,6 +10227,19 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     err = p.stderr.read().decode()
     # (at most one line on stderr: sample.py's "loaded ...")
     assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err
+
+
+def test_no_script_or_readme_reads_the_teams_data_and_docs_mark_it():
+    # a fresh clone has no ../shared beside it: no script reads it and the README names it nowhere; a docs paragraph
+    # that names it gives the team's own command lines and says they are the team's data
+    for script in ROOT.glob("*.py"):
+        if script.name != "test_all.py":
+            text = script.read_text()
+            assert "../shared" not in text and '"shared"' not in text, script.name
+    assert "../shared" not in (ROOT / "README.md").read_text()
+    for doc in (ROOT / "docs").glob("*.md"):
+        for paragraph in doc.read_text().split("\n\n"):
+            assert "../shared" not in paragraph or "team's" in paragraph, (doc.name, paragraph)
 
 
 # ---- the scripts that load a checkpoint (sample.py, flops.py, hellaswag.py, lambada.py): files and devices they
