@@ -202,11 +202,11 @@ def _tok_texts(args):
 
 def bench_tokenizer(args):
     args.parts = args.parts.split(",")
-    texts = _tok_texts(args)
     mix20 = Path(args.mix20)
-    if "train" in args.parts or "encode_file" in args.parts:
-        if not mix20.is_file():
-            _tok_make_mix(mix20, [p for p, _ in texts])
+    needs_mix = ("train" in args.parts or "encode_file" in args.parts) and not mix20.is_file()
+    texts = _tok_texts(args) if needs_mix or {"train", "encode"} & set(args.parts) else []
+    if needs_mix:
+        _tok_make_mix(mix20, [p for p, _ in texts])
     if "train" in args.parts:
         _tok_bench_train(args, texts + ([(mix20, 10000)] if args.big else []))
     if "encode" in args.parts:
