@@ -1,7 +1,8 @@
 """Byte-level BPE tokenizer: train on a text file, encode / decode, save / load (GPT-2 file format).
 
 Train a 10k vocabulary on TinyStories and save it to a tokenizer directory (prints wall time, peak memory,
-the longest token and bytes/token; a bare `python bpe.py` trains on ../shared/data's TinyStories sample):
+the longest token and bytes/token; a bare `python bpe.py` trains on the main job's corpus, data/tinystories/train.txt,
+prepared first by `fineweb.py --prepare_tinystories` when absent):
 
     python bpe.py --vocab 10000 --input data/TinyStories-train.txt --special "<|endoftext|>" --out tok/ts10k
 

@@ -3850,39 +3850,68 @@ def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypat
     assert (tmp_path / "s.txt").stat().st_size >= 1000 and not (tmp_path / "~").exists()
 
 
-def test_train_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _train_data, monkeypatch):
-    # the README's Hacking example, made by the test itself: a field added to TransformerLMConfig and used in
-    # norm_layer is a train.py flag (its default, help and choices), is stored in the checkpoint, is rebuilt by
-    # model_from_checkpoint and is counted by flops.py, with no edit anywhere else
-    import dataclasses
+def _scripts_copy(tmp_path):
+    """A copy of the project's scripts in tmp_path/clone, nothing beside it (no ../shared): a fresh clone's files."""
+    copy = tmp_path / "clone"
+    copy.mkdir()
+    for f in ROOT.glob("*.py"):
+        shutil.copy(f, copy)
+    return copy
 
-    @dataclasses.dataclass
-    class WithNorm(M.TransformerLMConfig):
-        norm: str = M.setting("rmsnorm", "rmsnorm | layernorm", choices=("rmsnorm", "layernorm"))
-    plain_norm = M.norm_layer
 
-    def norm_layer(config, d_model, device=None, dtype=None):
-        if config.norm == "layernorm":
-            return torch.nn.LayerNorm(d_model, device=device, dtype=dtype)
-        return plain_norm(config, d_model, device, dtype)
-    monkeypatch.setattr(M, "TransformerLMConfig", WithNorm)
-    monkeypatch.setattr(M, "norm_layer", norm_layer)
-    flag = next(a for a in train.build_parser()._actions if a.dest == "norm")
-    assert flag.default == "rmsnorm" and "layernorm" in flag.help
-    args = _train_main_args(_train_data, tmp_path / "o") + ["--norm=layernorm"]
-    train.main(args)
-    ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm"
-    model = M.model_from_checkpoint(ckpt)
-    assert isinstance(model.layers[0].ln1, torch.nn.LayerNorm) and isinstance(model.ln_final, torch.nn.LayerNorm)
-    counted = flops.count_params(ckpt["model_config"])
-    assert counted["total"] == sum(p.numel() for p in model.parameters())
+# runs command lines (python SCRIPT ARGS...) one after the other in one interpreter, each as `python SCRIPT ARGS`
+# would (runpy, as __main__), and prints for each its exit code or message and its stdout, as JSON: one torch import
+_RUN_SCRIPTS = """
+import contextlib, io, json, runpy, sys
+sys.path.insert(0, "")
+done = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv, out, code = argv, io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code or 0
+    done.append([code, out.getvalue()])
+print(json.dumps(done))
+"""
+
+
+def _run_scripts(cwd, *commands):
+    """[(exit code or message, stdout)] of each command line (a list: script, args...) run in cwd, offline."""
+    r = subprocess.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps([list(map(str, c)) for c in commands])],
+                       cwd=cwd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_train_readme_hacking_diff_applies_and_its_command_trains_the_new_field(tmp_path, _train_data):
+    # the README's Hacking example as a user follows it: its diff applied with `git apply` to a copy of the scripts,
+    # then its command (made quick: a tiny model on tiny data, 2 steps): the field added to TransformerLMConfig is a
+    # train.py flag with its help and choices, is stored in the checkpoint, is Llama's only, and flops.py rebuilds
+    # the model from the checkpoint and counts the LayerNorm biases, with no edit anywhere else
+    hacking = (ROOT / "README.md").read_text().split("\n## Hacking\n", 1)[1].split("\n## ", 1)[0]
+    diff = re.search(r"```diff\n(.*?)```", hacking, re.S).group(1)
+    command = shlex.split(re.search(r"and then `python (train\.py [^`]*)`", hacking).group(1))
+    out = dict(a[2:].split("=", 1) for a in command if a.startswith("--out_dir="))["out_dir"]
+    copy = _scripts_copy(tmp_path)
+    (tmp_path / "norm.diff").write_text(diff)
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)   # git apply: paths from the copy's root
+    r = subprocess.run(["git", "apply", str(tmp_path / "norm.diff")], cwd=copy, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    quick = [a for a in _train_main_args(_train_data, "-") if not a.startswith("--out_dir")]
+    (help_code, help_text), (code, _), (flops_code, flops_json), *refused = _run_scripts(
+        copy, ["train.py", "--help"], command + quick, ["flops.py", f"--ckpt={out}/ckpt.pt", "--json"],
+        *[command + quick + ["--out_dir=out/p", bad] for bad in ("--norm=batchnorm", "--model=gpt2")])
+    assert (help_code, code, flops_code) == (0, 0, 0) and "--norm" in help_text
+    ckpt = torch.load(copy / out / "ckpt.pt", weights_only=True)
+    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm" and "ln_final.bias" in ckpt["model"]
+    counted = json.loads(flops_json)["params"]
+    assert counted["total"] == sum(t.numel() for t in ckpt["model"].values())
     assert counted["norm"] == 2 * (2 * 1 + 1) * 32   # weight and bias of ln1 and ln2 (1 layer) and of ln_final
-    for bad, about, named in (("--norm=batchnorm", "--norm", "'batchnorm'"),     # its choices are checked
-                              ("--model=gpt2", "--norm=layernorm", "--model=llama")):  # and it is Llama's only
-        with pytest.raises(SystemExit) as e:
-            train.main(_train_main_args(_train_data, tmp_path / "p") + ["--norm=layernorm", bad])
-        _one_line_naming(str(e.value), f"train.py: {about}", named)
+    for (message, _), about, named in zip(refused, ("--norm", "--norm=layernorm"), ("'batchnorm'", "--model=llama")):
+        _one_line_naming(message, f"train.py: {about}", named)   # its choices are checked, and it is Llama's only
+    assert not (copy / "out/p").exists()
 
 
 @pytest.mark.parametrize("where", ["model", "run"])
@@ -3948,6 +3977,26 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
     assert s["step"] == 6 and math.isfinite(s["val_loss"]) and (tmp_path / "o" / "ckpt.pt").is_file()
     assert isinstance(train.make_optimizer(M.load_model(s["ckpt"])[0], train.Settings(cfg), False), train.Muon) == (
         cfg["optimizer"] == "muon")
+
+
+def test_train_speedrun_cpu_prepare_command_runs_on_a_fresh_clone(tmp_path, monkeypatch):
+    # the command --preset=speedrun-cpu prints when its data is missing names nothing outside the clone and runs in a
+    # copy of the scripts with nothing beside it (offline here: stories.py's text, saying so in one line; a small
+    # vocabulary keeps it quick); the preset then trains on what it made
+    command = train.PREPARE_COMMANDS["speedrun-cpu"]
+    assert "shared" not in command and ".." not in command and "--vocab 4096" in command
+    copy = _scripts_copy(tmp_path)
+    command = command.replace("--vocab 4096", "--vocab 300").replace("python ", f"{shlex.quote(sys.executable)} ")
+    r = subprocess.run(command, shell=True, cwd=copy, capture_output=True, text=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len([line for line in r.stdout.splitlines() if "stories.py" in line and "compare" in line]) == 1
+    monkeypatch.chdir(copy)
+    s = train.train(train.get_config(["--preset=speedrun-cpu", "--d_model=32", "--num_layers=1", "--num_heads=2",
+                                      "--d_ff=64", "--context_length=16", "--batch_size=4", "--eval_tokens=128",
+                                      "--max_iters=2", "--warmup_iters=1", "--time_budget=", "--compile=false",
+                                      "--num_samples=0", "--device=cpu"])[0], log=_train_quiet)
+    assert s["step"] == 2 and math.isfinite(s["val_loss"]) and (copy / "out/speedrun-cpu/ckpt.pt").is_file()
 
 
 def test_train_tinystories_presets_use_the_reference_peak_lr():
@@ -5977,6 +6026,57 @@ def test_fw_prepare_tinystories_download_stops_at_the_first_story_that_reaches_e
         assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
         last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
         assert limit <= len(text.encode()) < limit + last, (split, len(text))
+
+
+# ---- fineweb.py: the speedrun's and experiments.py's text (tinystories_head)
+
+
+def test_fw_tinystories_head_is_the_head_of_each_split_fetched_once(tmp_path, monkeypatch):
+    # through `datasets` (local rows here): train.txt is the first train_bytes of the train split's stories, each
+    # followed by the separator, cut there mid-story (less a character the cut would split); valid.txt is the first
+    # val_stories validation stories; a second call reuses both without a download, an edited file is fetched again
+    calls, logs = [], []
+    rows = {"train": [f"Train story {i}.\n\nIts second paragraph, \u00fcber {i}." for i in range(400)],
+            "validation": [f"Val story {i}." for i in range(50)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    stream = "".join(d + "\n" + _FW_EOT + "\n" for d in rows["train"]).encode()
+    cut = stream.index("\u00fc".encode(), 5000) + 1   # inside a two-byte character
+    train_txt, valid_txt = fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append)
+    assert train_txt.read_bytes() == stream[:cut - 1]
+    assert valid_txt.read_text() == "".join(d + "\n" + _FW_EOT + "\n" for d in rows["validation"][:20])
+    assert {(c["path"], c["split"], c["streaming"]) for c in calls} == {
+        ("roneneldan/TinyStories", "train", True), ("roneneldan/TinyStories", "validation", True)}
+    calls.clear()
+    assert fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append) == (
+        train_txt, valid_txt) and calls == []
+    valid_txt.write_text("edited")
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append)
+    assert len(calls) == 2 and valid_txt.read_text().startswith("Val story 0.")
+
+
+def test_fw_tinystories_head_offline_says_in_one_line_that_its_figures_do_not_compare(tmp_path, monkeypatch, capsys):
+    # offline: stories.py's stories of the same sizes, and one line saying so; again offline: the same stories
+    # reused, the line again; online later: TinyStories replaces them. The command line does the same
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    logs = []
+    train_txt, valid_txt = fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    (said,) = [line for line in logs if "compare" in line]
+    _one_line_naming(said, "TinyStories ", "cannot reach huggingface.co", "stories.py", "published")
+    assert train_txt.stat().st_size == 6000 and len(list(fineweb.file_docs(valid_txt))) == 12
+    generated, logs[:] = train_txt.read_bytes(), []
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    assert train_txt.read_bytes() == generated and [line for line in logs if "compare" in line] == [said]
+    _fw_fake_datasets(monkeypatch, {"train": ["A real story."] * 1000, "validation": ["A real one."] * 20}, [])
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    assert train_txt.read_text().startswith("A real story.") and train_txt.stat().st_size == 6000
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--tinystories_head", "--out_dir=cli"])
+    capsys.readouterr()
+    fineweb.main()
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if "compare" in line]) == 1 and (tmp_path / "cli/valid.txt").is_file()
+    assert (tmp_path / "cli/train.txt").stat().st_size == fineweb.HEAD_TRAIN_BYTES
 
 
 # ---- fineweb.py: a tokenizer trained on the corpus first (train_tokenizer_on_docs)
@@ -9412,6 +9512,21 @@ def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_
     assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
 
 
+def test_experiments_cpu_text_is_the_fetched_tinystories_head_unless_given(tmp_path, _experiments_results,
+                                                                           _experiments_tiny_preset, monkeypatch):
+    # the preset's text when it names none: fineweb.tinystories_head's files (fetched once under data/); texts given
+    # (--train / --valid) win
+    head = experiments.PRESETS[_experiments_tiny_preset]
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda log=print: (head["train_text"], head["val_text"]))
+    monkeypatch.setitem(experiments.PRESETS, "tiny", dict(head, train_text=None, val_text=None))
+    experiments.prepare_data("tiny", tmp_path / "s", log=lambda *a: None)
+    setup = json.loads((_experiments_results / "setup.json").read_text())
+    assert (setup["train_text"], setup["val_text"]) == ("train.txt", "val.txt")
+    other = _bpe_corpus(tmp_path / "other.txt", 60, 9)
+    experiments.prepare_data("tiny", tmp_path / "s", log=lambda *a: None, texts=(other, head["val_text"]))
+    assert json.loads((_experiments_results / "setup.json").read_text())["train_text"] == "other.txt"
+
+
 def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, _experiments_results):
     d = tmp_path / "data"
     d.mkdir()
@@ -9767,7 +9882,11 @@ def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _experiments_re
 @pytest.mark.parametrize("argv, prefix, named", [
     (["--steps=-5"], "experiments.py: --steps ", [-5]),
     (["--only=,"], "experiments.py: --only ", ["','"]),
-    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"])], ids=["negative-steps", "no-names", "unknown"])
+    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"]),
+    (["--train=/no/such.txt", "--valid=/no/such.txt"], "experiments.py: --train ", ["/no/such.txt"]),
+    ([f"--train={ROOT / 'README.md'}"], "experiments.py: --valid", []),
+    ([f"--train={ROOT / 'README.md'}", f"--valid={ROOT / 'README.md'}", "--preset=cs336"], "experiments.py: --train",
+     ["--preset=cs336"])], ids=["negative-steps", "no-names", "unknown", "no-text", "train-alone", "not-cpu"])
 def test_experiments_bad_flags_are_one_line_before_anything_runs(tmp_path, _experiments_results, argv, prefix, named):
     with pytest.raises(SystemExit) as e:
         experiments.main(["run", *argv, f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
@@ -9923,7 +10042,10 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["tokenizer", "--mix20", "."], "--mix20", [".", "folder"]),
     (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "--mix20", ["/nonexistent-dir/mix20.txt",
                                                                          "/nonexistent-dir"]),
-    (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"])])
+    (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"]),
+    (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
+    (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
+    (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"])])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
     for section in ("tokenizer", "model", "train", "gpu", "sample"):
@@ -9954,6 +10076,20 @@ def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
     bench.main()
     assert ran == [str(tmp_path / "mix.txt")]
+
+
+def test_bench_tokenizer_texts_default_to_the_fetched_tinystories_and_make_the_mix_from_them(tmp_path, monkeypatch):
+    # no --texts: the speedrun's TinyStories text at vocab 10,000; an absent --mix20 is made from the texts: each
+    # stripped and followed by the separator, repeated to the size, cut at a newline (the team's make_mix20.py rule)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("  one\ntwo \n")
+    b.write_text("three")
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda: (a, b))
+    assert bench._tok_texts(argparse.Namespace(texts="")) == [(a, 10000)]
+    assert bench._tok_texts(argparse.Namespace(texts=f"{a}:500,{b}:300")) == [(a, 500), (b, 300)]
+    bench._tok_make_mix(tmp_path / "mix.txt", [a, b], size=100)
+    head = ("one\ntwo\n<|endoftext|>\nthree\n<|endoftext|>\n" * 4)[:100]
+    assert (tmp_path / "mix.txt").read_text() == head[:head.rindex("\n") + 1]
 
 
 def _bench_rows(text, first):
@@ -9992,10 +10128,12 @@ def _bench_speedrun_args(tmp_path, **kw):
         context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192, peer_dtype="float32"), **kw})
 
 
-def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
+def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys, monkeypatch):
     # a tiny shape on a tiny budget: both sides train and are scored on the whole validation text, and the last
-    # line's ratio is ours over the peer's median
-    bench.bench_speedrun(_bench_speedrun_args(tmp_path))
+    # line's ratio is ours over the peer's median; with no --train / --valid, the text is the fetched TinyStories head
+    args = _bench_speedrun_args(tmp_path)
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda: (Path(args.train), Path(args.valid)))
+    bench.bench_speedrun(argparse.Namespace(**{**vars(args), "train": "", "valid": ""}))
     out = capsys.readouterr().out
     rows = {r[0]: r for r in _bench_rows(out, "run") if r[0] in ("ours", "peer")}
     assert set(rows) == {"ours", "peer"} and all(int(r[-3]) >= 1 for r in rows.values())
@@ -10070,6 +10208,7 @@ def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeyp
     (["--minutes", "0"], "--minutes", ["0"]), (["--seeds", "a"], "--seeds", ["'a'"]),
     (["--curve_every", "0"], "--curve_every", ["0"]),
     (["--peer_lr", "0"], "--peer_lr", ["'0'"]), (["--train", "/no/such.txt"], "--train", ["/no/such.txt"]),
+    (["--valid", str(ROOT / "README.md")], "--train", []),
     (["--num_heads", "3"], "--num_heads", ["3", "256"]), (["--vocab_size", "100"], "--vocab_size", ["100", "257"])])
 def test_bench_speedrun_bad_flags_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", "speedrun", *argv])
@@ -10192,6 +10331,19 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     err = p.stderr.read().decode()
     # (at most one line on stderr: sample.py's "loaded ...")
     assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err
+
+
+def test_no_script_or_readme_reads_the_teams_data_and_docs_mark_it():
+    # a fresh clone has no ../shared beside it: no script reads it and the README names it nowhere; a docs paragraph
+    # that names it gives the team's own command lines and says they are the team's data
+    for script in ROOT.glob("*.py"):
+        if script.name != "test_all.py":
+            text = script.read_text()
+            assert "../shared" not in text and '"shared"' not in text, script.name
+    assert "../shared" not in (ROOT / "README.md").read_text()
+    for doc in (ROOT / "docs").glob("*.md"):
+        for paragraph in doc.read_text().split("\n\n"):
+            assert "../shared" not in paragraph or "team's" in paragraph, (doc.name, paragraph)
 
 
 # ---- the scripts that load a checkpoint (sample.py, flops.py, hellaswag.py, lambada.py): files and devices they

@@ -230,15 +230,15 @@ PREPARE_COMMANDS = {
     "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
 }
 PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
-# the speedrun's data: a 4096 BPE trained on the 2 MiB TinyStories head, which it encodes with the 1,000 validation
-# stories (the files of ../shared/data/tinystories/, whose SOURCES.md says how they were cut)
-_TS = "../shared/data/tinystories/tinystories"
+# the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
+# split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
+# text encodes both, as bench.py speedrun does
+_HEAD, _SR = "data/tinystories-head", "data/speedrun-4k"
 PREPARE_COMMANDS["speedrun-cpu"] = (
-    f"python bpe.py --input {_TS}_train_head_2MiB.txt --vocab 4096 --out data/speedrun-4k/tokenizer && "
-    f"python bpe.py --encode {_TS}_train_head_2MiB.txt --tokenizer data/speedrun-4k/tokenizer "
-    f"--out data/speedrun-4k/train.bin && "
-    f"python bpe.py --encode {_TS}_valid_first1000.txt --tokenizer data/speedrun-4k/tokenizer "
-    f"--out data/speedrun-4k/val.bin")
+    f"python fineweb.py --tinystories_head && "
+    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer && "
+    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin && "
+    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin")
 for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
     _preset.setdefault("out_dir", f"out/{_name}")
 
