@@ -7115,6 +7115,88 @@ def test_flops_max_batch_size_uses_decimal_gigabytes():
     assert flops.max_batch_size(_FLOPS_XL, 1024, 40) == 0 and flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
 
 
+# ---- memory per GPU under FSDP and activation checkpointing: the terms by hand, the shards of a real FSDP2 run
+
+
+def test_flops_checkpointing_keeps_block_inputs_and_one_block():
+    # _FLOPS_TINY with 3 layers: a layer keeps 8*T*d + 4*T*d_ff + 2*h*T^2 = 256 + 192 + 256 = 704 floats, the head
+    # T*d + 2*T*V = 32 + 160; checkpointed, each block keeps only its input (T*d = 32) and one block's 704 are
+    # recomputed at a time
+    cfg = dict(_FLOPS_TINY, num_layers=3)
+    assert flops.activation_terms(cfg, 8) == dict(blocks=3 * 704, head=192)
+    assert flops.activation_terms(cfg, 8, checkpointing=True) == dict(block_inputs=3 * 32, recomputed_block=704,
+                                                                     head=192)
+    assert flops.activation_floats(cfg, 8, checkpointing=True) == 96 + 704 + 192
+    _, a = flops.memory_terms(cfg, 8, checkpointing=True)
+    assert a == dict(block_inputs=4 * 96, recomputed_block=4 * 704, head=4 * 192)   # fp32
+
+
+def test_flops_fsdp_shards_are_torch_chunks_of_dim_0_and_two_blocks_are_gathered():
+    # _FLOPS_TINY (V=10, d=4, d_ff=6) over 4 ranks: ceil(rows / 4) rows a rank, the last ranks fewer or none.
+    # embedding, head (10 rows): 3, 3, 3, 1 rows of 4; Q, K, V, O and w2 (4 rows): 1 row each; w1, w3 (6 rows):
+    # 2, 2, 2, 0 rows of 4; the three gains (4): 1 element each
+    rank0 = 12 + 12 + 4 * 4 + 6 + 8 + 8 + 3
+    rank3 = 4 + 4 + 4 * 4 + 6 + 0 + 0 + 3
+    assert [flops.shard_numel(_FLOPS_TINY, 4, r) for r in range(4)] == [rank0, rank0, rank0, rank3]
+    assert 3 * rank0 + rank3 == flops.shard_numel(_FLOPS_TINY) == flops.count_params(_FLOPS_TINY)["total"] == 228
+    # gathered whole: the root group (embedding 40, final norm 4, head 40) and 2 of the 3 blocks (144 each)
+    cfg = dict(_FLOPS_TINY, num_layers=3)
+    assert flops.gathered_numel(cfg) == 84 + 2 * 144
+    b, _ = flops.memory_terms(cfg, 8, world_size=4, fsdp=True)
+    assert b == dict(state=16 * flops.shard_numel(cfg, 4), gathered=2 * (84 + 2 * 144))   # fp32 x 4; bf16
+    assert flops.memory_terms(cfg, 8, world_size=4)[0] == dict(state=16 * (84 + 3 * 144))   # DDP: all on every rank
+    # GPT-2: the root group is wte (the tied lm_head, once) 40, wpe 32 and ln_f 8; its only block holds 244
+    # (c_attn 60, attn c_proj 20, c_fc 80, mlp c_proj 68, two LayerNorms 16)
+    assert flops.gathered_numel(_FLOPS_TINY_GPT) == 40 + 32 + 8 + 244
+
+
+# tiny shapes whose dim 0 does not split evenly over 2 ranks (37 rows, 27 = 3 * 9), so rank 0 holds more
+_FLOPS_FSDP_CFGS = [
+    dict(arch="llama", vocab_size=37, context_length=8, d_model=12, num_layers=2, num_heads=2, d_ff=20),
+    dict(arch="llama", vocab_size=37, context_length=8, d_model=12, num_layers=2, num_heads=2, d_ff=20,
+         tie_embeddings=True),
+    dict(arch="gpt2", vocab_size=37, block_size=8, n_layer=2, n_head=3, n_embd=9),
+]
+
+
+def _flops_fsdp_worker(rank, world, port, out_dir):
+    """FSDP2 as train.py applies it (fully_shard on each block, then the root), one AdamW step, then the bytes of
+    the parameters, gradients and AdamW m and v this rank holds (its DTensors' local shards)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    held = []
+    for cfg in _FLOPS_FSDP_CFGS:
+        torch.manual_seed(0)
+        m = M.build_model(cfg)
+        for block in flops._blocks(m):
+            fully_shard(block)
+        fully_shard(m)
+        opt = train.AdamW(m.parameters(), lr=1e-3)
+        x = torch.randint(0, cfg["vocab_size"], (2, 8))
+        M.lm_loss(m, x, x, arch=cfg["arch"]).backward()
+        opt.step()
+        tensors = [t for p in m.parameters() for t in (p, p.grad, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])]
+        assert all(isinstance(t, DTensor) for t in tensors)
+        held.append(sum(t.to_local().numel() * t.to_local().element_size() for t in tensors))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(held))
+    dist.destroy_process_group()
+
+
+def test_flops_fsdp_state_term_is_the_summed_shards_of_a_real_fsdp2_run(tmp_path):
+    # the accounting's sharded term, per rank, against the local shards that FSDP2 over 2 gloo processes holds after
+    # an AdamW step: equal to the byte, on each rank (rank 0's, the largest, is the figure per GPU)
+    _spawn_ranks(_flops_fsdp_worker, str(tmp_path))
+    held = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for i, cfg in enumerate(_FLOPS_FSDP_CFGS):
+        assert [held[r][i] for r in range(2)] == [16 * flops.shard_numel(cfg, 2, r) for r in range(2)], cfg
+        assert held[0][i] == flops.memory_terms(cfg, 8, world_size=2, fsdp=True)[0]["state"]
+        assert held[0][i] > held[1][i]   # the uneven rows are on rank 0
+        assert held[0][i] + held[1][i] == 16 * flops.count_params(cfg)["total"]   # nothing held twice
+
+
 # ---- the reference figures
 
 
@@ -7305,8 +7387,14 @@ def _flops_table(monkeypatch, capsys, *argv):
 
 
 def _flops_shape(table):
-    """The key=value pairs of the shape line that opens the tables."""
-    return dict(kv.split("=") for kv in table.splitlines()[0].split() if "=" in kv)
+    """The key=value pairs of the shape line (arch=...) under the first line's title."""
+    return dict(kv.split("=") for kv in _flops_shape_line(table).split() if "=" in kv)
+
+
+def _flops_shape_line(table):
+    lines = table.splitlines()
+    assert lines[1].startswith("arch="), table
+    return lines[1]
 
 
 @pytest.mark.usefixtures("_model_single_thread")
@@ -7364,7 +7452,7 @@ def test_flops_cli_the_models_own_context_is_the_default_context(capsys, monkeyp
     shape = _flops_shape(out)
     assert (shape["layers"], shape["d_model"], shape["heads"], shape["d_ff"], shape["vocab"],
             shape["context"]) == ("4", "512", "16", "1344", "10000", "256")
-    assert "swiglu" in out.splitlines()[0]
+    assert "swiglu" in _flops_shape_line(out)
     r = _flops_json(monkeypatch, capsys, "--model=tinystories", "--context_length=512")
     assert r["config"]["context_length"] == 512 and list(r["contexts"]) == ["512"]
     out = _flops_table(monkeypatch, capsys, "--model=tinystories", "--context_length=512", "--train_tokens=1e9")
@@ -7438,6 +7526,99 @@ def test_flops_flags_of_the_other_architecture_are_refused(monkeypatch, flags, n
     # each would be ignored in silence (a GPT-2 MLP is 4*d GELU; the Llama model's vocabulary is not padded); the
     # error names the flag and the architecture in force, saying when it is the default
     _one_line_naming(_bad_exit(monkeypatch, flops, "--model=gpt2", *flags), f"flops.py: {named[0]}", *named[1:])
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--d_model=100", "--num_heads=3"], ("--d_model=100", "--num_heads=3")),
+    (["--num_heads=7"], ("--d_model=1600", "--model=gpt2-xl", "--num_heads=7")),   # the preset's width, said so
+    (["--arch=gpt2", "--num_heads=7"], ("--d_model=1600", "--num_heads=7")),
+    (["--d_model=30", "--num_heads=6"], ("--d_model=30", "--num_heads=6", "RoPE")),   # 5 dimensions a head
+])
+def test_flops_refuses_a_shape_the_model_cannot_have(flags, named):
+    # each ended in the model config's traceback: now one line naming the flags, as train.py gives it, exit 1
+    r = subprocess.run([sys.executable, "flops.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == "", r
+    _one_line_naming(r.stderr.strip(), "flops.py: ", *named)
+
+
+def test_flops_an_odd_head_width_is_fine_for_gpt2():
+    assert "arch=gpt2" in subprocess.run([sys.executable, "flops.py", "--arch=gpt2", "--d_model=30", "--num_heads=6"],
+                                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("flags, facts", [
+    # the default: GPT-2 XL's shape as a Llama model, 1.64B, is not OpenAI's GPT-2 XL, 1.56B
+    ([], ("GPT-2 XL", "Llama", "SwiGLU", "1.64B", "1.56B", "--arch=gpt2")),
+    (["--model=gpt2-xl", "--arch=gpt2"], ("GPT-2 XL", "OpenAI", "1.56B", "1.64B", "--arch=llama")),
+    (["--model=gpt2", "--arch=gpt2"], ("GPT-2 124M", "OpenAI", "124.44M")),
+    (["--model=gpt2-xl", "--num_layers=2"], ("--num_layers=2", "Llama", "with --arch=gpt2")),
+])
+def test_flops_first_line_says_which_model_the_figures_are_for(capsys, monkeypatch, flags, facts):
+    out = _flops_table(monkeypatch, capsys, *flags)
+    _named_in_order(out.splitlines()[0], *facts)   # its own count first, the other architecture's after
+    assert _flops_json(monkeypatch, capsys, *flags)["title"] == out.splitlines()[0]
+    if "--num_layers=2" in flags:   # a changed shape is no longer OpenAI's model
+        assert "OpenAI's GPT-2 XL" not in out.splitlines()[0]
+
+
+def _flops_figure(line, before):
+    """The number just before `before` in a report line ("1.07 * batch" -> 1.07 for "* batch")."""
+    return float(re.search(rf"([\d.]+) {re.escape(before)}", line).group(1))
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_cli_fsdp_and_checkpointing_give_memory_per_gpu_as_terms(capsys, monkeypatch):
+    # the issue's command: GPT-2 XL's shape over 8 GPUs, sharded, checkpointed. By hand: every dim 0 but the
+    # vocabulary's (50,257 rows: 6,283 on rank 0) splits evenly in 8; the root group (embedding, final norm, head)
+    # and 2 blocks are gathered in bf16; 48 block inputs, one block's activations and the head's, in fp32
+    argv = ("--model=gpt2-xl", "--gpus=8", "--fsdp", "--activation_checkpointing", "--gpu_mem=80")
+    out, r = _flops_table(monkeypatch, capsys, *argv), _flops_json(monkeypatch, capsys, *argv)
+    N, V, d, T, L, d_ff = _FLOPS_XL_N, _FLOPS_XL_V, _FLOPS_XL_D, 1024, 48, 4288
+    block = 4 * d * d + 3 * d * d_ff + 2 * d
+    state = 16 * ((N - 2 * V * d) // 8 + 2 * 6283 * d)
+    gathered = 2 * (2 * V * d + d + 2 * block)
+    per_layer = 8 * T * d + 4 * T * d_ff + 2 * 25 * T * T
+    acts = dict(block_inputs=4 * L * T * d, recomputed_block=4 * per_layer, head=4 * (T * d + 2 * T * V))
+    record = r["contexts"]["1024"]
+    assert record["memory_fixed_terms"] == dict(state=state, gathered=gathered)
+    assert record["memory_per_sequence_terms"] == acts
+    fixed, per_seq = state + gathered, sum(acts.values())
+    assert record["max_batch_size"] == int((80e9 - fixed) // per_seq) == 71
+    assert r["parallelism"] == dict(world_size=8, fsdp=True, checkpointing=True)
+    # the table: a * batch + b, each term on its line (a and b), the precision assumed, the largest batch
+    line = _flops_line(out, "memory")
+    assert "FSDP over 8 GPUs" in line and "checkpointing" in line
+    assert (_flops_figure(line, "* batch"), _flops_figure(line, "GB")) == (round(per_seq / 1e9, 2),
+                                                                           round(fixed / 1e9, 2))
+    for letter, terms in (("b", (state, gathered)), ("a", acts.values())):
+        printed = [float(x) for x in re.findall(rf"^  {letter}  .*?([\d.]+) GB$", out, re.M)]
+        assert printed == [round(v / 1e9, 2) for v in terms], out
+    assert f"{16 * N / 8 / 1e9:.2f}" in _flops_line(out, "unpadded")
+    _flops_line(out, "precision:", "fp32")
+    _flops_line(out, "bf16 mixed-precision")
+    assert re.findall(r"\d+", _flops_line(out, "largest batch")) == ["80", "71"]
+    # 8 GPUs train in an eighth of the time
+    hours = 3 * _FLOPS_XL_FWD * 20 * N / (0.5 * 989.4e12 * 8) / 3600
+    assert f"{hours:.1f} h" in _flops_line(out, "8 x H100", "MFU")
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("flags", [["--activation_checkpointing=false"], ["--gpus=8", "--fsdp=false"], ["--gpus=8"]])
+def test_flops_cli_without_fsdp_and_checkpointing_the_memory_is_the_reference(capsys, monkeypatch, flags):
+    # DDP (or one GPU): every GPU holds the whole model, 16.37 * batch + 26.25 GB as the reference says
+    out = _flops_table(monkeypatch, capsys, "--model=gpt2-xl", *flags)
+    _named_in_order(_flops_line(out, "memory"), "16.37", "26.25")
+    assert re.findall(r"\d+", _flops_line(out, "largest batch")) == ["80", "3"]
+    assert "precision" not in out
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--fsdp"], ("--fsdp", "--gpus")), (["--fsdp", "--gpus=1"], ("--fsdp", "--gpus")),
+    (["--gpus=0"], ("--gpus", "'0'")), (["--gpus=8,4"], ("--gpus", "'8,4'")), (["--gpus=8,Z80"], ("--gpus", "'Z80'")),
+])
+def test_flops_refuses_a_world_size_it_cannot_shard_over(monkeypatch, flags, named):
+    _one_line_naming(_bad_exit(monkeypatch, flops, *flags), "flops.py: ", *named)
 
 
 # ====================================================================================================================
