@@ -4418,10 +4418,12 @@ def test_train_resume_with_fused_adamw_is_fused(tmp_path, _train_data, monkeypat
     assert seen == [[True, True]]
 
 
-def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_path, _train_data):
+def test_train_resumes_a_moved_copy_of_its_data_and_continues_on_other_data_only_when_asked(tmp_path, _train_data,
+                                                                                           capsys):
     # the checkpoint records its token files (names and sizes, in order): a resume with --data_dir at a moved copy
-    # ends as the uninterrupted run does; other files under the same names are refused in one line, naming the
-    # checkpoint, the folder and both sizes
+    # ends as the uninterrupted run does; other files under the same names are another run's data: --resume=auto
+    # stops before any work, in one line naming the checkpoint, both sizes and the three ways on, every file left as
+    # it was; --resume=true continues the model on them, reading them from their beginning, and says so
     train.main(_train_main_args(_train_data, tmp_path / "straight") + ["--max_iters=4"])
     train.main(_train_main_args(_train_data, tmp_path / "o"))
     moved = tmp_path / "moved"
@@ -4434,11 +4436,22 @@ def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_
         f.write(np.zeros(100, np.uint16).tobytes())
     meta = json.loads((moved / "train.bin.json").read_text())
     (moved / "train.bin.json").write_text(json.dumps(dict(meta, num_tokens=meta["num_tokens"] + 100)))
+    files = [*moved.iterdir(), *(tmp_path / "o").iterdir()]
+    before = {p: p.read_bytes() for p in files}
     with pytest.raises(SystemExit) as e:
-        train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
-    _one_line_naming(str(e.value), f"train.py: {tmp_path / 'o' / 'ckpt.pt'}: ", str(moved), "30,000", "30,100")
+        train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6"])
+    _one_line_naming(str(e.value), f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", str(moved), "30,000", "30,100",
+                     "--out_dir", "--fresh", "--resume=true")
     _train_in_order(str(e.value), "30,000", "30,100")   # the checkpoint's files, then the folder's
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 4
+    assert {p: p.read_bytes() for p in files} == before
+    capsys.readouterr()
+    train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
+    (note,) = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("train.py: ") and "30,100" in line]
+    _one_line_naming(note, f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", str(moved), "30,000")
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 6 and ck["train_files"] == [["train.bin", 30100]]
+    assert ck["loader"]["pos"] == 2 * 4 * 16   # the 2 steps since: read from the new files' start
 
 
 # ---- resume: the log and the last evaluation
@@ -4666,6 +4679,34 @@ def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
     train.main(args + ["--max_iters=3", "--prepare_data=true"])
     ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
     assert ck["iteration"] == 3 and ck["config"]["prepare_data"] is True
+
+
+def test_train_a_folder_named_on_the_command_line_is_never_written_whatever_out_dir_holds(tmp_path, monkeypatch):
+    # the main job's out/ckpt.pt (its settings: prepare_data on), then the user's own folder prepared at another
+    # vocabulary: `train.py --data_dir=data/x` neither prepares data/x again nor resumes the main job's run on it:
+    # it stops before any work naming the ways on (not --resume=true: that model cannot read this data, and
+    # --resume=true says so too); --fresh trains on data/x and the next run resumes that run, data/x unchanged
+    monkeypatch.chdir(tmp_path)
+    small = ["--download=false", "--corpus_bytes=60000", "--vocab_size=300", "--d_model=32", "--num_layers=1",
+             "--num_heads=2", "--context_length=32", "--batch_size=4", "--max_iters=2", "--eval_iters=2",
+             "--num_samples=0", "--time_budget=", "--num_threads=1"]
+    train.main(small)
+    assert torch.load("out/ckpt.pt", weights_only=True)["config"]["prepare_data"] is True
+    fineweb.prepare_tinystories("data/x", vocab_size=280, allow_download=False, corpus_bytes=50000, log=_train_quiet)
+
+    def files(folder):
+        return {p: p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+    mine, run = files("data/x"), files("out")
+    for resume in ([], ["--resume=true"]):
+        with pytest.raises(SystemExit) as e:
+            train.main(["--data_dir=data/x", *resume])
+        _one_line_naming(str(e.value), f"train.py: {Path('out/ckpt.pt')}", "data/x", "300", "280")
+        assert ("--fresh" in str(e.value)) and ("--resume=true" not in str(e.value))
+        assert files("data/x") == mine and files("out") == run
+    train.main(["--data_dir=data/x", "--fresh", *small])
+    train.main(["--data_dir=data/x", "--max_iters=3"])
+    assert [r["resumed_at_step"] for r in _train_records(Path("out"), "config")] == [None, 2]
+    assert torch.load("out/ckpt.pt", weights_only=True)["iteration"] == 3 and files("data/x") == mine
 
 
 @pytest.mark.parametrize("name, old, new", [("batch_size", 4, 8), ("total_batch_tokens", 0, 128)])

@@ -72,8 +72,9 @@ class TrainConfig:
                              "stories", resumable=True)
     preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | speedrun-cpu | speedrun-gpu (sets "
                           "the documented values; flags still override)", resumable=True)
-    resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the "
-                          "run: use --fresh), true = must, false = never", auto=True, resumable=True)
+    resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it holds this run (another run's, of other "
+                          "settings or data, stops this one before any work), true = must (on other data too, when "
+                          "its model can read it), false = never", auto=True, resumable=True)
     fresh: bool = setting(False, "start over: replace out_dir's checkpoint and log (and re-prepare the data of the "
                           "main job)", resumable=True)
     init_from: str = setting("scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights) or "
@@ -847,6 +848,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if c.prepare_data:
         runs.prepare_main_job(c, ddp, master, say)
     data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, say)
+    if resume_from is not None:   # --resume=auto: out_dir must hold this run, trained on this data
+        runs.check_same_run(resume_from, data, c, Path(c.out_dir) / "ckpt.pt")
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
     tokens_per_step = B * T * accum * world
