@@ -4899,6 +4899,31 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
     assert not any("--resume" in cmd for cmd in _train_next_commands(out))
 
 
+def test_train_summary_after_a_stop_gives_no_stale_figures_or_sample(tmp_path, monkeypatch, capsys):
+    # Ctrl-C at step 2, last evaluated at step 0 (the untrained model): the summary says the last evaluation was at
+    # step 0 and gives neither its validation loss nor its sample as the run's result (log.jsonl keeps them); the
+    # resumed run ends evaluated, and gives both
+    d, _ = _train_byte_data(tmp_path)
+    real_train = train.train
+    monkeypatch.setattr(train, "train", lambda cfg, **kw: real_train(cfg, on_step=lambda step: step == 2 and
+                                                                     runs.Stop.handler(None, None), **kw))
+    args = [a for a in _train_main_args(d, tmp_path / "o") if a != "--num_samples=0"] + [
+        "--max_iters=6", "--num_samples=1", "--sample_tokens=4"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    summary = capsys.readouterr().out.split("\ndone in ")[-1].splitlines()
+    (step0,) = _train_records(tmp_path / "o", "eval")
+    assert e.value.code == 130 and step0["step"] == 0 and step0["samples"]
+    assert re.findall(r"\bstep (\d+)", summary[0]) == ["2", "0"]
+    assert f"{step0['val_loss']:.4f}" not in summary[0] and not any(line.startswith("sample:") for line in summary)
+    monkeypatch.setattr(train, "train", real_train)
+    train.main(args + ["--resume"])
+    summary = capsys.readouterr().out.split("\ndone in ")[-1]
+    last = _train_records(tmp_path / "o", "eval")[-1]
+    assert last["step"] == 6 and f"{last['val_loss']:.4f}" in summary.splitlines()[0]
+    assert summary.count("\nsample: ") == 1 and f"\nsample: {last['samples'][0]}\n" in summary
+
+
 def test_train_main_ctrl_c_before_the_loop_is_one_line(tmp_path, _train_data, monkeypatch, capsys):
     # Ctrl-C while the model is being built (the loop's own handler is not installed yet): no traceback, exit 130
     def interrupted(*a, **k):

@@ -1112,12 +1112,16 @@ def print_summary(s, wall, main_job):
     """The run's last lines: what it reached, where it is, the commands to go on with."""
     print()
     total = "" if s["elapsed_this_run"] == s["elapsed"] else f", {runs.fmt_time(s['elapsed'])} in all"
+    # a stopped run is not evaluated at its stop (see DECISIONS.md): its last figures and sample are of an earlier
+    # model (the untrained one, stopped before the first evaluation step), so they are not given as its result
+    now = s["val_loss"] is not None and s["val_step"] == s["step"]
     print(f"done in {runs.fmt_time(wall)} (training {runs.fmt_time(s['elapsed_this_run'])}{total}), step {s['step']}"
           f" (stopped by {s['stopped_by']})"
-          + (f" | val loss {s['val_loss']:.4f} nats/token" if s["val_loss"] is not None else "")
-          + (f" | {s['val_bpb']:.4f} bits/byte" if s["val_bpb"] else "")
-          + (f" (at step {s['val_step']})" if s["val_loss"] is not None and s["val_step"] != s["step"] else ""))
-    if s["samples"]:
+          + (f" | val loss {s['val_loss']:.4f} nats/token" if now else "")
+          + (f" | {s['val_bpb']:.4f} bits/byte" if now and s["val_bpb"] else "")
+          + (f" | last evaluated at step {s['val_step']} (its figures are in the log)"
+             if s["val_loss"] is not None and not now else ""))
+    if s["samples"] and now:
         print(f"sample: {s['samples'][0]}")
     print(f"checkpoint: {s['ckpt']}   log: {s['log']}")
     out_dir, q = Path(s["ckpt"]).parent, shlex.quote   # (quoted: a path with a space pastes as one argument)
