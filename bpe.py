@@ -40,6 +40,7 @@ import re
 import resource
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from heapq import heapify, heappop, heappush
@@ -458,6 +459,19 @@ def check_output_path(path, flag, folder=False):
     folder = blocker if blocker.is_dir() else blocker.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {folder} is not writable")
+    try:   # os.access says yes to root everywhere, /proc and /sys included: a nameless file tried there decides
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def write_error(e):
+    """Why a write failed, for a one-line message: the OS's reason, or the first line of a library's (torch's
+    writer says only "unexpected pos" when the disk fills)."""
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).strip().splitlines() or [repr(e)])[0]
+    if "unexpected pos" in reason:   # "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+        reason = "it was written short, as on a full disk"
+    return reason
 
 
 def _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens):

@@ -285,6 +285,20 @@ def read_train_checkpoint(src):
     return ckpt
 
 
+def checkpoint_not_written(path, step, e):
+    """The one line for a checkpoint that could not be written (a full disk): what, why, the checkpoint kept (the
+    write goes to a temp file, renamed only once whole) and how to go on."""
+    try:
+        kept = (f"the one of step {torch.load(path, mmap=True, weights_only=True)['iteration']} is kept: free at "
+                f"least its {Path(path).stat().st_size / 1e6:,.1f} MB there")
+    except FileNotFoundError:
+        kept = "no earlier one is kept: free some space there"
+    except Exception:   # (not expected: the last rename put a whole checkpoint there)
+        kept = "the earlier one is kept: free some space there"
+    return ValueError(f"{path}: could not write the checkpoint of step {step} ({bpe.write_error(e)}); {kept}, then "
+                      f"continue with --resume")
+
+
 def model_of(ckpt, ckpt_path):
     """The model a resumed checkpoint holds; one clear line when its weights do not fit its model_config."""
     try:
@@ -476,8 +490,12 @@ class RunDir:
     def record(self, kind, **fields):
         """One line of log.jsonl (and the numbers to wandb)."""
         if self.logf is not None:
-            self.logf.write(json.dumps({"type": kind, **fields}) + "\n")
-            self.logf.flush()
+            try:
+                self.logf.write(json.dumps({"type": kind, **fields}) + "\n")
+                self.logf.flush()
+            except OSError as e:   # a full disk
+                raise ValueError(f"{self.log_path}: could not write the log ({bpe.write_error(e)}): "
+                                 f"free some space, then continue with --resume") from None
         if self.wandb is not None:
             self.wandb.log({f"{kind}/{k}": v for k, v in fields.items() if isinstance(v, (int, float))},
                            step=fields.get("step"))

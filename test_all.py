@@ -2841,6 +2841,35 @@ def test_train_checkpoint_that_is_not_a_whole_train_py_checkpoint_is_one_line(tm
     assert runs.read_train_checkpoint(good)["iteration"] == 1
 
 
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5141120 vs 5141012"),
+    OSError(28, "No space left on device")], ids=["torch-writer", "enospc"])
+def test_train_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, _train_data, monkeypatch,
+                                                                            error):
+    # the disk fills during the second checkpoint write (step 4 of 6), torch's writer raising what it raises then:
+    # one line naming the checkpoint, the step not written, the step kept and --resume; the step-2 checkpoint is
+    # kept byte for byte, no temp file is left, and --resume (the disk freed) finishes the run
+    out, real_save, kept = tmp_path / "o", torch.save, []
+
+    def save(obj, f, *a, **k):
+        if isinstance(obj, dict) and obj.get("iteration") == 4:
+            kept.append((out / "ckpt.pt").read_bytes())
+            f.write(b"PK\x03\x04 a partial write")
+            raise error
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", save)
+    args = _train_main_args(_train_data, out) + ["--max_iters=6", "--eval_interval=2"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    _one_line_naming(str(e.value), f"train.py: {out / 'ckpt.pt'}: ", "step 4", "step 2", "--resume")
+    _train_in_order(str(e.value), "step 4", "step 2", "--resume")   # not written, then kept
+    assert (out / "ckpt.pt").read_bytes() == kept[0] and {p.name for p in out.iterdir()} <= {".lock", "ckpt.pt",
+                                                                                              "log.jsonl"}
+    monkeypatch.setattr(torch, "save", real_save)
+    train.main(args + ["--resume"])
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 6
+
+
 # ---- evaluation: the validation loss and bits per byte
 
 

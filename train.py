@@ -578,10 +578,13 @@ def save_run(path, raw, optimizer, loader, state, c, data, world):
         loaders = [None] * world
         torch.distributed.all_gather_object(loaders, loader.state_dict())
     if int(os.environ.get("RANK", "0")) == 0:
-        save_checkpoint(raw, optimizer, state.step, path, config=dict(c), tokenizer=data.tokenizer_ref or "",
-                        tokenizer_fingerprint=data.fingerprint, rng=runs.rng_state(),
-                        loader=loaders if world > 1 else loaders[0], train_files=data.train_files,
-                        val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
+        try:
+            save_checkpoint(raw, optimizer, state.step, path, config=dict(c), tokenizer=data.tokenizer_ref or "",
+                            tokenizer_fingerprint=data.fingerprint, rng=runs.rng_state(),
+                            loader=loaders if world > 1 else loaders[0], train_files=data.train_files,
+                            val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
+        except (OSError, RuntimeError) as e:   # a full disk: ENOSPC, or torch's writer's "unexpected pos"
+            raise runs.checkpoint_not_written(path, state.step, e) from None
 
 
 # -----------------------------------------------------------------------------
