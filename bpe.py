@@ -38,6 +38,7 @@ import os
 import subprocess
 import re
 import resource
+import shutil
 import signal
 import sys
 import tempfile
@@ -833,12 +834,22 @@ class Tokenizer:
                 f.write(f"{_token_to_str(x)} {_token_to_str(y)}\n")
 
     def save_dir(self, directory):
-        """Write vocab.json, merges.txt and special_tokens.json into `directory` (created if needed)."""
+        """Write vocab.json, merges.txt and special_tokens.json into `directory` (created if needed): all three, or
+        (a full disk) none, the folder left as it was; they are written in a temp folder inside it, then moved in."""
         d = Path(directory)
+        made = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
-        self.save(d / "vocab.json", d / "merges.txt")
-        with open(d / "special_tokens.json", "w", encoding="utf-8") as f:
-            json.dump(self.special_tokens, f, ensure_ascii=False)
+        stage = Path(tempfile.mkdtemp(prefix=".saving-", dir=d))
+        try:
+            self.save(stage / "vocab.json", stage / "merges.txt")
+            with open(stage / "special_tokens.json", "w", encoding="utf-8") as f:
+                json.dump(self.special_tokens, f, ensure_ascii=False)
+            for name in ("vocab.json", "merges.txt", "special_tokens.json"):
+                os.replace(stage / name, d / name)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+            if made and not any(d.iterdir()):
+                d.rmdir()
 
     @classmethod
     def from_dir(cls, directory):
@@ -1200,7 +1211,7 @@ def main():
     p.add_argument("--special", action="append", default=None,
                    help='special token (repeatable); default "<|endoftext|>"; pass --special "" for none')
     p.add_argument("--out", type=os.path.expanduser, default=None,
-                   help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab>), "
+                   help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab reached>), "
                         "or the .bin file to write (--encode)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--encode", type=os.path.expanduser, default=None, metavar="FILE",
@@ -1221,8 +1232,11 @@ def main():
         try:
             check_output_path(args.out, "--out")
             meta = encode_file(args.encode, args.tokenizer, args.out, args.workers, progress=True)
-        except (ValueError, OSError) as e:   # OSError: an --out that is a folder, a full disk, ...
+        except ValueError as e:
             raise SystemExit(f"bpe.py: {e}")
+        except OSError as e:   # a full disk (encode_file leaves no partial file)
+            raise SystemExit(f"bpe.py: --out {args.out}: could not write it ({write_error(e)}); nothing was written: "
+                             f"free some space, then run again")
         except KeyboardInterrupt:
             raise SystemExit(f"\nbpe.py: interrupted; {args.out} not written") from None
         mb = os.path.getsize(args.encode) / 1e6
@@ -1246,7 +1260,7 @@ def main():
     if args.vocab < 256 + len(specials):   # (train_bpe checks it too: said here as the flag)
         raise SystemExit(f"bpe.py: --vocab {args.vocab}: expected at least 256 bytes + {len(specials)} special "
                          f"token(s) = {256 + len(specials)}")
-    out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")
+    out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")   # (named by the vocabulary reached)
     try:   # checked now, not after the training
         _input_file(args.input)
         check_output_path(out, "--out", folder=True)
@@ -1262,11 +1276,14 @@ def main():
     except KeyboardInterrupt:
         raise SystemExit(f"\nbpe.py: interrupted; nothing written to {out}") from None
     wall = time.perf_counter() - t0
+    if args.out is None and len(vocab) < args.vocab:   # the text ran out of pairs to merge (train_bpe said so)
+        out = out.with_name(f"{Path(args.input).stem}-{len(vocab)}")
     tok = Tokenizer(vocab, merges, specials, name=str(out))
     try:
         tok.save_dir(out)
-    except OSError as e:
-        raise SystemExit(f"bpe.py: --out {out}: cannot save the tokenizer ({e})")
+    except OSError as e:   # a full disk: save_dir wrote none of the three files
+        raise SystemExit(f"bpe.py: --out {out}: could not write the tokenizer ({write_error(e)}); nothing was "
+                         f"written there: free some space, then run again")
     learned = [vocab[i] for i in range(len(specials), len(vocab))]
     longest = max(len(b) for b in learned)
     longest_toks = [b for b in learned if len(b) == longest]

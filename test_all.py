@@ -217,9 +217,21 @@ def _bpe_chunkings(text, rng):
         yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
 
 
-def _bpe_cli(*args, cwd=None):
+def _bpe_cli(*args, cwd=None, preexec_fn=None):
     return subprocess.run([sys.executable, str(ROOT / "bpe.py"), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+                          timeout=120, cwd=cwd, preexec_fn=preexec_fn)
+
+
+def _file_size_limit(n):
+    """A subprocess's preexec_fn: its files cannot grow past n bytes, so a longer write fails (EFBIG) as a full disk
+    fails it, without root or a small filesystem (Python ignores the SIGXFSZ that comes with it)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
+
+def _files(folder):
+    """Every file under folder, with its bytes: what a failed write must leave as it was."""
+    return {p: p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
 def _bpe_exit(monkeypatch, *argv):
@@ -1124,6 +1136,20 @@ def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, ca
     assert all(figure in line for figure in (f"{meta['num_tokens']:,} tokens", "uint16", "60 docs")), line
 
 
+def test_bpe_cli_default_out_is_named_by_the_vocabulary_reached(tmp_path, monkeypatch, capsys):
+    # --vocab 10000 on a text that runs out of pairs to merge sooner: the default folder and the report give the
+    # vocabulary reached, not the one asked for
+    corpus = _bpe_corpus(tmp_path / "corpus.txt", n=20)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "10000", "--workers", "1"])
+    bpe.main()
+    (out,) = Path("tokenizers").iterdir()
+    reached = bpe.load_tokenizer(out).vocab_size
+    assert reached < 10000 and out.name == f"corpus-{reached}"
+    line = _bpe_report_line(capsys.readouterr().out, "merges")
+    assert f"{reached} tokens" in line and str(out) in line and "10000" not in line
+
+
 def test_bpe_cli_an_empty_special_trains_without_special_tokens(tmp_path, monkeypatch):
     # --special "" is how --help says to train without special tokens: no empty special token is made, and
     # "<|endoftext|>" in a text is plain characters
@@ -1198,6 +1224,26 @@ def test_bpe_cli_an_encode_out_that_cannot_be_written_is_one_line_and_leaves_not
     assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "a_file").read_text() == "x"
 
 
+@pytest.mark.parametrize("job", ["train", "encode"])
+def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path, job):
+    # the output's write fails as on a full disk: exit status 1, one line naming --out, and what an earlier run wrote
+    # there is left byte for byte (no half-written tokenizer, no temp file)
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
+    if job == "train":
+        out = tmp_path / "tok"
+        _bpe_byte_tokenizer().save_dir(out)
+        argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1]
+    else:
+        out = tmp_path / "x.bin"
+        bpe.encode_file(corpus, "gpt2", out, num_workers=1)
+        argv = ["--encode", corpus, "--tokenizer", _bpe_tok_dir(tmp_path), "--out", out, "--workers", 1]
+    before = _files(tmp_path)
+    r = _bpe_cli(*argv, preexec_fn=_file_size_limit(2000))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"bpe.py: --out {out}: ")
+    assert _files(tmp_path) == before
+
+
 def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
     # the message starts on a line of its own (after the progress display) and says what was not written
     text = tmp_path / "in.txt"
@@ -1241,6 +1287,17 @@ def test_bpe_refuses_an_out_it_cannot_write_before_training(tmp_path, monkeypatc
     _one_line_naming(_bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "ro" / "x.bin"),
                      f"bpe.py: --out {tmp_path / 'ro' / 'x.bin'}: ", "not writable")
     assert not calls
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_bpe_refuses_an_out_under_proc_before_training(tmp_path, monkeypatch):
+    # /proc takes no new file, even from root, for whom os.access says yes: refused before any training or encoding,
+    # naming the flag (it failed after the training)
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    monkeypatch.setattr(bpe, "encode_file", _bpe_not_called)
+    corpus = _bpe_corpus(tmp_path / "c.txt")
+    for argv in (["--input", corpus, "--vocab", 300, "--out", "/proc/x"], ["--encode", corpus, "--out", "/proc/x"]):
+        _one_line_naming(_bad_exit(monkeypatch, bpe, *argv), "bpe.py: --out /proc/x: ", "/proc")
 
 
 def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, monkeypatch, capsys):
@@ -4076,6 +4133,18 @@ def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, 
     assert (tmp_path / "a_file").read_text() == "x"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_train_out_dir_under_proc_names_the_flag_before_the_data_is_prepared(tmp_path, monkeypatch):
+    # the main job with --out_dir=/proc/x (which root's os.access calls writable): one line naming --out_dir, before
+    # its data is prepared (it was a bare [Errno 2] after the preparation)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fineweb, "prepare_tinystories", _bpe_not_called)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--out_dir=/proc/x"])
+    _one_line_naming(str(e.value), "train.py: --out_dir /proc/x: ", "/proc")
+    assert not any(tmp_path.iterdir())
+
+
 def test_train_next_commands_quote_a_path_with_a_space(tmp_path, _train_data, capsys):
     # the summary's commands paste into a shell as they are: a path with a space is one argument
     out = tmp_path / "my run"
@@ -4722,20 +4791,17 @@ def test_train_a_folder_named_on_the_command_line_is_never_written_whatever_out_
     train.main(small)
     assert torch.load("out/ckpt.pt", weights_only=True)["config"]["prepare_data"] is True
     fineweb.prepare_tinystories("data/x", vocab_size=280, allow_download=False, corpus_bytes=50000, log=_train_quiet)
-
-    def files(folder):
-        return {p: p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
-    mine, run = files("data/x"), files("out")
+    mine, run = _files("data/x"), _files("out")
     for resume in ([], ["--resume=true"]):
         with pytest.raises(SystemExit) as e:
             train.main(["--data_dir=data/x", *resume])
         _one_line_naming(str(e.value), f"train.py: {Path('out/ckpt.pt')}", "data/x", "300", "280")
         assert ("--fresh" in str(e.value)) and ("--resume=true" not in str(e.value))
-        assert files("data/x") == mine and files("out") == run
+        assert _files("data/x") == mine and _files("out") == run
     train.main(["--data_dir=data/x", "--fresh", *small])
     train.main(["--data_dir=data/x", "--max_iters=3"])
     assert [r["resumed_at_step"] for r in _train_records(Path("out"), "config")] == [None, 2]
-    assert torch.load("out/ckpt.pt", weights_only=True)["iteration"] == 3 and files("data/x") == mine
+    assert torch.load("out/ckpt.pt", weights_only=True)["iteration"] == 3 and _files("data/x") == mine
 
 
 @pytest.mark.parametrize("name, old, new", [("batch_size", 4, 8), ("total_batch_tokens", 0, 128)])
