@@ -428,7 +428,7 @@ def peak_rss_kb():
         return maxrss // 1024 if sys.platform == "darwin" else maxrss  # bytes on macOS, KiB on Linux
 
 
-def _input_file(input_path):
+def check_text_file(input_path):
     """(Path, size in bytes) of an input text file; one clear error when it is missing, empty or binary (NUL bytes,
     or mostly invalid UTF-8, in its first MiB: a model file or an archive would train for minutes on noise)."""
     path = Path(input_path)
@@ -506,7 +506,7 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
     count the others, each into one dict that it sends back once: no idle parent and one dict per process
     keep peak memory low.
     """
-    path, size = _input_file(input_path)
+    path, size = check_text_file(input_path)
     num_workers = num_workers or _default_workers()
     ranges = _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens)
     nproc = min(num_workers, len(ranges))
@@ -1118,7 +1118,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     and written in file order, so the output equals tokenizer.encode(whole text).
     """
     import numpy as np  # only in file encoding: training and Tokenizer.encode never need it (~15 MB per process)
-    path, size = _input_file(input_path)
+    path, size = check_text_file(input_path)
     tok, fingerprint = load_tokenizer(tokenizer_ref), tokenizer_fingerprint(tokenizer_ref)
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     num_workers = num_workers or _default_workers()
@@ -1262,7 +1262,7 @@ def main():
                          f"token(s) = {256 + len(specials)}")
     out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")   # (named by the vocabulary reached)
     try:   # checked now, not after the training
-        _input_file(args.input)
+        check_text_file(args.input)
         check_output_path(out, "--out", folder=True)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}") from None

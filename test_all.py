@@ -6114,6 +6114,21 @@ def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp
     assert steps == ["tokenizer", "tokens", "tokens"]
 
 
+def test_fineweb_says_the_vocabulary_reached_not_the_one_asked_for(tmp_path):
+    # --vocab_size 10000 on a text that runs out of pairs to merge sooner: the tokenizer lines (trained, reused, and
+    # the shards' own tokenizer) give the vocabulary the tokenizer has
+    said = []
+    for _ in range(2):   # trained, then reused
+        fineweb.prepare_tinystories(tmp_path / "d", vocab_size=10000, allow_download=False, corpus_bytes=3000,
+                                    log=said.append)
+    path, _ = _fw_corpus(tmp_path, n=10)
+    fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 10000, tmp_path / "t", log=said.append)
+    reached = [bpe.load_tokenizer(tmp_path / d).vocab_size for d in ("d/tokenizer", "d/tokenizer", "t")]
+    lines = [line for line in said if line.startswith("tokenizer: ")]
+    assert len(lines) == 3 and all(n < 10000 for n in reached) and not any("10000" in line for line in lines)
+    assert all(f"vocab {n}" in line for n, line in zip(reached, lines)), lines
+
+
 def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
     with pytest.raises(ValueError) as e:
         fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
@@ -6406,6 +6421,35 @@ def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _f
         msg = _fw_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
         _one_line_naming(msg, "fineweb.py: ", tmp_path / "a_file")
     assert (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.parametrize("content, named", [(b"\x00\x01 a model file" * 100, "not a text file"), (b"", "empty"),
+                                           (b"\n \n<|endoftext|>  \n", "empty input")],
+                         ids=["binary", "empty", "no-document"])
+@pytest.mark.parametrize("vocab", [[], ["--vocab_size=300"]], ids=["tokenizer", "train-a-tokenizer"])
+def test_fineweb_a_bad_input_is_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch, _fw_bpe_dir, content,
+                                                                   named, vocab):
+    # a binary, empty or document-less input, sharded with a tokenizer or training one first: one line, and no
+    # --out_dir, meta.json or temp file left behind to make the next run refuse or resume
+    (tmp_path / "in.txt").write_bytes(content)
+    out = tmp_path / "out"
+    msg = _fw_exit(monkeypatch, fineweb, f"--input={tmp_path / 'in.txt'}", f"--tokenizer={_fw_bpe_dir}",
+                   f"--out_dir={out}", "--num_workers=1", *vocab)
+    _one_line_naming(msg, "fineweb.py: ", "in.txt", named)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_fineweb_a_full_disk_is_one_line_naming_the_shard_and_leaves_nothing_half_written(tmp_path, _fw_bpe_dir):
+    # the first shard's write fails as on a full disk (files of at most 1,500 bytes, a shard is 2,000): exit status
+    # 1, one line naming --out_dir and the shard, and neither a partial shard nor a meta.json claiming the folder
+    path, _ = _fw_corpus(tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), f"--input={path}", f"--tokenizer={_fw_bpe_dir}",
+                        f"--out_dir={out}", "--shard_size=1000", "--num_workers=1"], capture_output=True, text=True,
+                       timeout=120, preexec_fn=_file_size_limit(1500))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"fineweb.py: --out_dir {out}: ", out / "val_000000.bin")
+    assert not out.exists()
 
 
 # ---- stories.py: seeded stories, and the corpus file of them
