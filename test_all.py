@@ -9208,6 +9208,26 @@ def test_export_refuses_a_folder_with_files_unless_forced(tmp_path, monkeypatch,
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_export_an_out_under_proc_is_refused_before_loading(monkeypatch, exported):
+    monkeypatch.setattr(export, "load_model_and_tokenizer", _bpe_not_called)
+    _one_line(_exits(export, monkeypatch, "--ckpt", exported["gpt2"][0], "--out", "/proc/hf"), "export.py: --out",
+              "/proc/hf")
+
+
+def test_export_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, exported):
+    # --force over an earlier export, whose weights' write fails as on a full disk (files of at most 20,000 bytes):
+    # exit status 1, one line naming --out and the file, and the earlier export left byte for byte
+    shutil.copytree(exported["llama"][2], tmp_path / "hf")
+    before = _files(tmp_path / "hf")
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--ckpt", str(exported["gpt2"][0]), "--out",
+                        str(tmp_path / "hf"), "--force"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=_file_size_limit(20000))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"export.py: --out {tmp_path / 'hf'}: ", "model.safetensors")
+    assert _files(tmp_path / "hf") == before and sorted(os.listdir(tmp_path / "hf")) == sorted(p.name for p in before)
+
+
 def test_export_a_tokenizer_that_does_not_match_is_refused_by_its_fingerprint(tmp_path, monkeypatch, exported,
                                                                                own_tok):
     other_dir, other = _train_tokenizer(tmp_path, CORPUS.upper() * 3, own_tok[1].vocab_size)  # same size, other tokens
@@ -9483,6 +9503,14 @@ def test_eval_cli_prints_lm_evals_table_and_writes_its_json(tmp_path, monkeypatc
     results = json.loads((tmp_path / "r.json").read_text())
     assert set(results["results"]["hs_nanogpt"]) >= {"acc,none", "acc_norm,none"} and "samples" not in results
     assert results["config"]["model_args"]["ckpt"] == str(ckpt)
+
+
+@needs_lm_eval
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_eval_an_output_it_cannot_write_is_refused_before_the_evaluation(monkeypatch, exported):
+    monkeypatch.setattr(harness, "load_model_and_tokenizer", _bpe_not_called)
+    _one_line(_exits(harness, monkeypatch, "--ckpt", exported["gpt2"][0], "--tasks", "hs_nanogpt", "--output",
+                     "/proc/r.json"), "eval.py: --output /proc/r.json")
 
 
 @needs_lm_eval
