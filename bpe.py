@@ -38,8 +38,10 @@ import os
 import subprocess
 import re
 import resource
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from heapq import heapify, heappop, heappush
@@ -426,7 +428,7 @@ def peak_rss_kb():
         return maxrss // 1024 if sys.platform == "darwin" else maxrss  # bytes on macOS, KiB on Linux
 
 
-def _input_file(input_path):
+def check_text_file(input_path):
     """(Path, size in bytes) of an input text file; one clear error when it is missing, empty or binary (NUL bytes,
     or mostly invalid UTF-8, in its first MiB: a model file or an archive would train for minutes on noise)."""
     path = Path(input_path)
@@ -458,6 +460,19 @@ def check_output_path(path, flag, folder=False):
     folder = blocker if blocker.is_dir() else blocker.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {folder} is not writable")
+    try:   # os.access says yes to root everywhere, /proc and /sys included: a nameless file tried there decides
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def write_error(e):
+    """Why a write failed, for a one-line message: the OS's reason, or the first line of a library's (torch's
+    writer says only "unexpected pos" when the disk fills)."""
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).strip().splitlines() or [repr(e)])[0]
+    if "unexpected pos" in reason:   # "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+        reason = "it was written short, as on a full disk"
+    return reason
 
 
 def _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens):
@@ -491,7 +506,7 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
     count the others, each into one dict that it sends back once: no idle parent and one dict per process
     keep peak memory low.
     """
-    path, size = _input_file(input_path)
+    path, size = check_text_file(input_path)
     num_workers = num_workers or _default_workers()
     ranges = _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens)
     nproc = min(num_workers, len(ranges))
@@ -819,12 +834,22 @@ class Tokenizer:
                 f.write(f"{_token_to_str(x)} {_token_to_str(y)}\n")
 
     def save_dir(self, directory):
-        """Write vocab.json, merges.txt and special_tokens.json into `directory` (created if needed)."""
+        """Write vocab.json, merges.txt and special_tokens.json into `directory` (created if needed): all three, or
+        (a full disk) none, the folder left as it was; they are written in a temp folder inside it, then moved in."""
         d = Path(directory)
+        made = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
-        self.save(d / "vocab.json", d / "merges.txt")
-        with open(d / "special_tokens.json", "w", encoding="utf-8") as f:
-            json.dump(self.special_tokens, f, ensure_ascii=False)
+        stage = Path(tempfile.mkdtemp(prefix=".saving-", dir=d))
+        try:
+            self.save(stage / "vocab.json", stage / "merges.txt")
+            with open(stage / "special_tokens.json", "w", encoding="utf-8") as f:
+                json.dump(self.special_tokens, f, ensure_ascii=False)
+            for name in ("vocab.json", "merges.txt", "special_tokens.json"):
+                os.replace(stage / name, d / name)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+            if made and not any(d.iterdir()):
+                d.rmdir()
 
     @classmethod
     def from_dir(cls, directory):
@@ -1093,7 +1118,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     and written in file order, so the output equals tokenizer.encode(whole text).
     """
     import numpy as np  # only in file encoding: training and Tokenizer.encode never need it (~15 MB per process)
-    path, size = _input_file(input_path)
+    path, size = check_text_file(input_path)
     tok, fingerprint = load_tokenizer(tokenizer_ref), tokenizer_fingerprint(tokenizer_ref)
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     num_workers = num_workers or _default_workers()
@@ -1186,7 +1211,7 @@ def main():
     p.add_argument("--special", action="append", default=None,
                    help='special token (repeatable); default "<|endoftext|>"; pass --special "" for none')
     p.add_argument("--out", type=os.path.expanduser, default=None,
-                   help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab>), "
+                   help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab reached>), "
                         "or the .bin file to write (--encode)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--encode", type=os.path.expanduser, default=None, metavar="FILE",
@@ -1207,8 +1232,11 @@ def main():
         try:
             check_output_path(args.out, "--out")
             meta = encode_file(args.encode, args.tokenizer, args.out, args.workers, progress=True)
-        except (ValueError, OSError) as e:   # OSError: an --out that is a folder, a full disk, ...
+        except ValueError as e:
             raise SystemExit(f"bpe.py: {e}")
+        except OSError as e:   # a full disk (encode_file leaves no partial file)
+            raise SystemExit(f"bpe.py: --out {args.out}: could not write it ({write_error(e)}); nothing was written: "
+                             f"free some space, then run again")
         except KeyboardInterrupt:
             raise SystemExit(f"\nbpe.py: interrupted; {args.out} not written") from None
         mb = os.path.getsize(args.encode) / 1e6
@@ -1232,9 +1260,9 @@ def main():
     if args.vocab < 256 + len(specials):   # (train_bpe checks it too: said here as the flag)
         raise SystemExit(f"bpe.py: --vocab {args.vocab}: expected at least 256 bytes + {len(specials)} special "
                          f"token(s) = {256 + len(specials)}")
-    out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")
+    out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")   # (named by the vocabulary reached)
     try:   # checked now, not after the training
-        _input_file(args.input)
+        check_text_file(args.input)
         check_output_path(out, "--out", folder=True)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}") from None
@@ -1248,11 +1276,14 @@ def main():
     except KeyboardInterrupt:
         raise SystemExit(f"\nbpe.py: interrupted; nothing written to {out}") from None
     wall = time.perf_counter() - t0
+    if args.out is None and len(vocab) < args.vocab:   # the text ran out of pairs to merge (train_bpe said so)
+        out = out.with_name(f"{Path(args.input).stem}-{len(vocab)}")
     tok = Tokenizer(vocab, merges, specials, name=str(out))
     try:
         tok.save_dir(out)
-    except OSError as e:
-        raise SystemExit(f"bpe.py: --out {out}: cannot save the tokenizer ({e})")
+    except OSError as e:   # a full disk: save_dir wrote none of the three files
+        raise SystemExit(f"bpe.py: --out {out}: could not write the tokenizer ({write_error(e)}); nothing was "
+                         f"written there: free some space, then run again")
     learned = [vocab[i] for i in range(len(specials), len(vocab))]
     longest = max(len(b) for b in learned)
     longest_toks = [b for b in learned if len(b) == longest]

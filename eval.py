@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import bpe
 import model as model_lib
 from sample import generate, load_model_and_tokenizer
 
@@ -236,6 +237,10 @@ def main():
             raise SystemExit(f"eval.py: --include_path {folder}: no such folder")
     output = Path(args.output or (Path(args.ckpt).with_name(Path(args.ckpt).stem + "_lm_eval.json") if args.ckpt
                                   else Path("out") / f"lm_eval_{Path(args.init_from).name}.json"))
+    try:   # before the evaluation, not after it
+        bpe.check_output_path(output, "--output")
+    except ValueError as e:
+        raise SystemExit(f"eval.py: {e}") from None
 
     try:
         model_lib.resolve_device(args.device)
@@ -258,10 +263,14 @@ def main():
     print(make_table(results))
     if results.get("groups"):
         print(make_table(results, "groups"))
-    output.parent.mkdir(parents=True, exist_ok=True)
     results.pop("samples", None)
-    output.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
-                      + "\n", encoding="utf-8")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+                          + "\n", encoding="utf-8")
+    except OSError as e:   # a full disk
+        raise SystemExit(f"eval.py: --output {output}: could not write it ({bpe.write_error(e)}); the tables above "
+                         f"are the results") from None
     print(f"results: {output}")
 
 

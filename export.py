@@ -31,6 +31,8 @@ The checkpoint is loaded as sample.py loads it (a --tokenizer must match it: sam
 import argparse
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import MISSING, fields
 from pathlib import Path
 
@@ -195,6 +197,7 @@ def write_tokenizer(tokenizer, out, context_length):
 def export(model, tokenizer, out, dtype=torch.float32):
     """Write model (a model.GPT or model.TransformerLM) and its tokenizer as a Hugging Face folder `out`
     (created; the files it writes are replaced). Returns the folder as a Path; ValueError for what HF cannot load."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
     model = model_lib.unwrap(model)
     arch = model.model_config()["arch"]
@@ -207,12 +210,26 @@ def export(model, tokenizer, out, dtype=torch.float32):
     eot = tokenizer.eot_id
     config.update(bos_token_id=eot, eos_token_id=eot, torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out)
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    # contiguous copies: safetensors stores whole, unshared buffers (a transpose or a slice is a view)
-    save_file({k: w.detach().to("cpu", dtype).contiguous().clone() for k, w in tensors.items()},
-              str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    write_tokenizer(tokenizer, out, model.context_length)
+    # every file is written in a temp folder inside out, then moved in: a full disk leaves out as it was
+    stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        # contiguous copies: safetensors stores whole, unshared buffers (a transpose or a slice is a view)
+        try:
+            save_file({k: w.detach().to("cpu", dtype).contiguous().clone() for k, w in tensors.items()},
+                      str(stage / "model.safetensors"), metadata={"format": "pt"})
+        except SafetensorError as e:   # its word for an I/O error, e.g. "No space left on device (os error 28)"
+            raise OSError(None, str(e).split("I/O error: ")[-1].split(" (os error")[0],
+                          str(out / "model.safetensors")) from None
+        (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_tokenizer(tokenizer, stage, model.context_length)
+        for f in stage.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not any(out.iterdir()):
+            out.rmdir()
     return out
 
 
@@ -257,12 +274,17 @@ def main():
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise SystemExit(f"export.py: --out {out}: the folder exists and is not empty (pass --force to write into it)")
     try:
+        bpe.check_output_path(out, "--out", folder=True)
+    except ValueError as e:
+        raise SystemExit(f"export.py: {e}") from None
+    try:
         model, tokenizer = load_model_and_tokenizer(args.ckpt, None, "cpu", args.tokenizer)
         export(model, tokenizer, out, DTYPES[args.dtype])
     except ValueError as e:
         raise SystemExit(f"export.py: --ckpt {args.ckpt}: {e}" if not str(e).startswith("--") else f"export.py: {e}")
-    except OSError as e:
-        raise SystemExit(f"export.py: --out {out}: cannot write it ({e.strerror or e})")
+    except OSError as e:   # a full disk: export() leaves the folder as it was
+        raise SystemExit(f"export.py: --out {out}: could not write {Path(e.filename or out).name} "
+                         f"({bpe.write_error(e)}); the folder is as it was: free some space, then run again")
     print(f"wrote {out} ({model_lib.describe(model)}, {args.dtype}): "
           f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     if args.push_to_hub:

@@ -37,6 +37,7 @@ its first 1,000 validation stories, each story followed by "\n<|endoftext|>\n"; 
 the same sizes, saying in one line that figures on them do not compare with the published ones.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -83,9 +84,8 @@ def check_input(path):
         raise ValueError(f"{path}: no such file or folder")
     if not os.access(p, os.R_OK):
         raise ValueError(f"{path}: not readable (permissions)")
-    if p.is_file():
-        with open(p, "rb") as fh:
-            fh.read(1)
+    if p.is_file():   # an empty or binary file: said before anything is written
+        bpe.check_text_file(p)
 
 
 def file_docs(path, chunk_chars=1 << 20):
@@ -277,11 +277,15 @@ def encode_docs(docs, tokenizer_ref, dtype, num_workers=None, batch_chars=1 << 2
 
 def _atomic_write(path, data: bytes):
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as e:   # a full disk: no temp file left, and the error names the file
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def _write_json(path, obj):
@@ -313,8 +317,10 @@ def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=N
                 bar.update(len(lengths))
             fh.flush()
             os.fsync(fh.fileno())
-    except BaseException:   # an unreadable input, Ctrl-C: no half-written file left behind
+    except BaseException as e:   # an unreadable input, Ctrl-C, a full disk: no half-written file left behind
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OSError(e.errno, e.strerror, str(out_path)) from None
         raise
     bar.close()
     if n_docs == 0:
@@ -351,6 +357,7 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
               "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id,
               "eot_position": "before each document",
               "shard_size": shard_size, "shuffle_docs": shuffle_docs, "seed": seed if shuffle_docs else None}
+    started = not (out / "meta.json").exists()
     meta = _resume_or_start(out, config)
     if meta["complete"]:
         log(f"{out}: already complete ({meta['num_tokens']:,} tokens in {len(meta['shards'])} shards); nothing to do")
@@ -380,27 +387,32 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
         _write_json(out / "meta.json", meta)  # the shard counts as done only once it is listed here
         fill = shard_docs = 0
 
-    for ids, lengths in encode_docs(islice(docs, start_doc, None), tokenizer, dtype, num_workers, batch_chars):
-        ends = np.cumsum(lengths)
-        starts = ends - lengths
-        pos, drop = drop, 0  # after a resume, the first document's first `drop` tokens are already on disk
-        while pos < len(ids):
-            take = min(shard_size - fill, len(ids) - pos)
-            buf[fill:fill + take] = ids[pos:pos + take]
-            shard_docs += int(np.searchsorted(starts, pos + take) - np.searchsorted(starts, pos))
-            fill, pos = fill + take, pos + take
-            if fill == shard_size:
-                done = int(np.searchsorted(ends, pos, side="right"))  # documents of this batch fully written
-                flush(doc_index + done, pos - (ends[done - 1] if done else 0))
-        doc_index += len(lengths)
-        new_docs, new_tokens = new_docs + len(lengths), new_tokens + len(ids)
-        bar.set_postfix_str(f"{meta['num_tokens'] + fill:,} tokens, shard {len(shards)}", refresh=False)
-        bar.update(len(lengths))
-    if fill:
-        flush(doc_index, 0)
-    bar.close()
-    if not shards:
-        raise ValueError(f"{source}: no documents to tokenise (empty input)")
+    try:
+        for ids, lengths in encode_docs(islice(docs, start_doc, None), tokenizer, dtype, num_workers, batch_chars):
+            ends = np.cumsum(lengths)
+            starts = ends - lengths
+            pos, drop = drop, 0  # after a resume, the first document's first `drop` tokens are already on disk
+            while pos < len(ids):
+                take = min(shard_size - fill, len(ids) - pos)
+                buf[fill:fill + take] = ids[pos:pos + take]
+                shard_docs += int(np.searchsorted(starts, pos + take) - np.searchsorted(starts, pos))
+                fill, pos = fill + take, pos + take
+                if fill == shard_size:
+                    done = int(np.searchsorted(ends, pos, side="right"))  # documents of this batch fully written
+                    flush(doc_index + done, pos - (ends[done - 1] if done else 0))
+            doc_index += len(lengths)
+            new_docs, new_tokens = new_docs + len(lengths), new_tokens + len(ids)
+            bar.set_postfix_str(f"{meta['num_tokens'] + fill:,} tokens, shard {len(shards)}", refresh=False)
+            bar.update(len(lengths))
+        if fill:
+            flush(doc_index, 0)
+        bar.close()
+        if not shards:
+            raise ValueError(f"{source}: no documents to tokenise (empty input)")
+    except BaseException:   # (a bad input, Ctrl-C, a full disk) before any shard was complete: no meta.json claims
+        if started and not shards:   # the folder for a run that wrote nothing
+            (out / "meta.json").unlink(missing_ok=True)
+        raise
     meta["complete"] = True
     _write_json(out / "meta.json", meta)
     dt = time.time() - t0
@@ -590,16 +602,17 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
     t = state.get("tokenizer", {})
     if t.get("request") == want and (tok_dir / "vocab.json").is_file() and \
             t.get("fingerprint") == bpe.tokenizer_fingerprint(str(tok_dir)):
-        log(f"tokenizer: reusing {tok_dir} (vocab {vocab_size})")
+        log(f"tokenizer: reusing {tok_dir} (vocab {t.get('vocab_size', vocab_size)})")
     else:
         t1 = time.time()
         vocab, merges = bpe.train_bpe(str(train_txt), vocab_size, [EOT], num_workers=num_workers)
         shutil.rmtree(tok_dir, ignore_errors=True)
         bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir))
-        state["tokenizer"] = {"request": want, "fingerprint": bpe.tokenizer_fingerprint(str(tok_dir))}
+        state["tokenizer"] = {"request": want, "fingerprint": bpe.tokenizer_fingerprint(str(tok_dir)),
+                              "vocab_size": len(vocab)}   # what was reached: fewer when the text runs out of pairs
         state.pop("tokens", None)
         _write_json(state_path, state)
-        log(f"tokenizer: trained BPE, vocab {vocab_size}, on {train_txt} in {time.time() - t1:.1f}s -> {tok_dir}")
+        log(f"tokenizer: trained BPE, vocab {len(vocab)}, on {train_txt} in {time.time() - t1:.1f}s -> {tok_dir}")
 
     # 3. tokens
     want = {"tokenizer_fingerprint": state["tokenizer"]["fingerprint"], "train_sha256": state["corpus"]["train_sha256"],
@@ -698,21 +711,26 @@ def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_worke
         log(f"tokenizer: reusing {tok_dir}")
         return str(tok_dir)
     tok_dir.parent.mkdir(parents=True, exist_ok=True)
-    text = tok_dir.parent / "bpe_train.txt.tmp"
+    text, tmp_dir = tok_dir.parent / "bpe_train.txt.tmp", Path(str(tok_dir) + ".tmp")
     written = 0
-    with open(text, "w", encoding="utf-8", newline="") as fh:
-        for doc in docs:
-            fh.write(doc + "\n" + EOT + "\n")
-            written += len(doc.encode()) + len(EOT) + 2
-            if max_bytes and written >= max_bytes:
-                break
-    t0 = time.time()
-    vocab, merges = bpe.train_bpe(str(text), vocab_size, [EOT], num_workers=num_workers)
-    bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir) + ".tmp")
-    _write_json(Path(str(tok_dir) + ".tmp") / "request.json", request)
-    os.replace(str(tok_dir) + ".tmp", tok_dir)
-    text.unlink()
-    log(f"tokenizer: trained BPE, vocab {vocab_size}, on {written:,} bytes in {time.time() - t0:.1f}s -> {tok_dir}")
+    try:   # however it ends (a bad input, a full disk), no temp file or half-written tokenizer is left
+        with open(text, "w", encoding="utf-8", newline="") as fh:
+            for doc in docs:
+                fh.write(doc + "\n" + EOT + "\n")
+                written += len(doc.encode()) + len(EOT) + 2
+                if max_bytes and written >= max_bytes:
+                    break
+        if not written:
+            raise ValueError(f"{source or tok_dir}: no documents to train the tokenizer on (empty input)")
+        t0 = time.time()
+        vocab, merges = bpe.train_bpe(str(text), vocab_size, [EOT], num_workers=num_workers)
+        bpe.Tokenizer(vocab, merges, [EOT]).save_dir(tmp_dir)
+        _write_json(tmp_dir / "request.json", request)
+        os.replace(tmp_dir, tok_dir)
+    finally:
+        text.unlink(missing_ok=True)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    log(f"tokenizer: trained BPE, vocab {len(vocab)}, on {written:,} bytes in {time.time() - t0:.1f}s -> {tok_dir}")
     return str(tok_dir)
 
 
@@ -769,14 +787,17 @@ def main():
              "at least 2 bytes (train + validation), or 0 for all of TinyStories")):
         if not ok:
             raise SystemExit(f"fineweb.py: --{flag} {getattr(args, flag)}: expected {expected}")
+    out_dir = made = None
     try:
         if args.tinystories_head:
             bpe.check_output_path(args.out_dir or HEAD_DIR, "--out_dir", folder=True)
             tinystories_head(args.out_dir or HEAD_DIR)
             return
         if args.prepare_tinystories:
-            bpe.check_output_path(args.out_dir or "data/tinystories", "--out_dir", folder=True)
-            prepare_tinystories(args.out_dir or "data/tinystories", args.vocab_size or 2048, fresh=args.fresh,
+            out_dir = args.out_dir or "data/tinystories"
+            bpe.check_output_path(out_dir, "--out_dir", folder=True)
+            made = not Path(out_dir).exists()
+            prepare_tinystories(out_dir, args.vocab_size or 2048, fresh=args.fresh,
                                 corpus_bytes=args.corpus_bytes or None, num_workers=args.num_workers)
             return
         if args.input:
@@ -795,6 +816,7 @@ def main():
                        else f"data/{name}-{tok_name}")
         out_dir = args.out_dir or default_dir
         bpe.check_output_path(out_dir, "--out_dir", folder=True)   # before the download and the tokenizer training
+        made = not Path(out_dir).exists()
         if args.fresh:
             clear_shards(out_dir)
         if args.vocab_size:
@@ -806,10 +828,24 @@ def main():
                             f"{source}|buffer {args.shuffle_buffer}")
         write_shards(docs, out_dir, args.tokenizer, args.shard_size, args.num_workers,
                      args.dtype, source=source, shuffle_docs=args.shuffle_docs, seed=args.seed)
-    except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
+    except ValueError as e:
+        _remove_if_empty(out_dir, made)
         raise SystemExit(f"fineweb.py: {e}")
+    except OSError as e:   # a full disk: what is complete stays (shards listed in meta.json, prepared.json's steps)
+        _remove_if_empty(out_dir, made)
+        raise SystemExit(f"fineweb.py: --out_dir {out_dir}: could not write {e.filename or 'in it'} "
+                         f"({bpe.write_error(e)}); what was complete is kept: free some space, then rerun the same "
+                         f"command to go on")
     except KeyboardInterrupt:
+        _remove_if_empty(out_dir, made)
         raise SystemExit("\nfineweb.py: interrupted; rerun the same command to resume after the last complete shard")
+
+
+def _remove_if_empty(folder, made):
+    """A failed run leaves no empty --out_dir of its own making behind."""
+    if made:
+        with contextlib.suppress(OSError):   # not empty: something complete is kept there
+            Path(folder).rmdir()
 
 
 if __name__ == "__main__":

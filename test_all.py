@@ -217,9 +217,21 @@ def _bpe_chunkings(text, rng):
         yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
 
 
-def _bpe_cli(*args, cwd=None):
+def _bpe_cli(*args, cwd=None, preexec_fn=None):
     return subprocess.run([sys.executable, str(ROOT / "bpe.py"), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+                          timeout=120, cwd=cwd, preexec_fn=preexec_fn)
+
+
+def _file_size_limit(n):
+    """A subprocess's preexec_fn: its files cannot grow past n bytes, so a longer write fails (EFBIG) as a full disk
+    fails it, without root or a small filesystem (Python ignores the SIGXFSZ that comes with it)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
+
+def _files(folder):
+    """Every file under folder, with its bytes: what a failed write must leave as it was."""
+    return {p: p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
 def _bpe_exit(monkeypatch, *argv):
@@ -1124,6 +1136,20 @@ def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, ca
     assert all(figure in line for figure in (f"{meta['num_tokens']:,} tokens", "uint16", "60 docs")), line
 
 
+def test_bpe_cli_default_out_is_named_by_the_vocabulary_reached(tmp_path, monkeypatch, capsys):
+    # --vocab 10000 on a text that runs out of pairs to merge sooner: the default folder and the report give the
+    # vocabulary reached, not the one asked for
+    corpus = _bpe_corpus(tmp_path / "corpus.txt", n=20)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "10000", "--workers", "1"])
+    bpe.main()
+    (out,) = Path("tokenizers").iterdir()
+    reached = bpe.load_tokenizer(out).vocab_size
+    assert reached < 10000 and out.name == f"corpus-{reached}"
+    line = _bpe_report_line(capsys.readouterr().out, "merges")
+    assert f"{reached} tokens" in line and str(out) in line and "10000" not in line
+
+
 def test_bpe_cli_an_empty_special_trains_without_special_tokens(tmp_path, monkeypatch):
     # --special "" is how --help says to train without special tokens: no empty special token is made, and
     # "<|endoftext|>" in a text is plain characters
@@ -1198,6 +1224,26 @@ def test_bpe_cli_an_encode_out_that_cannot_be_written_is_one_line_and_leaves_not
     assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "a_file").read_text() == "x"
 
 
+@pytest.mark.parametrize("job", ["train", "encode"])
+def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path, job):
+    # the output's write fails as on a full disk: exit status 1, one line naming --out, and what an earlier run wrote
+    # there is left byte for byte (no half-written tokenizer, no temp file)
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
+    if job == "train":
+        out = tmp_path / "tok"
+        _bpe_byte_tokenizer().save_dir(out)
+        argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1]
+    else:
+        out = tmp_path / "x.bin"
+        bpe.encode_file(corpus, "gpt2", out, num_workers=1)
+        argv = ["--encode", corpus, "--tokenizer", _bpe_tok_dir(tmp_path), "--out", out, "--workers", 1]
+    before = _files(tmp_path)
+    r = _bpe_cli(*argv, preexec_fn=_file_size_limit(2000))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"bpe.py: --out {out}: ")
+    assert _files(tmp_path) == before
+
+
 def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
     # the message starts on a line of its own (after the progress display) and says what was not written
     text = tmp_path / "in.txt"
@@ -1241,6 +1287,17 @@ def test_bpe_refuses_an_out_it_cannot_write_before_training(tmp_path, monkeypatc
     _one_line_naming(_bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "ro" / "x.bin"),
                      f"bpe.py: --out {tmp_path / 'ro' / 'x.bin'}: ", "not writable")
     assert not calls
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_bpe_refuses_an_out_under_proc_before_training(tmp_path, monkeypatch):
+    # /proc takes no new file, even from root, for whom os.access says yes: refused before any training or encoding,
+    # naming the flag (it failed after the training)
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    monkeypatch.setattr(bpe, "encode_file", _bpe_not_called)
+    corpus = _bpe_corpus(tmp_path / "c.txt")
+    for argv in (["--input", corpus, "--vocab", 300, "--out", "/proc/x"], ["--encode", corpus, "--out", "/proc/x"]):
+        _one_line_naming(_bad_exit(monkeypatch, bpe, *argv), "bpe.py: --out /proc/x: ", "/proc")
 
 
 def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, monkeypatch, capsys):
@@ -2841,6 +2898,35 @@ def test_train_checkpoint_that_is_not_a_whole_train_py_checkpoint_is_one_line(tm
     assert runs.read_train_checkpoint(good)["iteration"] == 1
 
 
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5141120 vs 5141012"),
+    OSError(28, "No space left on device")], ids=["torch-writer", "enospc"])
+def test_train_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, _train_data, monkeypatch,
+                                                                            error):
+    # the disk fills during the second checkpoint write (step 4 of 6), torch's writer raising what it raises then:
+    # one line naming the checkpoint, the step not written, the step kept and --resume; the step-2 checkpoint is
+    # kept byte for byte, no temp file is left, and --resume (the disk freed) finishes the run
+    out, real_save, kept = tmp_path / "o", torch.save, []
+
+    def save(obj, f, *a, **k):
+        if isinstance(obj, dict) and obj.get("iteration") == 4:
+            kept.append((out / "ckpt.pt").read_bytes())
+            f.write(b"PK\x03\x04 a partial write")
+            raise error
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", save)
+    args = _train_main_args(_train_data, out) + ["--max_iters=6", "--eval_interval=2"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    _one_line_naming(str(e.value), f"train.py: {out / 'ckpt.pt'}: ", "step 4", "step 2", "--resume")
+    _train_in_order(str(e.value), "step 4", "step 2", "--resume")   # not written, then kept
+    assert (out / "ckpt.pt").read_bytes() == kept[0] and {p.name for p in out.iterdir()} <= {".lock", "ckpt.pt",
+                                                                                              "log.jsonl"}
+    monkeypatch.setattr(torch, "save", real_save)
+    train.main(args + ["--resume"])
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 6
+
+
 # ---- evaluation: the validation loss and bits per byte
 
 
@@ -4047,6 +4133,18 @@ def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, 
     assert (tmp_path / "a_file").read_text() == "x"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_train_out_dir_under_proc_names_the_flag_before_the_data_is_prepared(tmp_path, monkeypatch):
+    # the main job with --out_dir=/proc/x (which root's os.access calls writable): one line naming --out_dir, before
+    # its data is prepared (it was a bare [Errno 2] after the preparation)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fineweb, "prepare_tinystories", _bpe_not_called)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--out_dir=/proc/x"])
+    _one_line_naming(str(e.value), "train.py: --out_dir /proc/x: ", "/proc")
+    assert not any(tmp_path.iterdir())
+
+
 def test_train_next_commands_quote_a_path_with_a_space(tmp_path, _train_data, capsys):
     # the summary's commands paste into a shell as they are: a path with a space is one argument
     out = tmp_path / "my run"
@@ -4418,10 +4516,12 @@ def test_train_resume_with_fused_adamw_is_fused(tmp_path, _train_data, monkeypat
     assert seen == [[True, True]]
 
 
-def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_path, _train_data):
+def test_train_resumes_a_moved_copy_of_its_data_and_continues_on_other_data_only_when_asked(tmp_path, _train_data,
+                                                                                           capsys):
     # the checkpoint records its token files (names and sizes, in order): a resume with --data_dir at a moved copy
-    # ends as the uninterrupted run does; other files under the same names are refused in one line, naming the
-    # checkpoint, the folder and both sizes
+    # ends as the uninterrupted run does; other files under the same names are another run's data: --resume=auto
+    # stops before any work, in one line naming the checkpoint, both sizes and the three ways on, every file left as
+    # it was; --resume=true continues the model on them, reading them from their beginning, and says so
     train.main(_train_main_args(_train_data, tmp_path / "straight") + ["--max_iters=4"])
     train.main(_train_main_args(_train_data, tmp_path / "o"))
     moved = tmp_path / "moved"
@@ -4434,11 +4534,22 @@ def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_
         f.write(np.zeros(100, np.uint16).tobytes())
     meta = json.loads((moved / "train.bin.json").read_text())
     (moved / "train.bin.json").write_text(json.dumps(dict(meta, num_tokens=meta["num_tokens"] + 100)))
+    files = [*moved.iterdir(), *(tmp_path / "o").iterdir()]
+    before = {p: p.read_bytes() for p in files}
     with pytest.raises(SystemExit) as e:
-        train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
-    _one_line_naming(str(e.value), f"train.py: {tmp_path / 'o' / 'ckpt.pt'}: ", str(moved), "30,000", "30,100")
+        train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6"])
+    _one_line_naming(str(e.value), f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", str(moved), "30,000", "30,100",
+                     "--out_dir", "--fresh", "--resume=true")
     _train_in_order(str(e.value), "30,000", "30,100")   # the checkpoint's files, then the folder's
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 4
+    assert {p: p.read_bytes() for p in files} == before
+    capsys.readouterr()
+    train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
+    (note,) = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("train.py: ") and "30,100" in line]
+    _one_line_naming(note, f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", str(moved), "30,000")
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 6 and ck["train_files"] == [["train.bin", 30100]]
+    assert ck["loader"]["pos"] == 2 * 4 * 16   # the 2 steps since: read from the new files' start
 
 
 # ---- resume: the log and the last evaluation
@@ -4668,6 +4779,31 @@ def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
     assert ck["iteration"] == 3 and ck["config"]["prepare_data"] is True
 
 
+def test_train_a_folder_named_on_the_command_line_is_never_written_whatever_out_dir_holds(tmp_path, monkeypatch):
+    # the main job's out/ckpt.pt (its settings: prepare_data on), then the user's own folder prepared at another
+    # vocabulary: `train.py --data_dir=data/x` neither prepares data/x again nor resumes the main job's run on it:
+    # it stops before any work naming the ways on (not --resume=true: that model cannot read this data, and
+    # --resume=true says so too); --fresh trains on data/x and the next run resumes that run, data/x unchanged
+    monkeypatch.chdir(tmp_path)
+    small = ["--download=false", "--corpus_bytes=60000", "--vocab_size=300", "--d_model=32", "--num_layers=1",
+             "--num_heads=2", "--context_length=32", "--batch_size=4", "--max_iters=2", "--eval_iters=2",
+             "--num_samples=0", "--time_budget=", "--num_threads=1"]
+    train.main(small)
+    assert torch.load("out/ckpt.pt", weights_only=True)["config"]["prepare_data"] is True
+    fineweb.prepare_tinystories("data/x", vocab_size=280, allow_download=False, corpus_bytes=50000, log=_train_quiet)
+    mine, run = _files("data/x"), _files("out")
+    for resume in ([], ["--resume=true"]):
+        with pytest.raises(SystemExit) as e:
+            train.main(["--data_dir=data/x", *resume])
+        _one_line_naming(str(e.value), f"train.py: {Path('out/ckpt.pt')}", "data/x", "300", "280")
+        assert ("--fresh" in str(e.value)) and ("--resume=true" not in str(e.value))
+        assert _files("data/x") == mine and _files("out") == run
+    train.main(["--data_dir=data/x", "--fresh", *small])
+    train.main(["--data_dir=data/x", "--max_iters=3"])
+    assert [r["resumed_at_step"] for r in _train_records(Path("out"), "config")] == [None, 2]
+    assert torch.load("out/ckpt.pt", weights_only=True)["iteration"] == 3 and _files("data/x") == mine
+
+
 @pytest.mark.parametrize("name, old, new", [("batch_size", 4, 8), ("total_batch_tokens", 0, 128)])
 def test_train_resume_with_another_batch_size_or_accumulation_is_refused(tmp_path, _train_data, name, old, new):
     # the batch is not among the settings a resume may change: another --batch_size or --total_batch_tokens would
@@ -4856,6 +4992,31 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
     (summary,) = [line for line in out.splitlines() if "max_iters" in line and "step 6" in line]
     assert re.findall(r"\bstep (\d+)", summary) == ["6"]
     assert not any("--resume" in cmd for cmd in _train_next_commands(out))
+
+
+def test_train_summary_after_a_stop_gives_no_stale_figures_or_sample(tmp_path, monkeypatch, capsys):
+    # Ctrl-C at step 2, last evaluated at step 0 (the untrained model): the summary says the last evaluation was at
+    # step 0 and gives neither its validation loss nor its sample as the run's result (log.jsonl keeps them); the
+    # resumed run ends evaluated, and gives both
+    d, _ = _train_byte_data(tmp_path)
+    real_train = train.train
+    monkeypatch.setattr(train, "train", lambda cfg, **kw: real_train(cfg, on_step=lambda step: step == 2 and
+                                                                     runs.Stop.handler(None, None), **kw))
+    args = [a for a in _train_main_args(d, tmp_path / "o") if a != "--num_samples=0"] + [
+        "--max_iters=6", "--num_samples=1", "--sample_tokens=4"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    summary = capsys.readouterr().out.split("\ndone in ")[-1].splitlines()
+    (step0,) = _train_records(tmp_path / "o", "eval")
+    assert e.value.code == 130 and step0["step"] == 0 and step0["samples"]
+    assert re.findall(r"\bstep (\d+)", summary[0]) == ["2", "0"]
+    assert f"{step0['val_loss']:.4f}" not in summary[0] and not any(line.startswith("sample:") for line in summary)
+    monkeypatch.setattr(train, "train", real_train)
+    train.main(args + ["--resume"])
+    summary = capsys.readouterr().out.split("\ndone in ")[-1]
+    last = _train_records(tmp_path / "o", "eval")[-1]
+    assert last["step"] == 6 and f"{last['val_loss']:.4f}" in summary.splitlines()[0]
+    assert summary.count("\nsample: ") == 1 and f"\nsample: {last['samples'][0]}\n" in summary
 
 
 def test_train_main_ctrl_c_before_the_loop_is_one_line(tmp_path, _train_data, monkeypatch, capsys):
@@ -5953,6 +6114,21 @@ def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp
     assert steps == ["tokenizer", "tokens", "tokens"]
 
 
+def test_fineweb_says_the_vocabulary_reached_not_the_one_asked_for(tmp_path):
+    # --vocab_size 10000 on a text that runs out of pairs to merge sooner: the tokenizer lines (trained, reused, and
+    # the shards' own tokenizer) give the vocabulary the tokenizer has
+    said = []
+    for _ in range(2):   # trained, then reused
+        fineweb.prepare_tinystories(tmp_path / "d", vocab_size=10000, allow_download=False, corpus_bytes=3000,
+                                    log=said.append)
+    path, _ = _fw_corpus(tmp_path, n=10)
+    fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 10000, tmp_path / "t", log=said.append)
+    reached = [bpe.load_tokenizer(tmp_path / d).vocab_size for d in ("d/tokenizer", "d/tokenizer", "t")]
+    lines = [line for line in said if line.startswith("tokenizer: ")]
+    assert len(lines) == 3 and all(n < 10000 for n in reached) and not any("10000" in line for line in lines)
+    assert all(f"vocab {n}" in line for n, line in zip(reached, lines)), lines
+
+
 def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
     with pytest.raises(ValueError) as e:
         fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
@@ -6245,6 +6421,35 @@ def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _f
         msg = _fw_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
         _one_line_naming(msg, "fineweb.py: ", tmp_path / "a_file")
     assert (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.parametrize("content, named", [(b"\x00\x01 a model file" * 100, "not a text file"), (b"", "empty"),
+                                           (b"\n \n<|endoftext|>  \n", "empty input")],
+                         ids=["binary", "empty", "no-document"])
+@pytest.mark.parametrize("vocab", [[], ["--vocab_size=300"]], ids=["tokenizer", "train-a-tokenizer"])
+def test_fineweb_a_bad_input_is_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch, _fw_bpe_dir, content,
+                                                                   named, vocab):
+    # a binary, empty or document-less input, sharded with a tokenizer or training one first: one line, and no
+    # --out_dir, meta.json or temp file left behind to make the next run refuse or resume
+    (tmp_path / "in.txt").write_bytes(content)
+    out = tmp_path / "out"
+    msg = _fw_exit(monkeypatch, fineweb, f"--input={tmp_path / 'in.txt'}", f"--tokenizer={_fw_bpe_dir}",
+                   f"--out_dir={out}", "--num_workers=1", *vocab)
+    _one_line_naming(msg, "fineweb.py: ", "in.txt", named)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_fineweb_a_full_disk_is_one_line_naming_the_shard_and_leaves_nothing_half_written(tmp_path, _fw_bpe_dir):
+    # the first shard's write fails as on a full disk (files of at most 1,500 bytes, a shard is 2,000): exit status
+    # 1, one line naming --out_dir and the shard, and neither a partial shard nor a meta.json claiming the folder
+    path, _ = _fw_corpus(tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), f"--input={path}", f"--tokenizer={_fw_bpe_dir}",
+                        f"--out_dir={out}", "--shard_size=1000", "--num_workers=1"], capture_output=True, text=True,
+                       timeout=120, preexec_fn=_file_size_limit(1500))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"fineweb.py: --out_dir {out}: ", out / "val_000000.bin")
+    assert not out.exists()
 
 
 # ---- stories.py: seeded stories, and the corpus file of them
@@ -9184,6 +9389,26 @@ def test_export_refuses_a_folder_with_files_unless_forced(tmp_path, monkeypatch,
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_export_an_out_under_proc_is_refused_before_loading(monkeypatch, exported):
+    monkeypatch.setattr(export, "load_model_and_tokenizer", _bpe_not_called)
+    _one_line(_exits(export, monkeypatch, "--ckpt", exported["gpt2"][0], "--out", "/proc/hf"), "export.py: --out",
+              "/proc/hf")
+
+
+def test_export_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, exported):
+    # --force over an earlier export, whose weights' write fails as on a full disk (files of at most 20,000 bytes):
+    # exit status 1, one line naming --out and the file, and the earlier export left byte for byte
+    shutil.copytree(exported["llama"][2], tmp_path / "hf")
+    before = _files(tmp_path / "hf")
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--ckpt", str(exported["gpt2"][0]), "--out",
+                        str(tmp_path / "hf"), "--force"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=_file_size_limit(20000))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"export.py: --out {tmp_path / 'hf'}: ", "model.safetensors")
+    assert _files(tmp_path / "hf") == before and sorted(os.listdir(tmp_path / "hf")) == sorted(p.name for p in before)
+
+
 def test_export_a_tokenizer_that_does_not_match_is_refused_by_its_fingerprint(tmp_path, monkeypatch, exported,
                                                                                own_tok):
     other_dir, other = _train_tokenizer(tmp_path, CORPUS.upper() * 3, own_tok[1].vocab_size)  # same size, other tokens
@@ -9459,6 +9684,14 @@ def test_eval_cli_prints_lm_evals_table_and_writes_its_json(tmp_path, monkeypatc
     results = json.loads((tmp_path / "r.json").read_text())
     assert set(results["results"]["hs_nanogpt"]) >= {"acc,none", "acc_norm,none"} and "samples" not in results
     assert results["config"]["model_args"]["ckpt"] == str(ckpt)
+
+
+@needs_lm_eval
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_eval_an_output_it_cannot_write_is_refused_before_the_evaluation(monkeypatch, exported):
+    monkeypatch.setattr(harness, "load_model_and_tokenizer", _bpe_not_called)
+    _one_line(_exits(harness, monkeypatch, "--ckpt", exported["gpt2"][0], "--tasks", "hs_nanogpt", "--output",
+                     "/proc/r.json"), "eval.py: --output /proc/r.json")
 
 
 @needs_lm_eval

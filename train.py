@@ -72,8 +72,9 @@ class TrainConfig:
                              "stories", resumable=True)
     preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | speedrun-cpu | speedrun-gpu (sets "
                           "the documented values; flags still override)", resumable=True)
-    resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the "
-                          "run: use --fresh), true = must, false = never", auto=True, resumable=True)
+    resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it holds this run (another run's, of other "
+                          "settings or data, stops this one before any work), true = must (on other data too, when "
+                          "its model can read it), false = never", auto=True, resumable=True)
     fresh: bool = setting(False, "start over: replace out_dir's checkpoint and log (and re-prepare the data of the "
                           "main job)", resumable=True)
     init_from: str = setting("scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights) or "
@@ -577,10 +578,13 @@ def save_run(path, raw, optimizer, loader, state, c, data, world):
         loaders = [None] * world
         torch.distributed.all_gather_object(loaders, loader.state_dict())
     if int(os.environ.get("RANK", "0")) == 0:
-        save_checkpoint(raw, optimizer, state.step, path, config=dict(c), tokenizer=data.tokenizer_ref or "",
-                        tokenizer_fingerprint=data.fingerprint, rng=runs.rng_state(),
-                        loader=loaders if world > 1 else loaders[0], train_files=data.train_files,
-                        val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
+        try:
+            save_checkpoint(raw, optimizer, state.step, path, config=dict(c), tokenizer=data.tokenizer_ref or "",
+                            tokenizer_fingerprint=data.fingerprint, rng=runs.rng_state(),
+                            loader=loaders if world > 1 else loaders[0], train_files=data.train_files,
+                            val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
+        except (OSError, RuntimeError) as e:   # a full disk: ENOSPC, or torch's writer's "unexpected pos"
+            raise runs.checkpoint_not_written(path, state.step, e) from None
 
 
 # -----------------------------------------------------------------------------
@@ -847,6 +851,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if c.prepare_data:
         runs.prepare_main_job(c, ddp, master, say)
     data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, say)
+    if resume_from is not None:   # --resume=auto: out_dir must hold this run, trained on this data
+        runs.check_same_run(resume_from, data, c, Path(c.out_dir) / "ckpt.pt")
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
     tokens_per_step = B * T * accum * world
@@ -1109,12 +1115,16 @@ def print_summary(s, wall, main_job):
     """The run's last lines: what it reached, where it is, the commands to go on with."""
     print()
     total = "" if s["elapsed_this_run"] == s["elapsed"] else f", {runs.fmt_time(s['elapsed'])} in all"
+    # a stopped run is not evaluated at its stop (see DECISIONS.md): its last figures and sample are of an earlier
+    # model (the untrained one, stopped before the first evaluation step), so they are not given as its result
+    now = s["val_loss"] is not None and s["val_step"] == s["step"]
     print(f"done in {runs.fmt_time(wall)} (training {runs.fmt_time(s['elapsed_this_run'])}{total}), step {s['step']}"
           f" (stopped by {s['stopped_by']})"
-          + (f" | val loss {s['val_loss']:.4f} nats/token" if s["val_loss"] is not None else "")
-          + (f" | {s['val_bpb']:.4f} bits/byte" if s["val_bpb"] else "")
-          + (f" (at step {s['val_step']})" if s["val_loss"] is not None and s["val_step"] != s["step"] else ""))
-    if s["samples"]:
+          + (f" | val loss {s['val_loss']:.4f} nats/token" if now else "")
+          + (f" | {s['val_bpb']:.4f} bits/byte" if now and s["val_bpb"] else "")
+          + (f" | last evaluated at step {s['val_step']} (its figures are in the log)"
+             if s["val_loss"] is not None and not now else ""))
+    if s["samples"] and now:
         print(f"sample: {s['samples'][0]}")
     print(f"checkpoint: {s['ckpt']}   log: {s['log']}")
     out_dir, q = Path(s["ckpt"]).parent, shlex.quote   # (quoted: a path with a space pastes as one argument)
