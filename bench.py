@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+import bpe
 import flops
 import model as M
 import numpy as np
@@ -1043,8 +1044,8 @@ def main():
     p.add_argument("--d_ff", type=int, default=704, help="SwiGLU hidden width")
     p.add_argument("--context_length", type=int, default=256, help="tokens per sequence")
     p.add_argument("--batch_size", type=int, default=16, help="sequences per step")
-    for q in (parser, *sections.choices.values()):   # one-line errors, no usage block
-        q.error = lambda message, q=q: q.exit(2, f"{q.prog}: {message} (see --help)\n")
+    for q in (parser, *sections.choices.values()):
+        bpe.one_line_errors(q)
     args = parser.parse_args()
     gpu_steps = 2 if args.run is bench_gpu else 1  # the gpu section times the second half of its steps
     for name, least in (("repeats", 1), ("steps", gpu_steps), ("threads", 1), ("max_new_tokens", 1), ("prompt_len", 1),

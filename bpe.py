@@ -1238,6 +1238,23 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
 # -----------------------------------------------------------------------------
 # CLI
 
+def one_line_errors(parser):
+    """argparse's mistakes (an unknown flag, a bad value) said in one line naming the script, exit status 2, without
+    the usage block. Every script's parser goes through this (flops.py and stories.py, which import no bpe.py, hold
+    a copy of this line)."""
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
+
+
+def run_main(main):
+    """Run a script's main(); when the reader of its output goes away (`| head`), stop quietly, as cat does.
+    (flops.py and stories.py, which import no bpe.py, hold a copy.)"""
+    try:
+        main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
+        sys.exit(1)
+
+
 def sample_documents(path, n=10, special=EOT, seed=0, max_bytes=1 << 26):
     """n documents (split on `special`, or on blank lines) drawn with a fixed seed from the file's start."""
     import random
@@ -1270,7 +1287,7 @@ def main():
     p.add_argument("--tokenizer", type=os.path.expanduser, default="gpt2",
                    help="with --encode: 'gpt2' (tiktoken) or a tokenizer directory")
     p.add_argument("--sample_docs", type=int, default=10, help="documents sampled for the bytes/token figure")
-    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
+    one_line_errors(p)
     args = p.parse_args()
 
     if args.workers is not None and args.workers < 1:
@@ -1355,9 +1372,6 @@ def main():
 
 if __name__ == "__main__":
     try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+        run_main(main)
     except KeyboardInterrupt:   # (training and encoding say what was written; this is Ctrl-C anywhere else)
         raise SystemExit("\nbpe.py: interrupted") from None

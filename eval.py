@@ -28,7 +28,6 @@ Their paths are relative to the working directory: run eval.py from the reposito
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -213,7 +212,7 @@ def main():
     parser.add_argument("--output", type=os.path.expanduser, default=None,
                         help="results JSON to write (default: beside the checkpoint, CKPT_lm_eval.json; for "
                              "--init_from NAME, out/lm_eval_NAME.json)")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
+    bpe.one_line_errors(parser)
     args = parser.parse_args()
 
     if lm_eval is None:
@@ -275,8 +274,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+    bpe.run_main(main)

@@ -43,6 +43,8 @@ import sys
 import time
 from pathlib import Path
 
+import bpe
+
 ROOT = Path(__file__).resolve().parent
 RESULTS_ROOT = ROOT / "results"   # the cpu preset's write-up; other presets and data get a folder inside
 RESULTS = RESULTS_ROOT
@@ -189,7 +191,6 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
             raise SystemExit(f"experiments.py: --preset={preset_name}: no train*.bin in {d}; prepare it first "
                              f"(`python train.py --preset=tinystories` prints the commands)")
         return d
-    import bpe   # only here: report must work without it
     if texts is None and p["train_text"] is None:
         import fineweb
         texts = fineweb.tinystories_head(log=log)
@@ -613,7 +614,7 @@ def main(argv=None):
                     "the TinyStories head (data/tinystories-head/train.txt, fetched once by fineweb.py)")
     ap.add_argument("--valid", type=os.path.expanduser, default="", help="its validation text, with --train")
     ap.add_argument("--no_samples", action="store_true", help="skip the samples from the best model")
-    ap.error = lambda message: ap.exit(2, f"{ap.prog}: {message} (see --help)\n")   # one line, no usage block
+    bpe.one_line_errors(ap)
     args = ap.parse_args(argv)
     global RESULTS, LOGS
     if args.steps < 0:
@@ -673,8 +674,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+    bpe.run_main(main)

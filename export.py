@@ -265,7 +265,7 @@ def main():
     parser.add_argument("--force", action="store_true", help="write into an --out folder that already has files")
     parser.add_argument("--push_to_hub", default=None, metavar="REPO",
                         help="then upload the folder to this Hugging Face model repository (e.g. me/ts-1m)")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
+    bpe.one_line_errors(parser)
     args = parser.parse_args()
 
     out = Path(args.out)

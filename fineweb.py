@@ -774,7 +774,7 @@ def main():
                    "(0: all of TinyStories, with its official validation split)")
     p.add_argument("--fresh", action="store_true", help="start over: remove OUT_DIR's shards, meta.json and the "
                    "tokenizer trained there first (with --prepare_tinystories: redo every step)")
-    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
+    bpe.one_line_errors(p)
     args = p.parse_args()
     for flag, ok, expected in (  # every numeric flag, before anything is downloaded, trained or written
             ("num_workers", args.num_workers is None or args.num_workers >= 1, "a positive number of processes"),

@@ -591,7 +591,7 @@ def main():
                         help="memory with each block's activations recomputed in the backward (train.py "
                              "--activation_checkpointing): one input kept per block, one block's activations at a time")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
-    # one line, no usage block
+    # one line, no usage block (bpe.one_line_errors: a copy, as this file imports no bpe.py)
     parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
     args = parser.parse_args()
 
@@ -701,6 +701,6 @@ def _preset_config(args, arch):
 if __name__ == "__main__":
     try:
         main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
+    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does (bpe.run_main's copy)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
         sys.exit(1)

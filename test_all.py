@@ -8978,8 +8978,9 @@ def test_lambada_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
 def test_eval_bad_flags_are_one_line_before_any_work(monkeypatch, script, argv, flag, named):
     batch = {hellaswag: "--batch_examples", lambada: "--batch_size"}[script]
     flag, argv = flag.replace("--batch", batch), [a.replace("--batch=", f"{batch}=") for a in argv]
-    monkeypatch.setattr(script, "setup_device", lambda *a, **k: pytest.fail("went on to pick a device"))
-    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("went on to load a model"))
+    # (both scripts' command line is hellaswag.eval_main)
+    monkeypatch.setattr(hellaswag, "setup_device", lambda *a, **k: pytest.fail("went on to pick a device"))
+    monkeypatch.setattr(hellaswag, "load_model", lambda *a, **k: pytest.fail("went on to load a model"))
     _bad_says(_bad_exit(monkeypatch, script, *argv), f"{script.__name__}.py: {flag}", *named)
 
 

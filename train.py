@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+import bpe
 import flops
 import hellaswag
 import lambada
@@ -1025,7 +1026,7 @@ def build_parser():
         else:   # a path's ~ is expanded here: the shell leaves --out_dir=~/runs as it is
             g.add_argument(f"--{name}", type=os.path.expanduser if f.metadata.get("path") else type(f.default),
                            default=f.default, help=help_text)
-    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
+    bpe.one_line_errors(p)
     return p
 
 
