@@ -112,6 +112,8 @@ def train_bpe_reference(text, vocab_size, special_tokens=()):
 def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None, stats=None, progress=False, **opts):
     """Train a byte-level BPE; returns (vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]]).
 
+    The result is train_bpe_reference's on the file's text (invalid UTF-8 read as U+FFFD), reached in two phases:
+    the distinct pre-tokens counted in parallel processes (count_pretokens_file), then merged (merge_pretokens).
     Ids: special tokens first (0, 1, ...), then the 256 bytes, then merges in creation order.
     Ties in pair frequency go to the lexicographically greater pair of bytes (GPT-2 / CS336 convention).
     `stats` (a dict) receives timings and counts; `progress` prints a one-line merge progress display.
