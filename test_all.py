@@ -2695,6 +2695,27 @@ def test_train_gradient_clipping_eps_matches_torch_at_tiny_norms():
         assert b.grad.norm() < 1e-7 * norm / (norm + 1e-6) * 1.001
 
 
+def test_train_gradient_clipping_runs_the_same_few_ops_for_any_number_of_tensors():
+    # multi-tensor kernels (torch._foreach_*): on CUDA a few launches for all of a model's gradients, where a norm and
+    # a multiply per tensor were ~300 small kernels a step at GPT-2's 148 tensors
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func)
+            return func(*args, **(kwargs or {}))
+    counts = []
+    for n in (3, 30):
+        params = [torch.nn.Parameter(torch.randn(4, 3)) for _ in range(n)]
+        for p in params:
+            p.grad = torch.randn(4, 3)
+        ops = []
+        with Count():
+            train.gradient_clipping(params, 0.1)
+        counts.append(len(ops))
+    assert counts[0] == counts[1] < 10
+
+
 # ---- data loading: random windows (CS336) and the sequential sampler (build-nanogpt's, shuffled per epoch)
 
 

@@ -374,10 +374,11 @@ def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    # multi-tensor kernels (torch._foreach_*): on CUDA a few launches for all the gradients, not one norm and one
+    # multiply per tensor; on the CPU they loop over the tensors with the same per-tensor ops, so the same numbers
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
     scale = torch.clamp(max_l2_norm / (norm + eps), max=1.0)   # no .item(): no GPU sync on the hot path
-    for g in grads:
-        g.mul_(scale.to(g.dtype))
+    torch._foreach_mul_(grads, scale)
     return norm
 
 
