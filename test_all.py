@@ -2667,6 +2667,26 @@ def test_train_wsd_schedule_points():
     assert train.get_lr_wsd_schedule(0, 1.0, 0.1, 0, 100, 1.0) == pytest.approx(1.0)   # all decay, no warmup
 
 
+def test_train_warmup_from_one_is_build_nanogpts_schedule():
+    # build-nanogpt's get_lr written out: lr*(it+1)/warmup during the warmup, then the cosine from the peak at it =
+    # warmup down to min_lr at max_steps. --warmup_from_one (the gpt2-124m preset) gives it step for step, so step 0
+    # trains at lr/warmup; without it the warmup is CS336's (0 at step 0), which the schedule functions keep
+    max_lr, min_lr, warmup, max_steps = 6e-4, 6e-5, 10, 50
+
+    def reference(it):
+        if it < warmup:
+            return max_lr * (it + 1) / warmup
+        if it > max_steps:
+            return min_lr
+        ratio = (it - warmup) / (max_steps - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+    c = dict(train.DEFAULTS, learning_rate=max_lr, min_lr_ratio=0.1, warmup_iters=warmup, max_iters=max_steps,
+             time_budget="", warmup_from_one=True)
+    assert [train.scheduled_lr(c, it, 0.0) for it in range(60)] == pytest.approx([reference(it) for it in range(60)])
+    cs336 = dict(c, warmup_from_one=False)
+    assert train.scheduled_lr(cs336, 0, 0.0) == 0.0 and train.scheduled_lr(cs336, 5, 0.0) == pytest.approx(3e-4)
+
+
 def test_train_gradient_clipping_matches_torch():
     for max_norm in (0.01, 1e3):                          # clipped, and untouched
         torch.manual_seed(1)
@@ -2853,6 +2873,61 @@ def test_train_sequential_sampler_without_document_boundaries_never_repeats_an_e
     s2 = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=eot_id)
     s2.load_state_dict(state)
     assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)
+
+
+class _NanoGPTLoader:
+    """build-nanogpt's DataLoaderLite (train_gpt2.py) written out, on in-memory shards instead of its .npy files:
+    rank r starts at B*T*r, each batch advances B*T*world, and the next shard (wrapping) is loaded when position +
+    B*T*world + 1 > len(tokens), with the rank's own position (its B*T*r offset included)."""
+
+    def __init__(self, shards, B, T, rank, world):
+        self.shards, self.B, self.T, self.rank, self.world = shards, B, T, rank, world
+        self.shard, self.tokens, self.pos = 0, shards[0], B * T * rank
+
+    def next_batch(self):
+        B, T = self.B, self.T
+        buf = torch.from_numpy(self.tokens[self.pos:self.pos + B * T + 1].astype(np.int64))
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        self.pos += B * T * self.world
+        if self.pos + (B * T * self.world + 1) > len(self.tokens):
+            self.shard = (self.shard + 1) % len(self.shards)
+            self.tokens, self.pos = self.shards[self.shard], B * T * self.rank
+        return x, y
+
+
+def test_train_sequential_sampler_reads_the_first_epoch_as_build_nanogpts_loader():
+    # shuffle_first_epoch=False (the gpt2-124m preset): 4 ranks read the shards in name order and the documents as
+    # written (an eot before each: a shuffling reader would reorder them), batch for batch as build-nanogpt's loader
+    # through the first epoch; the second epoch is shuffled as by default. Each shard's tail past its last whole
+    # round of B*T*4 windows holds 3 windows or more (so the reference's ranks all leave it after the same round)
+    B, T, W = 2, 8, 4
+    shards = [np.asarray(_train_docs(n, seed), dtype=np.uint16) for n, seed in ((241, 0), (184, 1), (316, 2))]
+    named = [(f"train_{i:06d}.bin", a, {}) for i, a in enumerate(shards)]
+    rounds = sum((len(a) - 1) // (B * T * W) for a in shards)   # 3 + 2 + 4 batches per rank in the first epoch
+    ours = [train.SequentialSampler(named, B, T, r, W, seed=0, eot_id=0, shuffle_first_epoch=False) for r in range(W)]
+    default = [train.SequentialSampler(named, B, T, r, W, seed=0, eot_id=0) for r in range(W)]
+    refs = [_NanoGPTLoader(shards, B, T, r, W) for r in range(W)]
+    for step in range(rounds):
+        for r in range(W):
+            x, y = ours[r].next_batch("cpu")
+            rx, ry = refs[r].next_batch()
+            assert torch.equal(x, rx) and torch.equal(y, ry), (step, r)
+    assert all(s.epoch == 0 for s in ours)
+    first = [torch.cat([default[r].next_batch("cpu")[0] for _ in range(rounds)]) for r in range(W)]
+    assert not torch.equal(first[0], torch.cat([_NanoGPTLoader(shards, B, T, 0, W).next_batch()[0]
+                                                for _ in range(rounds)]))   # the default shuffles the first epoch
+    for _ in range(rounds):   # the second epoch: shuffled, the same as the default sampler's
+        assert all(torch.equal(ours[r].next_batch("cpu")[0], default[r].next_batch("cpu")[0]) for r in range(W))
+    assert all(s.epoch == 1 for s in ours)
+    # where a shard's tail holds fewer windows than that, the reference's rank 3 moves on to the next shard a round
+    # before rank 0 (its offset counts against the shard's end); here every rank of a step reads the same shard
+    short = [np.arange(2 * 64 + 11, dtype=np.uint16), np.arange(1000, 1300, dtype=np.uint16)]
+    named = [(f"train_{i:06d}.bin", a, {}) for i, a in enumerate(short)]
+    ours = [train.SequentialSampler(named, B, T, r, W, seed=0, shuffle_first_epoch=False) for r in range(W)]
+    refs = [_NanoGPTLoader(short, B, T, r, W) for r in range(W)]
+    second = [[(s.next_batch("cpu")[0], ref.next_batch()[0]) for _ in range(2)][1] for s, ref in zip(ours, refs)]
+    assert all(int(x.max()) < 1000 for x, _ in second)                  # ours: round 2 of shard 0 on every rank
+    assert int(second[0][1].max()) < 1000 <= int(second[3][1].min())   # the reference's rank 3: already shard 1
 
 
 # ---- checkpoints
@@ -4064,6 +4139,10 @@ def test_train_presets_resolve_to_documented_values():
     assert (g["warmup_iters"], g["max_iters"], g["min_lr_ratio"], g["weight_decay"]) == (715, 19073, 0.1, 0.1)
     assert (g["beta1"], g["beta2"], g["grad_clip"], g["eval_interval"], g["hellaswag"]) == (0.9, 0.95, 1.0, 250, True)
     assert g["batch_size"] == 16 and train.grad_accum_steps(524288, 16, 1024, 8) == 4
+    # build-nanogpt's token stream and warmup, its checkpoint interval; every other preset keeps the defaults
+    assert (g["shuffle_first_epoch"], g["warmup_from_one"], g["ckpt_interval"]) == (False, True, 5000)
+    assert all((train.get_config([f"--preset={p}"])[0][k], p) == (train.DEFAULTS[k], p) for p in train.PRESETS
+               if p != "gpt2-124m" for k in ("shuffle_first_epoch", "warmup_from_one", "ckpt_interval"))
     with pytest.raises(SystemExit) as e:
         train.get_config(["--preset=nope"])
     _one_line_naming(str(e.value), "train.py: --preset", "'nope'", *train.PRESETS)
@@ -5588,8 +5667,9 @@ def test_fw_hub_offline_is_detected_at_once(monkeypatch):
 def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
     calls = []
     _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
-    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
-    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
+    assert list(fineweb.hf_docs("fineweb-edu")) == ["  first page ", "", "second page"]   # as build-nanogpt reads them
+    assert list(fineweb.hf_docs("fineweb-edu", strip=True)) == ["first page", "second page"]
+    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)] * 2
 
 
 def test_fw_an_unknown_dataset_is_refused_naming_the_ones_there_are(tmp_path, monkeypatch):
@@ -5983,6 +6063,31 @@ def test_fw_refuses_an_out_dir_written_with_other_settings(tmp_path, _fw_bpe_dir
     with pytest.raises(ValueError) as e:
         fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, shard_size=100, **kw)
     _fw_says(str(e.value), f"{tmp_path / 'out'}: ", "shard_size=1000000", "--fresh")
+
+
+def test_fw_cli_hub_documents_are_tokenised_as_given_unless_strip_docs(tmp_path, monkeypatch, _fw_bpe_dir):
+    # --dataset documents go into the shards as the hub gives them, an eot before each (build-nanogpt's stream);
+    # --strip_docs strips them and drops empty ones. A folder written before the setting was recorded was stripped:
+    # it goes on (or is found complete) only with --strip_docs, and is refused without, naming the setting
+    rows = ["  first page \n", "", "second page"]
+    _fw_fake_datasets(monkeypatch, {"train": rows}, [])
+    tok = bpe.load_tokenizer(_fw_bpe_dir)
+
+    def run(out, *flags):
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", "--dataset=fineweb-edu", f"--tokenizer={_fw_bpe_dir}",
+                                          f"--out_dir={out}", "--num_workers=1", *flags])
+        fineweb.main()
+        ids, _, meta = _fw_read_shards(out)
+        return tok.decode(ids.tolist()), meta["config"].get("strip_docs")
+    assert run(tmp_path / "given") == ("".join(_FW_EOT + d for d in rows), False)
+    assert run(tmp_path / "stripped", "--strip_docs") == (f"{_FW_EOT}first page{_FW_EOT}second page", True)
+    meta_path = tmp_path / "stripped" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["strip_docs"]
+    meta_path.write_text(json.dumps(meta))
+    assert run(tmp_path / "stripped", "--strip_docs") == (f"{_FW_EOT}first page{_FW_EOT}second page", None)
+    _fw_says(_fw_exit(monkeypatch, fineweb, "--dataset=fineweb-edu", f"--tokenizer={_fw_bpe_dir}",
+                      f"--out_dir={tmp_path / 'stripped'}", "--num_workers=1"), "fineweb.py: ", "strip_docs=True")
 
 
 @pytest.mark.parametrize("sidecar,named", [(None, ()), ({"tokenizer": "tok/elsewhere"}, ("'tok/elsewhere'",))],

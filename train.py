@@ -91,6 +91,9 @@ class TrainConfig:
     # data and batch
     sampler: str = setting("sequential", "sequential (shards in order, shuffled per epoch, rank strides) | random "
                            "(CS336 windows)", choices=("sequential", "random"))
+    shuffle_first_epoch: bool = setting(True, "sequential sampler: shuffle the first epoch too (false: read it in "
+                                        "stream order, the shards in name order and the documents as written, as "
+                                        "build-nanogpt does; later epochs are shuffled either way)")
     batch_size: int = setting(32, "sequences per micro-step per process", check=">= 1")
     total_batch_tokens: int = setting(0, "tokens per optimizer step (0 = batch_size*context_length*world); sets grad "
                                       "accumulation", check=">= 0")
@@ -104,6 +107,9 @@ class TrainConfig:
     cooldown_frac: float = setting(0.2, "wsd: the share of the schedule's length spent decaying", check="in [0, 1]")
     min_lr_ratio: float = setting(0.1, "the schedule ends at min_lr_ratio * learning_rate", check="in [0, 1]")
     warmup_iters: int = setting(50, "linear warmup steps", check=">= 0")
+    warmup_from_one: bool = setting(False, "count warmup steps from 1, as build-nanogpt: step s < warmup_iters trains "
+                                    "at lr*(s+1)/warmup_iters, so step 0 already learns (false: CS336's "
+                                    "lr*s/warmup_iters, 0 at step 0)")
     max_iters: int = setting(1000, "optimizer steps (the run ends at max_iters or when --time_budget is spent, the "
                              "first)", check=">= 0", resumable=True)
     lr_decay_iters: int = setting(0, "schedule length in steps (0 = max_iters)", check=">= 0", resumable=True)
@@ -204,13 +210,16 @@ PRESETS = {
     "owt": dict(TINYSTORIES_MODEL, **RUN, vocab_size=32000, data_dir="data/owt-32k", batch_size=128,
                 max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
                 beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random", sample_prompt="The"),
-    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step)
+    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step), on
+    # its token stream (the first epoch in stream order: fineweb.py keeps the documents as given), with its warmup
+    # (step 0 at lr/715) and its checkpoints every 5,000 steps (~1.5 GB each; a stop signal writes one as well)
     "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12,
                       num_heads=12, data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
-                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, max_iters=19073, weight_decay=0.1,
-                      beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True,
-                      lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
-                      sample_tokens=32, num_samples=4),
+                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, warmup_from_one=True, max_iters=19073,
+                      weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20,
+                      ckpt_interval=5000, hellaswag=True, lambada=True, sampler="sequential",
+                      shuffle_first_epoch=False, sample_prompt="Hello, I'm a language model,", sample_tokens=32,
+                      num_samples=4),
     # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
     # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
     # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
@@ -358,10 +367,13 @@ def get_lr_wsd_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, 
 def scheduled_lr(c, step, elapsed):
     """A run's learning rate at `step` after `elapsed` seconds of training. Under --time_budget the schedule follows
     whichever is further along, steps or the clock (elapsed time mapped onto the step axis 0..max_iters), so with
-    the default lr_decay_iters (= max_iters) it ends when the budget does."""
+    the default lr_decay_iters (= max_iters) it ends when the budget does. --warmup_from_one shifts the warmup by
+    one step (build-nanogpt's), leaving the schedule functions CS336's."""
     c = Settings(c)
     budget = runs.parse_duration(c.time_budget)
     it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c.max_iters)
+    if c.warmup_from_one and it < c.warmup_iters:   # build-nanogpt's warmup: lr*(it+1)/warmup (the schedules'
+        it = min(it + 1, c.warmup_iters)              # own contract, CS336's, is lr*it/warmup)
     lo, length = c.learning_rate * c.min_lr_ratio, c.lr_decay_iters or c.max_iters
     if c.lr_schedule == "wsd":
         return get_lr_wsd_schedule(it, c.learning_rate, lo, c.warmup_iters, length, c.cooldown_frac)
@@ -440,18 +452,22 @@ class SequentialSampler:
     every W-th window. Unlike the reference, each epoch shuffles the shard order and, when the end-of-text id is
     known, the order of the documents inside each shard (documents are cut at every eot token; without one, the
     shard is rotated to a random start instead), with an RNG seeded by (seed, epoch): the position (epoch, shard,
-    offset) pins the data exactly, for resume."""
+    offset) pins the data exactly, for resume. shuffle_first_epoch=False reads the first epoch as the reference
+    does, in stream order (shards in name order, documents as they are), and shuffles from the second on."""
 
-    def __init__(self, shards, batch_size, context_length, rank=0, world_size=1, seed=0, eot_id=None, shuffle=True):
+    def __init__(self, shards, batch_size, context_length, rank=0, world_size=1, seed=0, eot_id=None, shuffle=True,
+                 shuffle_first_epoch=True):
         self.shards = [(p, a) for p, a, _ in shards]
         self.B, self.T, self.rank, self.world = batch_size, context_length, rank, world_size
-        self.seed, self.eot_id, self.shuffle = seed, eot_id, shuffle
+        self.seed, self.eot_id = seed, eot_id
+        self.shuffle_every_epoch, self.shuffle_first = shuffle, shuffle_first_epoch
         self.span = batch_size * context_length   # tokens one rank consumes per batch
         runs.check_batch_fits(self.shards, self.span * world_size + 1)
         self.epoch, self.shard, self.pos = 0, 0, 0
         self._start_epoch()
 
     def _start_epoch(self):
+        self.shuffle = self.shuffle_every_epoch and (self.epoch > 0 or self.shuffle_first)
         rng = np.random.default_rng([self.seed, self.epoch])
         self.order = rng.permutation(len(self.shards)) if self.shuffle else np.arange(len(self.shards))
         self.doc_seed = int(rng.integers(2 ** 62))
@@ -826,7 +842,8 @@ def make_loader(data, c, rank, world, log):
     if short:   # the reader skips them: say so rather than train on less data in silence
         log(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
             f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
-    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id)
+    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id,
+                             shuffle_first_epoch=c.shuffle_first_epoch)
 
 
 # -----------------------------------------------------------------------------
