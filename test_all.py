@@ -3745,6 +3745,24 @@ def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train
         assert rb["tokens"] == ra["tokens"] == ra["step"] * 8 * 16
 
 
+def test_train_fetches_each_batch_while_the_micro_step_before_it_runs(tmp_path, _train_data, monkeypatch):
+    # nanochat's order: the forward of micro-step m, then the fetch of batch m+1 (on CUDA its pinned copy issued
+    # non_blocking), then the backward of m, so the data loading overlaps the device's work (the batches, and a
+    # resume's position, stay exactly those of reading each batch when it is used: the resume tests)
+    events = []
+    real_next, real_forward = train.ReadAhead.next_batch, train.LossOf.forward
+
+    def forward(self, x, y):
+        loss = real_forward(self, x, y)
+        events.append("forward")
+        loss.register_hook(lambda grad: events.append("backward"))
+        return loss
+    monkeypatch.setattr(train.ReadAhead, "next_batch", lambda self, d: (events.append("fetch"), real_next(self, d))[1])
+    monkeypatch.setattr(train.LossOf, "forward", forward)
+    train.train(_train_cfg(_train_data, tmp_path / "o", total_batch_tokens=128, max_iters=2), log=_train_quiet)
+    assert events == ["fetch"] + ["forward", "fetch", "backward"] * 4   # 2 steps of 2 micro-steps
+
+
 def test_train_checkpoints_at_every_evaluation_when_ckpt_interval_is_0(tmp_path, _train_data):
     # --ckpt_interval=0 (the default) writes ckpt.pt at every evaluation: a crash at step 7 with eval_interval 3
     # leaves the step-6 checkpoint
@@ -3818,6 +3836,44 @@ def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_p
         assert lr[2] == pytest.approx(train.get_lr_cosine_schedule(1, 1e-3, 1e-4, 10, 1000))
     else:          # eager: the slow first step is training time like any other, and spends the whole budget
         assert s["step"] == 1 and s["elapsed"] == pytest.approx(61.0)
+
+
+class _FakeCudaEvent:
+    """torch.cuda.Event on the CPU: record() reads the test's fake clock, elapsed_time() is in ms as CUDA's, and
+    synchronize() (a sync of the GPU) is counted."""
+    clock, syncs = None, []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+
+    def record(self):
+        self.t = _FakeCudaEvent.clock()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1000.0
+
+    def synchronize(self):
+        _FakeCudaEvent.syncs.append(self.t)
+
+
+def test_train_on_cuda_the_clock_is_read_every_log_interval_and_where_the_budget_runs_out(monkeypatch):
+    # runs.Pace on CUDA (events faked on the CPU, 1 s steps, a compiled run's first step off the clock): no sync per
+    # step; the clock is read after step 1, then every log_interval (4) steps, and at the step where, at the recent
+    # step time, the 10 s budget runs out: the run stops there with exactly 10 s trained, as it does on the CPU
+    monkeypatch.setattr(torch.cuda, "Event", _FakeCudaEvent)
+    monkeypatch.setattr(_FakeCudaEvent, "clock", _train_fake_clock())
+    monkeypatch.setattr(_FakeCudaEvent, "syncs", [])
+    c = train.Settings(log_interval=4, eval_interval=1000, max_iters=100)
+    pace, state = runs.Pace(None, torch.device("cuda"), False, c, 10.0, 1000), runs.RunState()
+    stop, reads = runs.Stop(False, True), []
+    while not state.finished(c.max_iters, 10.0):
+        pace.step_started()
+        state.step += 1
+        pace.step_ended(counted=state.step > 1)
+        if pace.due(state.step, stop):
+            reads.append((state.step, pace.read(state, stop, True, "cpu"), state.elapsed))
+    assert reads == [(1, 1.0, 0.0), (4, 1.0, 3.0), (8, 1.0, 7.0), (11, 1.0, 10.0)]
+    assert len(_FakeCudaEvent.syncs) == 4
 
 
 # ---- the run: torch.compile and precision
@@ -5172,11 +5228,13 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
                       ("rand_b", dict(max_iters=4, resume=True))):
         train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet, teardown=False)
         dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
-    # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it at the end of the next step, so
-    # both stop after step 2 and the checkpoint is written; resumed to step 4 it ends where rand_a did
+    # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it when they next agree on the clock
+    # and on stop requests, every log_interval (3) steps, so both stop after step 3 and the checkpoint is written;
+    # resumed to step 4 it ends where rand_a did
     import signal
     term = Path(out_dir) / "term"
-    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet, teardown=False,
+    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4, log_interval=3), log=_train_quiet,
+                          teardown=False,
                           on_step=lambda step: rank == 1 and step == 1 and os.kill(os.getpid(), signal.SIGTERM))
     if rank == 1:   # the repeat torchrun sends may come after the loop: still ignored, the teardown goes on
         os.kill(os.getpid(), signal.SIGTERM)
@@ -5247,8 +5305,8 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
     assert all(torch.equal(a[k], b[k]) for k in a)
     # a stop request on one rank stops every rank at the same step, with a checkpoint to resume from exactly
     assert [json.loads((tmp_path / "two" / f"term{r}.json").read_text()) for r in (0, 1)] == [
-        dict(step=2, stopped_by="a stop request on another rank", interrupted=True, ckpt_step=2),
-        dict(step=2, stopped_by="SIGTERM", interrupted=True, ckpt_step=2)]
+        dict(step=3, stopped_by="a stop request on another rank", interrupted=True, ckpt_step=3),
+        dict(step=3, stopped_by="SIGTERM", interrupted=True, ckpt_step=3)]
     c = _train_weights(tmp_path / "two" / "term" / "ckpt.pt")
     assert all(torch.equal(a[k], c[k]) for k in a)
 

@@ -22,7 +22,8 @@ Two nodes (run on each node, node_rank 0 and 1; master = the first node's addres
 Every field of TrainConfig below, and of model.py's TransformerLMConfig / GPTConfig, is a flag (`--name=value`);
 a preset changes a few of them (and writes to out/PRESET) and any flag still overrides it. Only rank 0 prints,
 logs and writes checkpoints. Ctrl-C or SIGTERM (a scheduler's preemption notice; under torchrun, to any rank)
-finishes the current step on every rank, writes a checkpoint and stops; `--resume` then continues bit for bit
+finishes the current step (under torchrun the step at which the ranks next agree, within --log_interval steps),
+writes a checkpoint and stops; `--resume` then continues bit for bit
 (on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
 compatibility, the out_dir lock and log, stop signals, plots) is in runs.py, called by name.
 """
@@ -532,6 +533,27 @@ class SequentialSampler:
         self._load_shard()
 
 
+class ReadAhead:
+    """A sampler that the loop reads one batch ahead (nanochat's order): each micro-step fetches the next batch while
+    the device runs its forward, so the reading, and on CUDA the pinned copy issued non_blocking, overlap the
+    compute. The sampler is called in the same order as without it, so no number changes; state_dict() is the
+    position of the batch fetched last and not yet trained on, where a resumed run must start."""
+
+    def __init__(self, sampler):
+        self.sampler, self.position = sampler, None
+
+    def next_batch(self, device):
+        self.position = self.sampler.state_dict()   # (a fresh dict: the sampler's state before this batch)
+        return self.sampler.next_batch(device)
+
+    def state_dict(self):
+        return self.sampler.state_dict() if self.position is None else self.position
+
+    def load_state_dict(self, state):
+        self.position = None
+        self.sampler.load_state_dict(state)
+
+
 class LossOf(nn.Module):
     """The module train.py compiles and wraps in DDP: (x, y) -> mean next-token loss, so the loss is inside the
     compiled graph for both models. TransformerLM.forward returns logits: compiling it alone left Llama's
@@ -896,7 +918,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if c.warmup_iters >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
         say(f"train.py: --warmup_iters={c.warmup_iters} is not below the schedule's length of {decay_iters} steps "
             f"(--lr_decay_iters, else --max_iters): the learning rate never reaches --learning_rate")
-    loader = make_loader(data, c, rank, world, say)
+    loader = ReadAhead(make_loader(data, c, rank, world, say))   # the loop fetches each batch a micro-step early
     state = runs.RunState()
     if ckpt is not None:
         state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"],
@@ -921,10 +943,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
 
     # ---- the loop
-    start_step, start_elapsed, samples, stop_at, step_time = state.step, state.elapsed, [], None, None
+    start_step, start_elapsed, samples, stop_at, batch = state.step, state.elapsed, [], None, None
     evaluated = ckpt is not None and state.val_step == start_step   # the log has this evaluation already
     last_lr = scheduled_lr(c, state.step, state.elapsed)
     ckpt_every = c.ckpt_interval or c.eval_interval
+    pace = runs.Pace(clock, device, ddp, c, budget, ckpt_every)   # when the clock is read: no sync at every step
     t_run = clock()
     with run, runs.Stop(ddp, master) as stop:
         while True:
@@ -944,39 +967,38 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                 break
 
             # one optimizer step: accum micro-steps, gradient sync only on the last one
-            t0 = clock()
+            pace.step_started()
             lr = last_lr = scheduled_lr(c, state.step, state.elapsed)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_acc = torch.zeros((), device=device)
             for micro in range(accum):
-                x, y = loader.next_batch(device)
+                x, y = batch or loader.next_batch(device)
                 with model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext():
                     with autocast:
                         loss = model(x, y) / accum
-                    loss.backward()
+                    batch = loader.next_batch(device)   # the next micro-step's batch, read (and on CUDA its copy to
+                    loss.backward()                     # the GPU issued) while the device runs this forward
                 loss_acc += loss.detach()
             norm = gradient_clipping(raw.parameters(), c.grad_clip) if c.grad_clip > 0 else None
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = clock() - t0
-            if not (hw["compile"] and state.step == start_step + 1):   # a compiled run's first step is mostly
-                state.elapsed += dt                                      # compilation: not in the budget
-            state.elapsed = stop.agree(state.elapsed, master, device)   # DDP: rank 0's clock, any rank's stop
-            step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt   # recent, for the time left
+            pace.step_ended(counted=not (hw["compile"] and state.step == start_step + 1))   # a compiled run's first
+            # step is mostly compilation: not in the budget. The clock is read (a sync) only when Pace says so: then
+            # the step times go into state.elapsed, agreed by the ranks (rank 0's clock, any rank's stop request)
+            dt = pace.read(state, stop, master, device) if pace.due(state.step, stop) else None
 
             # the log line: every log_interval steps, and at the step the run ends (max_iters, budget, stop)
-            if state.step % c.log_interval == 0 or state.finished(c.max_iters, budget) or stop.pending is not None:
+            if dt is not None and (state.step % c.log_interval == 0 or state.finished(c.max_iters, budget)
+                                   or stop.pending is not None):
                 if ddp:
                     torch.distributed.all_reduce(loss_acc)
                     loss_acc /= world
                 train_loss, tps = loss_acc.item(), tokens_per_step / dt   # the one sync per logged step
                 mfu = _mfu(flops_per_token, tps / world, device, hw["dtype"])
                 gn = float(norm) if norm is not None else None   # (not computed with --grad_clip=0)
-                left = state.time_left(c.max_iters, budget, step_time)
+                left = state.time_left(c.max_iters, budget, pace.step_time)
                 say(f"step {state.step:>6}/{c.max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
                     (f"norm {gn:.3f} | " if gn is not None else "") + f"{tps:,.0f} tok/s" +
                     (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}"
