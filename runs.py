@@ -8,7 +8,10 @@ each by name, so that it reads as set-up, then the loop; a student reading the l
   run), check_model_fits (a checkpoint or released weights against this data) and restore (optimizer, loader
   position, RNGs, clock, with the schedule changes a resume makes said);
 * RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb;
-* Stop: Ctrl-C / SIGTERM as a request to finish the step, write a checkpoint and stop;
+* agree: under torchrun, what each rank found on its own disk (checkpoint, token files, tokenizer, task files)
+  compared across the ranks before the first collective, so that none waits alone in one;
+* Pace and Stop: when the loop reads the clock (CUDA events) and agrees on it and on stop requests; Ctrl-C /
+  SIGTERM as a request to finish the step, write a checkpoint and stop;
 * plot_log: the curves of one or more log.jsonl files.
 
 Every check here is one clear line for a real mistake, raised as ValueError (train.py's main prints it).
@@ -136,6 +139,7 @@ class Data:
     tokenizer: object
     tokenizer_ref: str
     fingerprint: str
+    tokenizer_error: str = ""   # why the tokenizer named did not load (empty when it did, or none is named)
 
     @property
     def train_files(self):
@@ -204,7 +208,7 @@ def open_data(c, prepare_commands, preset_dirs, log):
                          f"got {eot_id!r}")
     if (c.prepare_data or c.preset) and c.vocab_size < vocab_size:
         log(f"train.py: the data's vocabulary is {vocab_size} (--vocab_size={c.vocab_size}): using {vocab_size}")
-    ref, tokenizer = metas[0].get("tokenizer"), None
+    ref, tokenizer, why = metas[0].get("tokenizer"), None, ""
     if ref:
         # the tokenizer named, or the one beside the data when the folder was moved or copied with it: the one
         # named is gone, or was retrained since while the copy beside the data still matches
@@ -217,8 +221,49 @@ def open_data(c, prepare_commands, preset_dirs, log):
         except bpe.TokenizerMismatch as e:   # bits/byte, samples, HellaSwag would all be wrong
             raise ValueError(f"{first[0]}: {e}: re-encode the data with it") from None
         except (OSError, ValueError) as e:
+            why = str(e)
             log(f"train.py: tokenizer {ref!r} could not be loaded ({e}): no bits/byte or samples")
-    return Data(train, val, vocab_size, eot_id, tokenizer, ref, fingerprint)
+    return Data(train, val, vocab_size, eot_id, tokenizer, ref, fingerprint, why)
+
+
+# -----------------------------------------------------------------------------
+# under torchrun: the ranks' decisions, agreed before the first collective
+
+AGREE_HINT = ("every rank must start from the same command, on the same token files, tokenizer and task files, with "
+              "one --out_dir (shared by the nodes: only rank 0 writes checkpoints)")
+
+
+def agree(world, error=None, decisions=None):
+    """Under torchrun, before the run's first collective: what each rank decided from its own disk or network that
+    changes which collectives it enters (decisions: {what: plain value}, e.g. the checkpoint it resumes, the token
+    files it found, whether its tokenizer loaded, the downstream examples it loaded), or the error that stopped its
+    set-up, gathered from every rank in one all_gather_object and compared. An error on any rank, or any
+    disagreement, raises the same ValueError on every rank, so that none is left waiting in a collective that the
+    others never enter. In one process: its error is raised as it is."""
+    if world == 1:
+        if error is not None:
+            raise error
+        return
+    everyone = [None] * world
+    torch.distributed.all_gather_object(everyone, (None if error is None else str(error), decisions or {}))
+    failed = [r for r, (e, _) in enumerate(everyone) if e is not None]
+    if failed:
+        first = everyone[failed[0]][0]
+        if len(failed) == world and all(everyone[r][0] == first for r in failed):
+            raise ValueError(first)   # every rank met the same error: as one process says it
+        head, sep, tail = first.partition("\n")
+        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise ValueError(f"{head} (on rank {failed[0]}{others} of {world}){sep}{tail}")
+    for what, value in everyone[0][1].items():   # (rank 0's as the reference: every rank words it the same)
+        for r, (_, theirs) in enumerate(everyone[1:], 1):
+            if theirs.get(what) != value:
+                raise ValueError(f"the {world} processes disagree on {what}: {_shown(value)} on rank 0, "
+                                 f"{_shown(theirs.get(what))} on rank {r}: {AGREE_HINT}")
+
+
+def _shown(value, width=100):
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 # -----------------------------------------------------------------------------

@@ -5348,6 +5348,62 @@ def test_train_ddp_time_budget_follows_rank_0s_clock_on_every_rank(tmp_path, _tr
     assert got[0] == got[1] and got[0]["step"] == 6 and got[0]["elapsed"] == 6.0
 
 
+def _train_agree_worker(rank, world, port, root):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    root = Path(root)
+    plain, byte_data = root / "plain", root / "data"   # (_train_data's tokens; _train_byte_data's, with a tokenizer)
+    real_tokenizer_for = bpe.tokenizer_for
+
+    def unloadable(*a, **k):
+        raise OSError("no such tokenizer on this node")
+    cases = {   # what each rank finds on its own disk: rank 0 the complete set, rank 1 one thing different
+        "checkpoint": [plain, root / f"ck{rank}"],                          # ck0 holds a checkpoint, ck1 none
+        "resume": [plain, root / f"ck{rank}", "--resume=true"],
+        "data": [plain if rank == 0 else root / "empty", root / f"d{rank}"],
+        "files": [plain if rank == 0 else root / "other", root / f"f{rank}"],
+        "tokenizer": [byte_data, root / f"t{rank}"],                       # rank 1's tokenizer does not load
+        "tasks": [byte_data, root / f"h{rank}", "--hellaswag=true", f"--hellaswag_path={root / f'hs{rank}.jsonl'}"],
+        "settings": [plain, root / f"s{rank}", f"--batch_size={4 - 2 * rank}"]}
+    said = {}
+    for case, (data, out, *more) in cases.items():
+        bpe.tokenizer_for = unloadable if case == "tokenizer" and rank == 1 else real_tokenizer_for
+        try:
+            train.main([*_train_main_args(data, out), *more])
+            said[case] = "trained"
+        except SystemExit as e:
+            said[case] = str(e.code)
+    Path(root, f"agree{rank}.json").write_text(json.dumps(said))
+
+
+def test_train_ddp_ranks_that_disagree_before_the_first_step_all_stop_with_the_same_error(tmp_path):
+    # under torchrun each rank reads its own disk (two nodes: two disks). Whatever makes ranks enter different
+    # collectives -- one resuming a checkpoint and one not, one without its token files, another tokenizer or task
+    # file -- is agreed before the first step: every rank stops at once with the same one-line error, naming what
+    # differs and on which rank, instead of one waiting forever in a collective (a hang here hits _spawn_ranks'
+    # deadline and fails the test)
+    _train_byte_data(tmp_path)
+    for folder, n in (("plain", 30000), ("other", 20000), ("empty", 0)):
+        (tmp_path / folder).mkdir()
+        if n:
+            _train_write_tokens(tmp_path / folder / "train.bin", _train_docs(n, 0), 64)
+            _train_write_tokens(tmp_path / folder / "val.bin", _train_docs(3000, 1), 64)
+    _hs_write_rows(tmp_path / "hs0.jsonl")
+    _hs_write_rows(tmp_path / "hs1.jsonl", _hs_examples()[:3])
+    train.main(_train_main_args(tmp_path / "plain", tmp_path / "ck0"))   # the checkpoint rank 0 finds
+    _spawn_ranks(_train_agree_worker, str(tmp_path), timeout=120)
+    said = [json.loads((tmp_path / f"agree{r}.json").read_text()) for r in (0, 1)]
+    assert said[0] == said[1]
+    for case, named in (("checkpoint", ["checkpoint", "None on rank 1", "--out_dir"]),
+                        ("resume", ["--resume", str(tmp_path / "ck1" / "ckpt.pt"), "rank 1"]),
+                        ("data", [str(tmp_path / "empty"), "train*.bin", "rank 1"]),
+                        ("files", ["training files", "20000", "rank 1"]),
+                        ("tokenizer", ["tokenizer", "not loaded", "no such tokenizer on this node", "rank 1"]),
+                        ("tasks", ["'hellaswag': 7", "'hellaswag': 3", "rank 1"]),
+                        ("settings", ["--batch_size", "4", "2", "rank 1"])):
+        _one_line_naming(said[0][case], "train.py: ", *named)
+
+
 def _train_free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,9 @@ one loop that runs from a laptop CPU to torchrun on a GPU node.
     python train.py --plot=out/log.jsonl               # loss vs steps / vs wall clock PNGs next to the log
     python train.py --help                             # every setting, with its default
 
-Two nodes (run on each node, node_rank 0 and 1; master = the first node's address):
+Two nodes (run on each node, node_rank 0 and 1; master = the first node's address; --out_dir a folder both nodes
+share, since only rank 0 writes checkpoints and every rank resumes them; the ranks agree on what they found before
+the first step, and any difference stops them all in one line):
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 train.py ...
 
 Every field of TrainConfig below, and of model.py's TransformerLMConfig / GPTConfig, is a flag (`--name=value`);
@@ -667,12 +669,28 @@ def generate_samples(model, tokenizer, c, device, autocast, seed):
     return [tokenizer.decode(prompt + list(o)) for o in outs]
 
 
+def task_examples(c, data, log):
+    """{name: (module, examples)} of the downstream tasks asked for (--hellaswag, --lambada), scored with the data's
+    tokenizer: none without one."""
+    if data.tokenizer is None and (c.hellaswag or c.lambada):
+        log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
+    tasks = {}
+    for name, lib in (("hellaswag", hellaswag), ("lambada", lambada)):
+        if c[name] and data.tokenizer is not None:
+            path = c[f"{name}_path"]
+            try:
+                tasks[name] = lib, lib.load_examples(path or None)
+            except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
+                raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
+    return tasks
+
+
 class Evaluator:
     """The periodic evaluation: validation loss and bits/byte on a fixed stretch of the validation data, HellaSwag
-    and LAMBADA when asked, samples. Everything it needs is checked when it is made, before the run writes a log
-    or a checkpoint."""
+    and LAMBADA when asked (tasks: task_examples'), samples. Everything it needs is checked when it is made, before
+    the run writes a log or a checkpoint."""
 
-    def __init__(self, raw, data, c, device, autocast, rank, world, log):
+    def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks):
         self.raw, self.data, self.c, self.device, self.autocast, self.rank, self.world, self.log = (
             raw, data, c, device, autocast, rank, world, log)
         need = c.batch_size * c.context_length * world
@@ -688,25 +706,12 @@ class Evaluator:
             self.iters = max(1, min(c.eval_iters, (len(scored) - 1) // need))
         tok = data.tokenizer   # bits per byte: the UTF-8 bytes of exactly the tokens scored
         self.bpt = None if tok is None else bytes_per_token(tok, scored[1:self.iters * need + 1], data.eot_id)
-        if tok is None and (c.hellaswag or c.lambada):
-            log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
-        self.tasks = {name: (lib, self._examples(name, lib)) for name, lib in (("hellaswag", hellaswag),
-                                                                                ("lambada", lambada))
-                      if c[name] and tok is not None}
-        self.said_skipped = set()
+        self.tasks, self.said_skipped = tasks, set()
         if tok is not None and c.num_samples > 0 and c.sample_prompt:
             n = len(tok.encode(c.sample_prompt))
             if n > raw.context_length:
                 log(f"train.py: --sample_prompt is {n} tokens, the context is {raw.context_length}: the samples keep "
                     f"its last {raw.context_length}")
-
-    def _examples(self, name, lib):
-        """The examples of a downstream task asked for with --NAME (scored with the data's tokenizer)."""
-        path = self.c[f"{name}_path"]
-        try:
-            return lib.load_examples(path or None)
-        except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
-            raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
 
     def bpb(self, val_loss):
         return val_loss / math.log(2) / self.bpt if (self.bpt and val_loss is not None) else None
@@ -856,6 +861,49 @@ def make_optimizer(raw, c, fused):
     return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
 
 
+def resume_checkpoint(resume_from, c, ckpt_path, world):
+    """The checkpoint this run continues (None: a new run), the same on every rank. main() read it for --resume=auto
+    (under torchrun its error comes here instead, to be said by every rank), or --resume=true reads it now. Each
+    rank reads its own --out_dir, so under torchrun the ranks agree (runs.agree) on whether they resume, at which
+    step, and on their settings, before any other work: two nodes without a shared --out_dir would otherwise resume
+    at step N on node 0 and start at step 0 on node 1, their evaluations and checkpoints never lining up."""
+    ckpt, error = (None, resume_from) if isinstance(resume_from, Exception) else (resume_from, None)
+    if ckpt is None and error is None and _parse_bool(c.resume) is True and not c.fresh:
+        try:
+            ckpt = runs.read_train_checkpoint(ckpt_path)
+        except ValueError as e:
+            error = e
+    flags = settings()   # (a path may differ between nodes: a copy of the data elsewhere)
+    runs.agree(world, error, {"the checkpoint resumed":
+                              None if ckpt is None else f"step {ckpt['iteration']}, {ckpt['elapsed']:.6g} s trained",
+                              **{f"--{k}": v for k, v in c.items() if k in flags and
+                                 not flags[k][0].metadata.get("path")}})
+    return ckpt
+
+
+def open_inputs(c, ckpt, ckpt_path, world, log):
+    """The token files and their tokenizer (runs.open_data), checked against the checkpoint resumed (--resume=auto
+    continues only the same run), and the downstream tasks' examples: what each rank reads from its own disk or the
+    network, agreed by the ranks (runs.agree) before any collective, so that a rank whose tokenizer or task file
+    did not load never skips an evaluation that the others wait in. Returns (data, tasks)."""
+    data = tasks = error = None
+    try:
+        data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, log)
+        if ckpt is not None:   # --resume=auto: out_dir must hold this run, trained on this data
+            runs.check_same_run(ckpt, data, c, ckpt_path)
+        tasks = task_examples(c, data, log)
+    except (ValueError, OSError) as e:
+        error = e
+    tokenizer = ("loaded" if data is None or data.tokenizer is not None else
+                 f"not loaded ({data.tokenizer_error})" if data.tokenizer_error else "none named")
+    runs.agree(world, error, None if error else {
+        "the training files": data.train_files,
+        "the validation files": [[Path(p).name, len(a)] for p, a, _ in data.val],
+        "the tokenizer": f"{tokenizer}, fingerprint {data.fingerprint}",
+        "the downstream tasks' examples": {name: len(examples) for name, (_, examples) in tasks.items()}})
+    return data, tasks
+
+
 def make_loader(data, c, rank, world, log):
     B, T = c.batch_size, c.context_length
     if c.sampler == "random":
@@ -874,7 +922,8 @@ def make_loader(data, c, rank, world, log):
 def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=None, teardown=True):
     """Run one training job; cfg: every setting by name (DEFAULTS, a preset, flags). Returns a summary dict.
     clock: the time source of --time_budget (tests pass a fake one); on_step(step): called after each optimizer
-    step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it);
+    step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it), or
+    under torchrun the error main() met reading it;
     teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it)."""
     c = Settings(cfg)
     check_config(c)
@@ -886,23 +935,19 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     random.seed(c.seed)
     np.random.seed(c.seed)
     torch.manual_seed(c.seed)   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
+    ckpt_path = Path(c.out_dir) / "ckpt.pt"
+    ckpt = resume_checkpoint(resume_from, c, ckpt_path, world)   # agreed by the ranks, as the data is below
 
     # ---- data
     if c.prepare_data:
         runs.prepare_main_job(c, ddp, master, say)
-    data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, say)
-    if resume_from is not None:   # --resume=auto: out_dir must hold this run, trained on this data
-        runs.check_same_run(resume_from, data, c, Path(c.out_dir) / "ckpt.pt")
+    data, tasks = open_inputs(c, ckpt, ckpt_path, world, say)   # token files, tokenizer, tasks' examples
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
     tokens_per_step = B * T * accum * world
     budget = runs.parse_duration(c.time_budget)
 
     # ---- model, optimizer, loader: new, or resumed from out_dir/ckpt.pt
-    ckpt_path = Path(c.out_dir) / "ckpt.pt"
-    ckpt = resume_from
-    if ckpt is None and _parse_bool(c.resume) is True and not c.fresh:
-        ckpt = runs.read_train_checkpoint(ckpt_path)
     if ckpt is not None:
         raw = runs.model_of(ckpt, ckpt_path)
     elif c.init_from != "scratch":
@@ -929,7 +974,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if ddp:   # (it broadcasts Llama's constant RoPE buffers every forward: small. The switch against that,
         # broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say)
+    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say, tasks)
     flops_per_token = flops.train_flops_per_token(mcfg, T)
 
     # ---- the run's folder (checked above before anything is written): lock, log
@@ -1137,8 +1182,13 @@ def main(argv=None):
                 print(f"wrote {p}")
             return
         resumable = {f.name for f in fields(TrainConfig) if f.metadata.get("resumable")}
-        cfg, ckpt = runs.resume_settings(dict(cfg, resume=_parse_bool(cfg["resume"])), explicit, DEFAULTS, PRESETS,
-                                         resumable)
+        try:
+            cfg, ckpt = runs.resume_settings(dict(cfg, resume=_parse_bool(cfg["resume"])), explicit, DEFAULTS,
+                                             PRESETS, resumable)
+        except ValueError as e:   # under torchrun every rank must hear of it: train() agrees on it first
+            if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+                raise
+            cfg, ckpt = dict(cfg, resume=_parse_bool(cfg["resume"])), e
         summary = train(cfg, resume_from=ckpt)
     except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
         raise SystemExit(f"train.py: {e}") from None
