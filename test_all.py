@@ -10588,8 +10588,9 @@ def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _experi
 
 
 def _bench_gpu_args(**kw):
-    """bench.py gpu's flags for a quick CPU run: tiny shapes, a few steps, a backend that compiles fast."""
-    flags = dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager")
+    """bench.py gpu's flags for a quick CPU run: tiny shapes, a few steps, a backend that compiles fast, no DDP check
+    (procs=2 for it: 2 gloo processes)."""
+    flags = dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager", procs=1)
     return argparse.Namespace(**{**flags, **kw})
 
 
@@ -10601,22 +10602,41 @@ def _bench_checks(out):
 
 
 def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
-    # on the CPU (the "device" is the CPU) all 13 checks pass and it returns, after timing train.train for both
-    # architectures, compiled and eager; its data and checkpoints (GPT-2-sized on a GPU) go when bench.py exits
+    # on the CPU (the "device" is the CPU) all 14 checks pass and it returns, after timing train.train for both
+    # architectures, compiled and eager, and the GPT-2 preset's step compiled under DDP (2 gloo processes, 2
+    # micro-steps each) against one process; its data and checkpoints (GPT-2-sized on a GPU) go when bench.py exits
     removed_at_exit, register = [], atexit.register
     monkeypatch.setattr(atexit, "register", lambda f, *a, **k: removed_at_exit.append(a[0]) if f is shutil.rmtree
                         else register(f, *a, **k))
-    bench.bench_gpu(_bench_gpu_args())
+    bench.bench_gpu(_bench_gpu_args(procs=2))
     out = capsys.readouterr().out
     checks = _bench_checks(out)
-    assert len(checks) == 13 and all(ok for ok, _ in checks), checks
+    assert len(checks) == 14 and all(ok for ok, _ in checks), checks
+    assert checks[-1][1].startswith("DDP x2, 2 micro-steps (no_sync) vs 1 process")
     assert "passed" in out.splitlines()[-1]
     timed = [(a, m) for a in ("gpt2", "llama") for m in ("compiled", "eager")]
     assert {f"{a} {m}" for a, m in timed} <= {" ".join(line.split()[:2]) for line in out.splitlines()}  # each printed
+    (ddp,) = [line.split() for line in out.splitlines() if line.startswith("gpt2 DDP x2 compiled")]
+    assert float(ddp[5].replace(",", "")) > 0 and ddp[6].endswith("%")   # tokens/s and MFU
     (tmp,) = removed_at_exit
     assert tmp.name.startswith("bench_gpu_") and (tmp / "llama_compiled" / "ckpt.pt").is_file()
     assert all((tmp / f"{a}_{m}" / "log.jsonl").is_file() for a, m in timed)
+    ddp_config = _train_records(tmp / "ddp", "config")[0]
+    assert (ddp_config["world_size"], ddp_config["total_batch_tokens"], ddp_config["compile"]) == (2, 4 * 64 * 2 * 2,
+                                                                                                "true")
     shutil.rmtree(tmp)
+
+
+def test_bench_gpu_ddp_check_fails_when_the_runs_do_not_step_on_the_same_gradient(capsys, monkeypatch):
+    # the DDP check's own fault: the one process steps on its first micro-step only (the gradient of 1 of the 4
+    # micro-batches the DDP ranks all-reduce), so the gradient norms differ; every other check still passes
+    real = train.grad_accum_steps
+    monkeypatch.setattr(train, "grad_accum_steps", lambda total, B, T, world: 1 if world == 1 else real(total, B, T,
+                                                                                                       world))
+    with pytest.raises(SystemExit):
+        bench.bench_gpu(_bench_gpu_args(steps=2, procs=2))
+    failed = [what for ok, what in _bench_checks(capsys.readouterr().out) if not ok]
+    assert len(failed) == 1 and failed[0].startswith("DDP x2, 2 micro-steps (no_sync) vs 1 process"), failed
 
 
 def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch):
@@ -10697,6 +10717,7 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "--mix20", ["/nonexistent-dir/mix20.txt",
                                                                          "/nonexistent-dir"]),
     (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"]),
+    (["gpu", "--procs", "-1", "--tiny"], "--procs", ["-1", "0"]),
     (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
     (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
     (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"])])
@@ -10719,6 +10740,17 @@ def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
     monkeypatch.setattr(bench, section, lambda args: ran.append(args))
     bench.main()
     assert len(ran) == 1
+
+
+def test_bench_gpu_under_torchrun_is_refused_in_one_line(monkeypatch):
+    # every rank would run the single-GPU checks on GPU 0 and read back a log only rank 0 writes: it starts its own
+    # processes for the DDP check instead
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setattr(sys, "argv", ["bench.py", "gpu", "--tiny"])
+    monkeypatch.setattr(bench, "bench_gpu", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    _bad_says(str(e.value), "bench.py gpu: ", "torchrun", "python bench.py gpu")
 
 
 def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
