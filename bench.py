@@ -18,6 +18,7 @@ import math
 import os
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -812,7 +813,10 @@ def bench_speedrun(args):
 # fused AdamW against train.AdamW; a torch.compile'd forward against eager; KV-cached against uncached greedy
 # decoding; HellaSwag and LAMBADA scores on the device against the CPU. Then train.train() itself on random tokens,
 # GPT-2 and Llama at the same shape, compiled and eager: tokens/s, MFU (flops.py's peak for this GPU) and peak
-# memory. DDP over NCCL needs 2+ GPUs and is not run here (gloo DDP is in the test suite).
+# memory. Last, what the 8-GPU preset runs (_ddp_check): train.train compiled under DDP, one process per GPU as
+# torchrun starts them (NCCL; on the CPU 2 gloo processes), 2 micro-steps a step (no_sync on the first) at the
+# preset's batch of 64, against one process: its tokens/s and MFU. It starts those processes itself, so it is
+# run as `python bench.py gpu` (torchrun is refused); with one GPU the DDP check is skipped.
 
 def bench_gpu(args):
     import bpe
@@ -958,9 +962,68 @@ def bench_gpu(args):
               f"{100 * statistics.median(mfu) if mfu else 0:>6.1f}% {mem:>10}")
         check(f"train.train {label}: loss is finite", all(math.isfinite(r["loss"]) for r in steps),
               f"{len(steps)} steps timed")
+    _ddp_check(args, shape, device, tmp, check)
     print(f"{'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
     if failed:
         raise SystemExit(1)
+
+
+def _ddp_rank(rank, world, port, cfg):
+    """One process of _ddp_check, with the environment torchrun gives its workers (so train.py takes its DDP path:
+    the GPU of its LOCAL_RANK, NCCL on CUDA, gloo elsewhere)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    train.train(cfg, log=lambda *a, **k: None)
+
+
+def _ddp_check(args, shape, device, tmp, check):
+    """The GPT-2 preset's step before a long run: train.train compiled under DDP over --procs processes (every GPU),
+    2 micro-steps an optimizer step with no_sync on the first, at the preset's batch of 64 (--batch_size with
+    --tiny), against one process taking all 2 x procs micro-steps of the same windows (the sequential sampler gives
+    rank r every procs-th window). Compared: the loss and the gradient norm (before clipping, of the all-reduced
+    gradient) at each of the first steps: a gradient that is not the sum over every micro-step of every rank moves
+    the norm. Then the DDP run's tokens/s (the whole step, all ranks) and MFU (per GPU)."""
+    cuda = torch.device(device).type == "cuda"
+    procs = args.procs or (torch.cuda.device_count() if cuda else 2)
+    if procs < 2:
+        print(f"DDP check skipped: {procs} process{'es' * (procs != 1)} ({'GPUs visible' if cuda else '--procs'}); "
+              f"it needs 2 or more (on a node: every GPU)")
+        return
+    B, T, accum = args.batch_size if args.tiny else train.PRESETS["gpt2-124m"]["batch_size"], shape["context_length"], 2
+    per_step, compared = B * T * accum * procs, min(args.steps, 3)
+    data = tmp / "ddp_data"
+    data.mkdir()
+    _write_tokens(data / "train.bin", (compared + 1) * per_step + 1, shape["vocab_size"], 2)   # (compared: 1st epoch)
+    _write_tokens(data / "val.bin", B * T * procs + 1, shape["vocab_size"], 3)
+    cfg = dict(train.DEFAULTS, model="gpt2", **shape, batch_size=B, total_batch_tokens=per_step, data_dir=str(data),
+               prepare_data=False, resume=False, max_iters=args.steps, lr_decay_iters=args.steps, warmup_iters=2,
+               eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0, device=device, compile="true",
+               compile_backend=args.compile_backend, time_budget="", sampler="sequential", seed=0)
+    label = f"gpt2 DDP x{procs} compiled"
+    what = f"DDP x{procs}, {accum} micro-steps (no_sync) vs 1 process"
+    try:
+        if cuda:
+            torch.cuda.empty_cache()   # (rank 0 shares GPU 0 with this process)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        torch.multiprocessing.spawn(_ddp_rank, args=(procs, port, dict(cfg, out_dir=str(tmp / "ddp"),
+                                                                      num_threads=0 if cuda else 1)), nprocs=procs)
+        train.train(dict(cfg, out_dir=str(tmp / "one"), max_iters=compared), log=lambda *a, **k: None)
+    except Exception as e:   # a rank that failed: its last line
+        check(what, False, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:200]}")
+        return
+    ddp, one = ([json.loads(line) for line in (tmp / name / "log.jsonl").read_text().splitlines()] for name in
+                ("ddp", "one"))
+    ddp, one = ([r for r in rows if r["type"] == "train"] for rows in (ddp, one))
+    worst = max(abs(a[k] - b[k]) / abs(b[k]) for a, b in zip(ddp, one) for k in ("loss", "grad_norm"))
+    check(what, worst < 1e-2 and len(one) == compared, f"loss and gradient norm of steps 1-{compared}: max rel diff "
+          f"{worst:.1e}")
+    timed = ddp[args.steps // 2:]
+    tps = statistics.median(r["tokens_per_sec"] for r in timed)
+    mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
+    print(f"{label:<30} {B:>4}x{T:<4} {tps:>10,.0f} {100 * statistics.median(mfu) if mfu else 0:>6.1f}% "
+          f"{'-':>10}   ({accum} micro-steps x {procs} processes a step)")
 
 
 # -----------------------------------------------------------------------------
@@ -1008,6 +1071,8 @@ def main():
     p.add_argument("--batch_size", type=int, default=32, help="sequences per step in the timed training runs")
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per timed run (the second half is timed)")
     p.add_argument("--compile_backend", default="inductor", help="torch.compile backend")
+    p.add_argument("--procs", type=int, default=0, help="processes of the DDP check, one per GPU (0: every visible "
+                   "GPU; on the CPU 2 gloo processes); fewer than 2: no DDP check")
 
     p = sections.add_parser("sample", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="sample.generate vs transformers generate(use_cache=True)")
@@ -1048,9 +1113,9 @@ def main():
         bpe.one_line_errors(q)
     args = parser.parse_args()
     gpu_steps = 2 if args.run is bench_gpu else 1  # the gpu section times the second half of its steps
-    for name, least in (("repeats", 1), ("steps", gpu_steps), ("threads", 1), ("max_new_tokens", 1), ("prompt_len", 1),
-                        ("batch_size", 1), ("d_model", 1), ("num_layers", 1), ("num_heads", 1), ("d_ff", 1),
-                        ("context_length", 1)):
+    for name, least in (("repeats", 1), ("steps", gpu_steps), ("procs", 0), ("threads", 1), ("max_new_tokens", 1),
+                        ("prompt_len", 1), ("batch_size", 1), ("d_model", 1), ("num_layers", 1), ("num_heads", 1),
+                        ("d_ff", 1), ("context_length", 1)):
         value = getattr(args, name, None)  # checked before any model is built
         if value is not None and value < least:
             raise SystemExit(f"bench.py: --{name} {value}: expected at least {least}")
@@ -1082,6 +1147,9 @@ def main():
                              f"{Path(args.mix20).resolve().parent} to make it in")
     if args.run is bench_speedrun:
         _check_speedrun_args(args)
+    if args.run is bench_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SystemExit("bench.py gpu: run it as `python bench.py gpu`, not under torchrun: it starts one process "
+                         "per GPU itself for its DDP check (--procs)")
     if args.run is bench_gpu and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):
         raise SystemExit(f"bench.py: --compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: "
                          f"see torch.compiler.list_backends()), got {args.compile_backend!r}")

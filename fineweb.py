@@ -23,7 +23,9 @@ new one", and sampling can be seeded with the eot token alone to start a fresh d
 
 Every shard is written to a .tmp file and renamed, then meta.json is updated; an interrupted run restarts
 after the last complete shard (it re-reads the skipped documents but does not tokenise them again).
-Documents are stripped of surrounding whitespace; empty ones are dropped.
+Documents from the hub (--dataset) are tokenised as the dataset gives them, as build-nanogpt does (--strip_docs
+strips the whitespace around each and drops empty ones); those of a local --input are stripped (the whitespace
+around them comes with their separators) and empty ones dropped.
 
 --prepare_tinystories (prepare_tinystories(), called by train.py) writes DATA_DIR/train.txt, val.txt (the
 stories, each followed by "\n<|endoftext|>\n"), DATA_DIR/tokenizer/ (bpe.py), DATA_DIR/train.bin, val.bin
@@ -155,9 +157,11 @@ def hub_reachable():
     return hub_reachable()
 
 
-def hf_docs(dataset, split=None):
-    """Stream the text field of a Hugging Face dataset (nothing held in memory beyond the current rows).
-    Checks the name and the network now, so a bad call fails before anything is written."""
+def hf_docs(dataset, split=None, strip=False):
+    """Stream the text field of a Hugging Face dataset (nothing held in memory beyond the current rows): each
+    document as the dataset gives it, as build-nanogpt tokenises it, or with strip=True stripped of the whitespace
+    around it, empty ones dropped. Checks the name and the network now, so a bad call fails before anything is
+    written."""
     if dataset not in DATASETS:
         raise ValueError(f"--dataset {dataset!r}: unknown, expected one of {', '.join(DATASETS)} (or --input PATH)")
     spec = DATASETS[dataset]
@@ -167,7 +171,8 @@ def hf_docs(dataset, split=None):
                          "use --input PATH for a local corpus")
     from datasets import load_dataset
     ds = load_dataset(spec["path"], name=spec["name"], split=split or spec["split"], streaming=True)
-    return (row[spec["text"]].strip() for row in ds if row[spec["text"]].strip())
+    texts = (row[spec["text"]] for row in ds)
+    return (t.strip() for t in texts if t.strip()) if strip else texts
 
 
 def buffer_shuffle(docs, buffer_size, seed):
@@ -337,12 +342,14 @@ def shard_name(index):
 
 
 def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_workers=None, dtype=None,
-                 source="?", shuffle_docs=False, seed=1337, progress=True, log=print, batch_chars=1 << 20):
+                 source="?", shuffle_docs=False, seed=1337, progress=True, log=print, batch_chars=1 << 20,
+                 strip_docs=False):
     """Tokenise a document stream into val_000000.bin, train_000001.bin, ... of shard_size tokens.
 
-    `docs` must be the same stream on every call (same source, same shuffling): a rerun after an interruption
-    skips the documents already in complete shards. Documents are split across shard boundaries, so the
-    shards concatenated are exactly the token stream. Returns the directory's meta.json as a dict."""
+    `docs` must be the same stream on every call (same source, same shuffling, stripped or not, as strip_docs
+    records): a rerun after an interruption skips the documents already in complete shards. Documents are split
+    across shard boundaries, so the shards concatenated are exactly the token stream. Returns the directory's
+    meta.json as a dict."""
     if shard_size < 1:
         raise ValueError(f"shard_size must be positive, got {shard_size}")
     tokenizer = str(tokenizer)
@@ -356,7 +363,8 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
     config = {"source": source, "tokenizer": tokenizer, "tokenizer_fingerprint": bpe.tokenizer_fingerprint(tokenizer),
               "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id,
               "eot_position": "before each document",
-              "shard_size": shard_size, "shuffle_docs": shuffle_docs, "seed": seed if shuffle_docs else None}
+              "shard_size": shard_size, "shuffle_docs": shuffle_docs, "seed": seed if shuffle_docs else None,
+              "strip_docs": strip_docs}
     started = not (out / "meta.json").exists()
     meta = _resume_or_start(out, config)
     if meta["complete"]:
@@ -456,7 +464,7 @@ def _resume_or_start(out, config):
                 not isinstance(meta.get("shards"), list):
             raise ValueError(f"{meta_path}: not a fineweb.py meta.json (no config and shards): empty the directory "
                              "and start again")
-        old = meta["config"]
+        old = {"strip_docs": True, **meta["config"]}   # (a folder written before this was recorded: stripped)
         same = ("tokenizer", "tokenizer_fingerprint")
         if [old.get(k) for k in same] != [config[k] for k in same]:
             raise ValueError(f"{out}: holds shards made with tokenizer {old.get('tokenizer')!r} "
@@ -516,7 +524,7 @@ def _download_tinystories(splits, log, instead="using the corpus generated by st
         for split, path, max_bytes, max_stories in splits:
             written = n = 0
             with open(f"{path}.tmp", "w", encoding="utf-8", newline="") as fh:
-                for doc in hf_docs("tinystories", split=split):
+                for doc in hf_docs("tinystories", split=split, strip=True):
                     doc = doc + "\n" + EOT + "\n"
                     fh.write(doc)
                     written, n = written + len(doc.encode()), n + 1
@@ -764,6 +772,9 @@ def main():
                    help="shuffle documents (through a buffer of --shuffle_buffer)")
     p.add_argument("--shuffle_buffer", type=int, default=20_000, help="documents held in memory for --shuffle_docs")
     p.add_argument("--seed", type=int, default=1337, help="seed for --shuffle_docs")
+    p.add_argument("--strip_docs", action="store_true", help="strip the whitespace around each --dataset document "
+                   "and drop empty ones (by default they are tokenised as the hub gives them, as build-nanogpt does; "
+                   "--input documents are always stripped)")
     p.add_argument("--max_docs", type=int, default=None, help="stop after this many documents (quick tries)")
     p.add_argument("--prepare_tinystories", action="store_true", help="instead: build train.py's default data set "
                    "(TinyStories or the generated corpus, a BPE tokenizer, train.bin/val.bin) in --out_dir")
@@ -805,7 +816,7 @@ def main():
             open_docs = lambda: folder_docs(args.input) if Path(args.input).is_dir() else file_docs(args.input)
             source, name = f"file:{Path(args.input).resolve()}@{input_stamp(args.input)}", Path(args.input).stem
         else:
-            open_docs = lambda: hf_docs(args.dataset)
+            open_docs = lambda: hf_docs(args.dataset, strip=args.strip_docs)
             source, name = f"hf:{DATASETS.get(args.dataset, {}).get('path')}", args.dataset
         if args.max_docs:  # the same documents train the tokenizer and fill the shards
             open_all, source = open_docs, f"{source}[:{args.max_docs}]"
@@ -827,7 +838,8 @@ def main():
             docs, source = (buffer_shuffle(docs, args.shuffle_buffer, args.seed),
                             f"{source}|buffer {args.shuffle_buffer}")
         write_shards(docs, out_dir, args.tokenizer, args.shard_size, args.num_workers,
-                     args.dtype, source=source, shuffle_docs=args.shuffle_docs, seed=args.seed)
+                     args.dtype, source=source, shuffle_docs=args.shuffle_docs, seed=args.seed,
+                     strip_docs=args.strip_docs or bool(args.input))
     except ValueError as e:
         _remove_if_empty(out_dir, made)
         raise SystemExit(f"fineweb.py: {e}")

@@ -8,7 +8,10 @@ each by name, so that it reads as set-up, then the loop; a student reading the l
   run), check_model_fits (a checkpoint or released weights against this data) and restore (optimizer, loader
   position, RNGs, clock, with the schedule changes a resume makes said);
 * RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb;
-* Stop: Ctrl-C / SIGTERM as a request to finish the step, write a checkpoint and stop;
+* agree: under torchrun, what each rank found on its own disk (checkpoint, token files, tokenizer, task files)
+  compared across the ranks before the first collective, so that none waits alone in one;
+* Pace and Stop: when the loop reads the clock (CUDA events) and agrees on it and on stop requests; Ctrl-C /
+  SIGTERM as a request to finish the step, write a checkpoint and stop;
 * plot_log: the curves of one or more log.jsonl files.
 
 Every check here is one clear line for a real mistake, raised as ValueError (train.py's main prints it).
@@ -16,6 +19,7 @@ Every check here is one clear line for a real mistake, raised as ValueError (tra
 import contextlib
 import datetime
 import json
+import math
 import os
 import random
 import shlex
@@ -135,6 +139,7 @@ class Data:
     tokenizer: object
     tokenizer_ref: str
     fingerprint: str
+    tokenizer_error: str = ""   # why the tokenizer named did not load (empty when it did, or none is named)
 
     @property
     def train_files(self):
@@ -203,7 +208,7 @@ def open_data(c, prepare_commands, preset_dirs, log):
                          f"got {eot_id!r}")
     if (c.prepare_data or c.preset) and c.vocab_size < vocab_size:
         log(f"train.py: the data's vocabulary is {vocab_size} (--vocab_size={c.vocab_size}): using {vocab_size}")
-    ref, tokenizer = metas[0].get("tokenizer"), None
+    ref, tokenizer, why = metas[0].get("tokenizer"), None, ""
     if ref:
         # the tokenizer named, or the one beside the data when the folder was moved or copied with it: the one
         # named is gone, or was retrained since while the copy beside the data still matches
@@ -216,8 +221,49 @@ def open_data(c, prepare_commands, preset_dirs, log):
         except bpe.TokenizerMismatch as e:   # bits/byte, samples, HellaSwag would all be wrong
             raise ValueError(f"{first[0]}: {e}: re-encode the data with it") from None
         except (OSError, ValueError) as e:
+            why = str(e)
             log(f"train.py: tokenizer {ref!r} could not be loaded ({e}): no bits/byte or samples")
-    return Data(train, val, vocab_size, eot_id, tokenizer, ref, fingerprint)
+    return Data(train, val, vocab_size, eot_id, tokenizer, ref, fingerprint, why)
+
+
+# -----------------------------------------------------------------------------
+# under torchrun: the ranks' decisions, agreed before the first collective
+
+AGREE_HINT = ("every rank must start from the same command, on the same token files, tokenizer and task files, with "
+              "one --out_dir (shared by the nodes: only rank 0 writes checkpoints)")
+
+
+def agree(world, error=None, decisions=None):
+    """Under torchrun, before the run's first collective: what each rank decided from its own disk or network that
+    changes which collectives it enters (decisions: {what: plain value}, e.g. the checkpoint it resumes, the token
+    files it found, whether its tokenizer loaded, the downstream examples it loaded), or the error that stopped its
+    set-up, gathered from every rank in one all_gather_object and compared. An error on any rank, or any
+    disagreement, raises the same ValueError on every rank, so that none is left waiting in a collective that the
+    others never enter. In one process: its error is raised as it is."""
+    if world == 1:
+        if error is not None:
+            raise error
+        return
+    everyone = [None] * world
+    torch.distributed.all_gather_object(everyone, (None if error is None else str(error), decisions or {}))
+    failed = [r for r, (e, _) in enumerate(everyone) if e is not None]
+    if failed:
+        first = everyone[failed[0]][0]
+        if len(failed) == world and all(everyone[r][0] == first for r in failed):
+            raise ValueError(first)   # every rank met the same error: as one process says it
+        head, sep, tail = first.partition("\n")
+        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise ValueError(f"{head} (on rank {failed[0]}{others} of {world}){sep}{tail}")
+    for what, value in everyone[0][1].items():   # (rank 0's as the reference: every rank words it the same)
+        for r, (_, theirs) in enumerate(everyone[1:], 1):
+            if theirs.get(what) != value:
+                raise ValueError(f"the {world} processes disagree on {what}: {_shown(value)} on rank 0, "
+                                 f"{_shown(theirs.get(what))} on rank {r}: {AGREE_HINT}")
+
+
+def _shown(value, width=100):
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 # -----------------------------------------------------------------------------
@@ -522,7 +568,8 @@ class Stop:
     workers itself --shutdown_timeout seconds (30) after the first signal.
 
     Under DDP every rank must stop at the same step: `pending` is the request the loop acts on, in one process
-    the signal's at once, under DDP the one every rank agreed on at the end of the last step (agree())."""
+    the signal's at once, under DDP the one every rank agreed on at the last read of the clock (agree(), when
+    Pace says: every log_interval steps)."""
     requested = None      # None, or what asked: "ctrl-c" / "SIGTERM"
     repeat_aborts = True
     quiet = False
@@ -546,15 +593,17 @@ class Stop:
     def pending(self):
         return self.agreed if self.ddp else Stop.requested
 
-    def agree(self, elapsed, master, device):
-        """Under DDP, every rank takes rank 0's clock (for the budget) and whether any rank was asked to stop."""
+    def agree(self, elapsed, step_time, master, device):
+        """Under DDP, every rank takes rank 0's clock (for the budget and the schedule) and recent step time (for
+        the next read, Pace), and whether any rank was asked to stop: one all-reduce."""
         if not self.ddp:
-            return elapsed
-        t = torch.tensor([elapsed if master else 0.0, Stop.requested is not None], dtype=torch.float64, device=device)
+            return elapsed, step_time
+        t = torch.tensor([elapsed if master else 0.0, step_time if master else 0.0, Stop.requested is not None],
+                         dtype=torch.float64, device=device)
         torch.distributed.all_reduce(t)
-        elapsed, asked = t.tolist()
+        elapsed, step_time, asked = t.tolist()
         self.agreed = (Stop.requested or "a stop request on another rank") if asked else None
-        return elapsed
+        return elapsed, step_time
 
     def __enter__(self):
         main_thread = threading.current_thread() is threading.main_thread()
@@ -565,6 +614,59 @@ class Stop:
     def __exit__(self, *exc):
         for sig, old in self.old.items():   # the caller's handlers are back; but a torchrun worker that got a
             signal.signal(sig, signal.SIG_IGN if self.ddp and Stop.requested else old)   # signal may get its repeat
+
+
+class Pace:
+    """When the loop reads its clock and, under DDP, agrees on it and on stop requests (Stop.agree: rank 0's clock,
+    any rank's request). In one process on the CPU, after every step: reading the clock costs nothing there, so
+    --time_budget runs are exact. On CUDA, or under DDP, a read is a sync (the GPU drains its queue; the ranks meet),
+    so it comes only every log_interval steps, and after the steps whose end needs the clock: an evaluation, a
+    checkpoint, max_iters, a stop request in one process, and the step at which the time budget runs out by the
+    recent step time. Between reads the schedule and the budget see the clock of the last read, at most
+    log_interval steps old. Each step is timed by `clock` read as it starts and ends, on CUDA by a pair of CUDA
+    events instead (read at the next sync, so timing a step costs no sync of its own)."""
+
+    def __init__(self, clock, device, ddp, c, budget, ckpt_every):
+        self.clock, self.cuda, self.ddp, self.budget = clock, device.type == "cuda", ddp, budget
+        self.every_step = not (self.cuda or ddp)
+        self.intervals, self.max_iters = (c.log_interval, c.eval_interval, ckpt_every), c.max_iters
+        self.steps, self.step_time, self.budget_step = [], None, 0 if budget is not None else math.inf
+
+    def _now(self):
+        if not self.cuda:
+            return self.clock()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def step_started(self):
+        self.t0 = self._now()
+
+    def step_ended(self, counted=True):
+        """counted=False: a step whose time is not training (a compiled run's first, mostly compilation)."""
+        self.steps.append((self.t0, self._now(), counted))
+
+    def due(self, step, stop):
+        """Whether the clock is read after this step (the same answer on every rank)."""
+        return (self.every_step or step >= self.max_iters or step >= self.budget_step
+                or any(step % n == 0 for n in self.intervals) or (not self.ddp and stop.pending is not None))
+
+    def read(self, state, stop, master, device):
+        """Add the training time of the steps since the last read to state.elapsed, agree (Stop.agree), and plan the
+        read at which the budget may run out; returns the last step's seconds."""
+        if self.cuda:
+            self.steps[-1][1].synchronize()
+        for t0, t1, counted in self.steps:
+            dt = t0.elapsed_time(t1) / 1000 if self.cuda else t1 - t0
+            if counted:
+                state.elapsed += dt
+            self.step_time = dt if self.step_time is None else 0.9 * self.step_time + 0.1 * dt   # recent
+        self.steps = []
+        state.elapsed, self.step_time = stop.agree(state.elapsed, self.step_time, master, device)
+        if self.budget is not None:   # the steps that fit in the budget left, at the recent step time
+            left = (self.budget - state.elapsed) / self.step_time if self.step_time > 0 else 0
+            self.budget_step = state.step + max(1, math.ceil(left))
+        return dt
 
 
 # -----------------------------------------------------------------------------

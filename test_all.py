@@ -2640,6 +2640,26 @@ def test_train_wsd_schedule_points():
     assert train.get_lr_wsd_schedule(0, 1.0, 0.1, 0, 100, 1.0) == pytest.approx(1.0)   # all decay, no warmup
 
 
+def test_train_warmup_from_one_is_build_nanogpts_schedule():
+    # build-nanogpt's get_lr written out: lr*(it+1)/warmup during the warmup, then the cosine from the peak at it =
+    # warmup down to min_lr at max_steps. --warmup_from_one (the gpt2-124m preset) gives it step for step, so step 0
+    # trains at lr/warmup; without it the warmup is CS336's (0 at step 0), which the schedule functions keep
+    max_lr, min_lr, warmup, max_steps = 6e-4, 6e-5, 10, 50
+
+    def reference(it):
+        if it < warmup:
+            return max_lr * (it + 1) / warmup
+        if it > max_steps:
+            return min_lr
+        ratio = (it - warmup) / (max_steps - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+    c = dict(train.DEFAULTS, learning_rate=max_lr, min_lr_ratio=0.1, warmup_iters=warmup, max_iters=max_steps,
+             time_budget="", warmup_from_one=True)
+    assert [train.scheduled_lr(c, it, 0.0) for it in range(60)] == pytest.approx([reference(it) for it in range(60)])
+    cs336 = dict(c, warmup_from_one=False)
+    assert train.scheduled_lr(cs336, 0, 0.0) == 0.0 and train.scheduled_lr(cs336, 5, 0.0) == pytest.approx(3e-4)
+
+
 def test_train_gradient_clipping_matches_torch():
     for max_norm in (0.01, 1e3):                          # clipped, and untouched
         torch.manual_seed(1)
@@ -2666,6 +2686,27 @@ def test_train_gradient_clipping_eps_matches_torch_at_tiny_norms():
         torch.testing.assert_close(torch.as_tensor(n_ours), n_ref)
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=0)
         assert b.grad.norm() < 1e-7 * norm / (norm + 1e-6) * 1.001
+
+
+def test_train_gradient_clipping_runs_the_same_few_ops_for_any_number_of_tensors():
+    # multi-tensor kernels (torch._foreach_*): on CUDA a few launches for all of a model's gradients, where a norm and
+    # a multiply per tensor were ~300 small kernels a step at GPT-2's 148 tensors
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func)
+            return func(*args, **(kwargs or {}))
+    counts = []
+    for n in (3, 30):
+        params = [torch.nn.Parameter(torch.randn(4, 3)) for _ in range(n)]
+        for p in params:
+            p.grad = torch.randn(4, 3)
+        ops = []
+        with Count():
+            train.gradient_clipping(params, 0.1)
+        counts.append(len(ops))
+    assert counts[0] == counts[1] < 10
 
 
 # ---- data loading: random windows (CS336) and the sequential sampler (build-nanogpt's, shuffled per epoch)
@@ -2805,6 +2846,61 @@ def test_train_sequential_sampler_without_document_boundaries_never_repeats_an_e
     s2 = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=eot_id)
     s2.load_state_dict(state)
     assert all(torch.equal(a, s2.next_batch("cpu")[0]) for a in later)
+
+
+class _NanoGPTLoader:
+    """build-nanogpt's DataLoaderLite (train_gpt2.py) written out, on in-memory shards instead of its .npy files:
+    rank r starts at B*T*r, each batch advances B*T*world, and the next shard (wrapping) is loaded when position +
+    B*T*world + 1 > len(tokens), with the rank's own position (its B*T*r offset included)."""
+
+    def __init__(self, shards, B, T, rank, world):
+        self.shards, self.B, self.T, self.rank, self.world = shards, B, T, rank, world
+        self.shard, self.tokens, self.pos = 0, shards[0], B * T * rank
+
+    def next_batch(self):
+        B, T = self.B, self.T
+        buf = torch.from_numpy(self.tokens[self.pos:self.pos + B * T + 1].astype(np.int64))
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        self.pos += B * T * self.world
+        if self.pos + (B * T * self.world + 1) > len(self.tokens):
+            self.shard = (self.shard + 1) % len(self.shards)
+            self.tokens, self.pos = self.shards[self.shard], B * T * self.rank
+        return x, y
+
+
+def test_train_sequential_sampler_reads_the_first_epoch_as_build_nanogpts_loader():
+    # shuffle_first_epoch=False (the gpt2-124m preset): 4 ranks read the shards in name order and the documents as
+    # written (an eot before each: a shuffling reader would reorder them), batch for batch as build-nanogpt's loader
+    # through the first epoch; the second epoch is shuffled as by default. Each shard's tail past its last whole
+    # round of B*T*4 windows holds 3 windows or more (so the reference's ranks all leave it after the same round)
+    B, T, W = 2, 8, 4
+    shards = [np.asarray(_train_docs(n, seed), dtype=np.uint16) for n, seed in ((241, 0), (184, 1), (316, 2))]
+    named = [(f"train_{i:06d}.bin", a, {}) for i, a in enumerate(shards)]
+    rounds = sum((len(a) - 1) // (B * T * W) for a in shards)   # 3 + 2 + 4 batches per rank in the first epoch
+    ours = [train.SequentialSampler(named, B, T, r, W, seed=0, eot_id=0, shuffle_first_epoch=False) for r in range(W)]
+    default = [train.SequentialSampler(named, B, T, r, W, seed=0, eot_id=0) for r in range(W)]
+    refs = [_NanoGPTLoader(shards, B, T, r, W) for r in range(W)]
+    for step in range(rounds):
+        for r in range(W):
+            x, y = ours[r].next_batch("cpu")
+            rx, ry = refs[r].next_batch()
+            assert torch.equal(x, rx) and torch.equal(y, ry), (step, r)
+    assert all(s.epoch == 0 for s in ours)
+    first = [torch.cat([default[r].next_batch("cpu")[0] for _ in range(rounds)]) for r in range(W)]
+    assert not torch.equal(first[0], torch.cat([_NanoGPTLoader(shards, B, T, 0, W).next_batch()[0]
+                                                for _ in range(rounds)]))   # the default shuffles the first epoch
+    for _ in range(rounds):   # the second epoch: shuffled, the same as the default sampler's
+        assert all(torch.equal(ours[r].next_batch("cpu")[0], default[r].next_batch("cpu")[0]) for r in range(W))
+    assert all(s.epoch == 1 for s in ours)
+    # where a shard's tail holds fewer windows than that, the reference's rank 3 moves on to the next shard a round
+    # before rank 0 (its offset counts against the shard's end); here every rank of a step reads the same shard
+    short = [np.arange(2 * 64 + 11, dtype=np.uint16), np.arange(1000, 1300, dtype=np.uint16)]
+    named = [(f"train_{i:06d}.bin", a, {}) for i, a in enumerate(short)]
+    ours = [train.SequentialSampler(named, B, T, r, W, seed=0, shuffle_first_epoch=False) for r in range(W)]
+    refs = [_NanoGPTLoader(short, B, T, r, W) for r in range(W)]
+    second = [[(s.next_batch("cpu")[0], ref.next_batch()[0]) for _ in range(2)][1] for s, ref in zip(ours, refs)]
+    assert all(int(x.max()) < 1000 for x, _ in second)                  # ours: round 2 of shard 0 on every rank
+    assert int(second[0][1].max()) < 1000 <= int(second[3][1].min())   # the reference's rank 3: already shard 1
 
 
 # ---- checkpoints
@@ -3622,6 +3718,24 @@ def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train
         assert rb["tokens"] == ra["tokens"] == ra["step"] * 8 * 16
 
 
+def test_train_fetches_each_batch_while_the_micro_step_before_it_runs(tmp_path, _train_data, monkeypatch):
+    # nanochat's order: the forward of micro-step m, then the fetch of batch m+1 (on CUDA its pinned copy issued
+    # non_blocking), then the backward of m, so the data loading overlaps the device's work (the batches, and a
+    # resume's position, stay exactly those of reading each batch when it is used: the resume tests)
+    events = []
+    real_next, real_forward = train.ReadAhead.next_batch, train.LossOf.forward
+
+    def forward(self, x, y):
+        loss = real_forward(self, x, y)
+        events.append("forward")
+        loss.register_hook(lambda grad: events.append("backward"))
+        return loss
+    monkeypatch.setattr(train.ReadAhead, "next_batch", lambda self, d: (events.append("fetch"), real_next(self, d))[1])
+    monkeypatch.setattr(train.LossOf, "forward", forward)
+    train.train(_train_cfg(_train_data, tmp_path / "o", total_batch_tokens=128, max_iters=2), log=_train_quiet)
+    assert events == ["fetch"] + ["forward", "fetch", "backward"] * 4   # 2 steps of 2 micro-steps
+
+
 def test_train_checkpoints_at_every_evaluation_when_ckpt_interval_is_0(tmp_path, _train_data):
     # --ckpt_interval=0 (the default) writes ckpt.pt at every evaluation: a crash at step 7 with eval_interval 3
     # leaves the step-6 checkpoint
@@ -3695,6 +3809,44 @@ def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_p
         assert lr[2] == pytest.approx(train.get_lr_cosine_schedule(1, 1e-3, 1e-4, 10, 1000))
     else:          # eager: the slow first step is training time like any other, and spends the whole budget
         assert s["step"] == 1 and s["elapsed"] == pytest.approx(61.0)
+
+
+class _FakeCudaEvent:
+    """torch.cuda.Event on the CPU: record() reads the test's fake clock, elapsed_time() is in ms as CUDA's, and
+    synchronize() (a sync of the GPU) is counted."""
+    clock, syncs = None, []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+
+    def record(self):
+        self.t = _FakeCudaEvent.clock()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1000.0
+
+    def synchronize(self):
+        _FakeCudaEvent.syncs.append(self.t)
+
+
+def test_train_on_cuda_the_clock_is_read_every_log_interval_and_where_the_budget_runs_out(monkeypatch):
+    # runs.Pace on CUDA (events faked on the CPU, 1 s steps, a compiled run's first step off the clock): no sync per
+    # step; the clock is read after step 1, then every log_interval (4) steps, and at the step where, at the recent
+    # step time, the 10 s budget runs out: the run stops there with exactly 10 s trained, as it does on the CPU
+    monkeypatch.setattr(torch.cuda, "Event", _FakeCudaEvent)
+    monkeypatch.setattr(_FakeCudaEvent, "clock", _train_fake_clock())
+    monkeypatch.setattr(_FakeCudaEvent, "syncs", [])
+    c = train.Settings(log_interval=4, eval_interval=1000, max_iters=100)
+    pace, state = runs.Pace(None, torch.device("cuda"), False, c, 10.0, 1000), runs.RunState()
+    stop, reads = runs.Stop(False, True), []
+    while not state.finished(c.max_iters, 10.0):
+        pace.step_started()
+        state.step += 1
+        pace.step_ended(counted=state.step > 1)
+        if pace.due(state.step, stop):
+            reads.append((state.step, pace.read(state, stop, True, "cpu"), state.elapsed))
+    assert reads == [(1, 1.0, 0.0), (4, 1.0, 3.0), (8, 1.0, 7.0), (11, 1.0, 10.0)]
+    assert len(_FakeCudaEvent.syncs) == 4
 
 
 # ---- the run: torch.compile and precision
@@ -4016,6 +4168,10 @@ def test_train_presets_resolve_to_documented_values():
     assert (g["warmup_iters"], g["max_iters"], g["min_lr_ratio"], g["weight_decay"]) == (715, 19073, 0.1, 0.1)
     assert (g["beta1"], g["beta2"], g["grad_clip"], g["eval_interval"], g["hellaswag"]) == (0.9, 0.95, 1.0, 250, True)
     assert g["batch_size"] == 16 and train.grad_accum_steps(524288, 16, 1024, 8) == 4
+    # build-nanogpt's token stream and warmup, its checkpoint interval; every other preset keeps the defaults
+    assert (g["shuffle_first_epoch"], g["warmup_from_one"], g["ckpt_interval"]) == (False, True, 5000)
+    assert all((train.get_config([f"--preset={p}"])[0][k], p) == (train.DEFAULTS[k], p) for p in train.PRESETS
+               if p != "gpt2-124m" for k in ("shuffle_first_epoch", "warmup_from_one", "ckpt_interval"))
     with pytest.raises(SystemExit) as e:
         train.get_config(["--preset=nope"])
     _one_line_naming(str(e.value), "train.py: --preset", "'nope'", *train.PRESETS)
@@ -5045,11 +5201,13 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
                       ("rand_b", dict(max_iters=4, resume=True))):
         train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet, teardown=False)
         dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
-    # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it at the end of the next step, so
-    # both stop after step 2 and the checkpoint is written; resumed to step 4 it ends where rand_a did
+    # a SIGTERM that reaches rank 1 only (after step 1): every rank learns of it when they next agree on the clock
+    # and on stop requests, every log_interval (3) steps, so both stop after step 3 and the checkpoint is written;
+    # resumed to step 4 it ends where rand_a did
     import signal
     term = Path(out_dir) / "term"
-    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4), log=_train_quiet, teardown=False,
+    stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4, log_interval=3), log=_train_quiet,
+                          teardown=False,
                           on_step=lambda step: rank == 1 and step == 1 and os.kill(os.getpid(), signal.SIGTERM))
     if rank == 1:   # the repeat torchrun sends may come after the loop: still ignored, the teardown goes on
         os.kill(os.getpid(), signal.SIGTERM)
@@ -5120,8 +5278,8 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
     assert all(torch.equal(a[k], b[k]) for k in a)
     # a stop request on one rank stops every rank at the same step, with a checkpoint to resume from exactly
     assert [json.loads((tmp_path / "two" / f"term{r}.json").read_text()) for r in (0, 1)] == [
-        dict(step=2, stopped_by="a stop request on another rank", interrupted=True, ckpt_step=2),
-        dict(step=2, stopped_by="SIGTERM", interrupted=True, ckpt_step=2)]
+        dict(step=3, stopped_by="a stop request on another rank", interrupted=True, ckpt_step=3),
+        dict(step=3, stopped_by="SIGTERM", interrupted=True, ckpt_step=3)]
     c = _train_weights(tmp_path / "two" / "term" / "ckpt.pt")
     assert all(torch.equal(a[k], c[k]) for k in a)
 
@@ -5161,6 +5319,62 @@ def test_train_ddp_time_budget_follows_rank_0s_clock_on_every_rank(tmp_path, _tr
     _spawn_ranks(_train_ddp_budget_worker, str(_train_data), str(tmp_path))
     got = [json.loads((tmp_path / f"budget{r}.json").read_text()) for r in (0, 1)]
     assert got[0] == got[1] and got[0]["step"] == 6 and got[0]["elapsed"] == 6.0
+
+
+def _train_agree_worker(rank, world, port, root):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    root = Path(root)
+    plain, byte_data = root / "plain", root / "data"   # (_train_data's tokens; _train_byte_data's, with a tokenizer)
+    real_tokenizer_for = bpe.tokenizer_for
+
+    def unloadable(*a, **k):
+        raise OSError("no such tokenizer on this node")
+    cases = {   # what each rank finds on its own disk: rank 0 the complete set, rank 1 one thing different
+        "checkpoint": [plain, root / f"ck{rank}"],                          # ck0 holds a checkpoint, ck1 none
+        "resume": [plain, root / f"ck{rank}", "--resume=true"],
+        "data": [plain if rank == 0 else root / "empty", root / f"d{rank}"],
+        "files": [plain if rank == 0 else root / "other", root / f"f{rank}"],
+        "tokenizer": [byte_data, root / f"t{rank}"],                       # rank 1's tokenizer does not load
+        "tasks": [byte_data, root / f"h{rank}", "--hellaswag=true", f"--hellaswag_path={root / f'hs{rank}.jsonl'}"],
+        "settings": [plain, root / f"s{rank}", f"--batch_size={4 - 2 * rank}"]}
+    said = {}
+    for case, (data, out, *more) in cases.items():
+        bpe.tokenizer_for = unloadable if case == "tokenizer" and rank == 1 else real_tokenizer_for
+        try:
+            train.main([*_train_main_args(data, out), *more])
+            said[case] = "trained"
+        except SystemExit as e:
+            said[case] = str(e.code)
+    Path(root, f"agree{rank}.json").write_text(json.dumps(said))
+
+
+def test_train_ddp_ranks_that_disagree_before_the_first_step_all_stop_with_the_same_error(tmp_path):
+    # under torchrun each rank reads its own disk (two nodes: two disks). Whatever makes ranks enter different
+    # collectives -- one resuming a checkpoint and one not, one without its token files, another tokenizer or task
+    # file -- is agreed before the first step: every rank stops at once with the same one-line error, naming what
+    # differs and on which rank, instead of one waiting forever in a collective (a hang here hits _spawn_ranks'
+    # deadline and fails the test)
+    _train_byte_data(tmp_path)
+    for folder, n in (("plain", 30000), ("other", 20000), ("empty", 0)):
+        (tmp_path / folder).mkdir()
+        if n:
+            _train_write_tokens(tmp_path / folder / "train.bin", _train_docs(n, 0), 64)
+            _train_write_tokens(tmp_path / folder / "val.bin", _train_docs(3000, 1), 64)
+    _hs_write_rows(tmp_path / "hs0.jsonl")
+    _hs_write_rows(tmp_path / "hs1.jsonl", _hs_examples()[:3])
+    train.main(_train_main_args(tmp_path / "plain", tmp_path / "ck0"))   # the checkpoint rank 0 finds
+    _spawn_ranks(_train_agree_worker, str(tmp_path), timeout=120)
+    said = [json.loads((tmp_path / f"agree{r}.json").read_text()) for r in (0, 1)]
+    assert said[0] == said[1]
+    for case, named in (("checkpoint", ["checkpoint", "None on rank 1", "--out_dir"]),
+                        ("resume", ["--resume", str(tmp_path / "ck1" / "ckpt.pt"), "rank 1"]),
+                        ("data", [str(tmp_path / "empty"), "train*.bin", "rank 1"]),
+                        ("files", ["training files", "20000", "rank 1"]),
+                        ("tokenizer", ["tokenizer", "not loaded", "no such tokenizer on this node", "rank 1"]),
+                        ("tasks", ["'hellaswag': 7", "'hellaswag': 3", "rank 1"]),
+                        ("settings", ["--batch_size", "4", "2", "rank 1"])):
+        _one_line_naming(said[0][case], "train.py: ", *named)
 
 
 def _train_free_port():
@@ -5540,8 +5754,9 @@ def test_fw_hub_offline_is_detected_at_once(monkeypatch):
 def test_fw_streams_fineweb_edu_sample_10bt(monkeypatch):
     calls = []
     _fw_fake_datasets(monkeypatch, {"train": ["  first page ", "", "second page"]}, calls)
-    assert list(fineweb.hf_docs("fineweb-edu")) == ["first page", "second page"]
-    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)]
+    assert list(fineweb.hf_docs("fineweb-edu")) == ["  first page ", "", "second page"]   # as build-nanogpt reads them
+    assert list(fineweb.hf_docs("fineweb-edu", strip=True)) == ["first page", "second page"]
+    assert calls == [dict(path="HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)] * 2
 
 
 def test_fw_an_unknown_dataset_is_refused_naming_the_ones_there_are(tmp_path, monkeypatch):
@@ -5935,6 +6150,31 @@ def test_fw_refuses_an_out_dir_written_with_other_settings(tmp_path, _fw_bpe_dir
     with pytest.raises(ValueError) as e:
         fineweb.write_shards(iter(docs), tmp_path / "out", _fw_bpe_dir, shard_size=100, **kw)
     _fw_says(str(e.value), f"{tmp_path / 'out'}: ", "shard_size=1000000", "--fresh")
+
+
+def test_fw_cli_hub_documents_are_tokenised_as_given_unless_strip_docs(tmp_path, monkeypatch, _fw_bpe_dir):
+    # --dataset documents go into the shards as the hub gives them, an eot before each (build-nanogpt's stream);
+    # --strip_docs strips them and drops empty ones. A folder written before the setting was recorded was stripped:
+    # it goes on (or is found complete) only with --strip_docs, and is refused without, naming the setting
+    rows = ["  first page \n", "", "second page"]
+    _fw_fake_datasets(monkeypatch, {"train": rows}, [])
+    tok = bpe.load_tokenizer(_fw_bpe_dir)
+
+    def run(out, *flags):
+        monkeypatch.setattr(sys, "argv", ["fineweb.py", "--dataset=fineweb-edu", f"--tokenizer={_fw_bpe_dir}",
+                                          f"--out_dir={out}", "--num_workers=1", *flags])
+        fineweb.main()
+        ids, _, meta = _fw_read_shards(out)
+        return tok.decode(ids.tolist()), meta["config"].get("strip_docs")
+    assert run(tmp_path / "given") == ("".join(_FW_EOT + d for d in rows), False)
+    assert run(tmp_path / "stripped", "--strip_docs") == (f"{_FW_EOT}first page{_FW_EOT}second page", True)
+    meta_path = tmp_path / "stripped" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["strip_docs"]
+    meta_path.write_text(json.dumps(meta))
+    assert run(tmp_path / "stripped", "--strip_docs") == (f"{_FW_EOT}first page{_FW_EOT}second page", None)
+    _fw_says(_fw_exit(monkeypatch, fineweb, "--dataset=fineweb-edu", f"--tokenizer={_fw_bpe_dir}",
+                      f"--out_dir={tmp_path / 'stripped'}", "--num_workers=1"), "fineweb.py: ", "strip_docs=True")
 
 
 @pytest.mark.parametrize("sidecar,named", [(None, ()), ({"tokenizer": "tok/elsewhere"}, ("'tok/elsewhere'",))],
@@ -10322,8 +10562,9 @@ def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _experi
 
 
 def _bench_gpu_args(**kw):
-    """bench.py gpu's flags for a quick CPU run: tiny shapes, a few steps, a backend that compiles fast."""
-    flags = dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager")
+    """bench.py gpu's flags for a quick CPU run: tiny shapes, a few steps, a backend that compiles fast, no DDP check
+    (procs=2 for it: 2 gloo processes)."""
+    flags = dict(device="cpu", tiny=True, batch_size=4, steps=4, compile_backend="aot_eager", procs=1)
     return argparse.Namespace(**{**flags, **kw})
 
 
@@ -10335,22 +10576,41 @@ def _bench_checks(out):
 
 
 def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
-    # on the CPU (the "device" is the CPU) all 13 checks pass and it returns, after timing train.train for both
-    # architectures, compiled and eager; its data and checkpoints (GPT-2-sized on a GPU) go when bench.py exits
+    # on the CPU (the "device" is the CPU) all 14 checks pass and it returns, after timing train.train for both
+    # architectures, compiled and eager, and the GPT-2 preset's step compiled under DDP (2 gloo processes, 2
+    # micro-steps each) against one process; its data and checkpoints (GPT-2-sized on a GPU) go when bench.py exits
     removed_at_exit, register = [], atexit.register
     monkeypatch.setattr(atexit, "register", lambda f, *a, **k: removed_at_exit.append(a[0]) if f is shutil.rmtree
                         else register(f, *a, **k))
-    bench.bench_gpu(_bench_gpu_args())
+    bench.bench_gpu(_bench_gpu_args(procs=2))
     out = capsys.readouterr().out
     checks = _bench_checks(out)
-    assert len(checks) == 13 and all(ok for ok, _ in checks), checks
+    assert len(checks) == 14 and all(ok for ok, _ in checks), checks
+    assert checks[-1][1].startswith("DDP x2, 2 micro-steps (no_sync) vs 1 process")
     assert "passed" in out.splitlines()[-1]
     timed = [(a, m) for a in ("gpt2", "llama") for m in ("compiled", "eager")]
     assert {f"{a} {m}" for a, m in timed} <= {" ".join(line.split()[:2]) for line in out.splitlines()}  # each printed
+    (ddp,) = [line.split() for line in out.splitlines() if line.startswith("gpt2 DDP x2 compiled")]
+    assert float(ddp[5].replace(",", "")) > 0 and ddp[6].endswith("%")   # tokens/s and MFU
     (tmp,) = removed_at_exit
     assert tmp.name.startswith("bench_gpu_") and (tmp / "llama_compiled" / "ckpt.pt").is_file()
     assert all((tmp / f"{a}_{m}" / "log.jsonl").is_file() for a, m in timed)
+    ddp_config = _train_records(tmp / "ddp", "config")[0]
+    assert (ddp_config["world_size"], ddp_config["total_batch_tokens"], ddp_config["compile"]) == (2, 4 * 64 * 2 * 2,
+                                                                                                "true")
     shutil.rmtree(tmp)
+
+
+def test_bench_gpu_ddp_check_fails_when_the_runs_do_not_step_on_the_same_gradient(capsys, monkeypatch):
+    # the DDP check's own fault: the one process steps on its first micro-step only (the gradient of 1 of the 4
+    # micro-batches the DDP ranks all-reduce), so the gradient norms differ; every other check still passes
+    real = train.grad_accum_steps
+    monkeypatch.setattr(train, "grad_accum_steps", lambda total, B, T, world: 1 if world == 1 else real(total, B, T,
+                                                                                                       world))
+    with pytest.raises(SystemExit):
+        bench.bench_gpu(_bench_gpu_args(steps=2, procs=2))
+    failed = [what for ok, what in _bench_checks(capsys.readouterr().out) if not ok]
+    assert len(failed) == 1 and failed[0].startswith("DDP x2, 2 micro-steps (no_sync) vs 1 process"), failed
 
 
 def test_bench_gpu_reports_a_failing_check_and_exits_nonzero(capsys, monkeypatch):
@@ -10431,6 +10691,7 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "--mix20", ["/nonexistent-dir/mix20.txt",
                                                                          "/nonexistent-dir"]),
     (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"]),
+    (["gpu", "--procs", "-1", "--tiny"], "--procs", ["-1", "0"]),
     (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
     (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
     (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"])])
@@ -10453,6 +10714,17 @@ def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
     monkeypatch.setattr(bench, section, lambda args: ran.append(args))
     bench.main()
     assert len(ran) == 1
+
+
+def test_bench_gpu_under_torchrun_is_refused_in_one_line(monkeypatch):
+    # every rank would run the single-GPU checks on GPU 0 and read back a log only rank 0 writes: it starts its own
+    # processes for the DDP check instead
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setattr(sys, "argv", ["bench.py", "gpu", "--tiny"])
+    monkeypatch.setattr(bench, "bench_gpu", lambda args: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main()
+    _bad_says(str(e.value), "bench.py gpu: ", "torchrun", "python bench.py gpu")
 
 
 def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):

@@ -16,13 +16,16 @@ one loop that runs from a laptop CPU to torchrun on a GPU node.
     python train.py --plot=out/log.jsonl               # loss vs steps / vs wall clock PNGs next to the log
     python train.py --help                             # every setting, with its default
 
-Two nodes (run on each node, node_rank 0 and 1; master = the first node's address):
+Two nodes (run on each node, node_rank 0 and 1; master = the first node's address; --out_dir a folder both nodes
+share, since only rank 0 writes checkpoints and every rank resumes them; the ranks agree on what they found before
+the first step, and any difference stops them all in one line):
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 train.py ...
 
 Every field of TrainConfig below, and of model.py's TransformerLMConfig / GPTConfig, is a flag (`--name=value`);
 a preset changes a few of them (and writes to out/PRESET) and any flag still overrides it. Only rank 0 prints,
 logs and writes checkpoints. Ctrl-C or SIGTERM (a scheduler's preemption notice; under torchrun, to any rank)
-finishes the current step on every rank, writes a checkpoint and stops; `--resume` then continues bit for bit
+finishes the current step (under torchrun the step at which the ranks next agree, within --log_interval steps),
+writes a checkpoint and stops; `--resume` then continues bit for bit
 (on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
 compatibility, the out_dir lock and log, stop signals, plots) is in runs.py, called by name.
 """
@@ -92,6 +95,9 @@ class TrainConfig:
     # data and batch
     sampler: str = setting("sequential", "sequential (shards in order, shuffled per epoch, rank strides) | random "
                            "(CS336 windows)", choices=("sequential", "random"))
+    shuffle_first_epoch: bool = setting(True, "sequential sampler: shuffle the first epoch too (false: read it in "
+                                        "stream order, the shards in name order and the documents as written, as "
+                                        "build-nanogpt does; later epochs are shuffled either way)")
     batch_size: int = setting(32, "sequences per micro-step per process", check=">= 1")
     total_batch_tokens: int = setting(0, "tokens per optimizer step (0 = batch_size*context_length*world); sets grad "
                                       "accumulation", check=">= 0")
@@ -105,6 +111,9 @@ class TrainConfig:
     cooldown_frac: float = setting(0.2, "wsd: the share of the schedule's length spent decaying", check="in [0, 1]")
     min_lr_ratio: float = setting(0.1, "the schedule ends at min_lr_ratio * learning_rate", check="in [0, 1]")
     warmup_iters: int = setting(50, "linear warmup steps", check=">= 0")
+    warmup_from_one: bool = setting(False, "count warmup steps from 1, as build-nanogpt: step s < warmup_iters trains "
+                                    "at lr*(s+1)/warmup_iters, so step 0 already learns (false: CS336's "
+                                    "lr*s/warmup_iters, 0 at step 0)")
     max_iters: int = setting(1000, "optimizer steps (the run ends at max_iters or when --time_budget is spent, the "
                              "first)", check=">= 0", resumable=True)
     lr_decay_iters: int = setting(0, "schedule length in steps (0 = max_iters)", check=">= 0", resumable=True)
@@ -205,13 +214,16 @@ PRESETS = {
     "owt": dict(TINYSTORIES_MODEL, **RUN, vocab_size=32000, data_dir="data/owt-32k", batch_size=128,
                 max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
                 beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random", sample_prompt="The"),
-    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step)
+    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step), on
+    # its token stream (the first epoch in stream order: fineweb.py keeps the documents as given), with its warmup
+    # (step 0 at lr/715) and its checkpoints every 5,000 steps (~1.5 GB each; a stop signal writes one as well)
     "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12,
                       num_heads=12, data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
-                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, max_iters=19073, weight_decay=0.1,
-                      beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True,
-                      lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
-                      sample_tokens=32, num_samples=4),
+                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, warmup_from_one=True, max_iters=19073,
+                      weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20,
+                      ckpt_interval=5000, hellaswag=True, lambada=True, sampler="sequential",
+                      shuffle_first_epoch=False, sample_prompt="Hello, I'm a language model,", sample_tokens=32,
+                      num_samples=4),
     # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
     # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
     # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
@@ -359,10 +371,13 @@ def get_lr_wsd_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, 
 def scheduled_lr(c, step, elapsed):
     """A run's learning rate at `step` after `elapsed` seconds of training. Under --time_budget the schedule follows
     whichever is further along, steps or the clock (elapsed time mapped onto the step axis 0..max_iters), so with
-    the default lr_decay_iters (= max_iters) it ends when the budget does."""
+    the default lr_decay_iters (= max_iters) it ends when the budget does. --warmup_from_one shifts the warmup by
+    one step (build-nanogpt's), leaving the schedule functions CS336's."""
     c = Settings(c)
     budget = runs.parse_duration(c.time_budget)
     it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c.max_iters)
+    if c.warmup_from_one and it < c.warmup_iters:   # build-nanogpt's warmup: lr*(it+1)/warmup (the schedules'
+        it = min(it + 1, c.warmup_iters)              # own contract, CS336's, is lr*it/warmup)
     lo, length = c.learning_rate * c.min_lr_ratio, c.lr_decay_iters or c.max_iters
     if c.lr_schedule == "wsd":
         return get_lr_wsd_schedule(it, c.learning_rate, lo, c.warmup_iters, length, c.cooldown_frac)
@@ -375,10 +390,11 @@ def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    # multi-tensor kernels (torch._foreach_*): on CUDA a few launches for all the gradients, not one norm and one
+    # multiply per tensor; on the CPU they loop over the tensors with the same per-tensor ops, so the same numbers
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
     scale = torch.clamp(max_l2_norm / (norm + eps), max=1.0)   # no .item(): no GPU sync on the hot path
-    for g in grads:
-        g.mul_(scale.to(g.dtype))
+    torch._foreach_mul_(grads, scale)
     return norm
 
 
@@ -440,18 +456,22 @@ class SequentialSampler:
     every W-th window. Unlike the reference, each epoch shuffles the shard order and, when the end-of-text id is
     known, the order of the documents inside each shard (documents are cut at every eot token; without one, the
     shard is rotated to a random start instead), with an RNG seeded by (seed, epoch): the position (epoch, shard,
-    offset) pins the data exactly, for resume."""
+    offset) pins the data exactly, for resume. shuffle_first_epoch=False reads the first epoch as the reference
+    does, in stream order (shards in name order, documents as they are), and shuffles from the second on."""
 
-    def __init__(self, shards, batch_size, context_length, rank=0, world_size=1, seed=0, eot_id=None, shuffle=True):
+    def __init__(self, shards, batch_size, context_length, rank=0, world_size=1, seed=0, eot_id=None, shuffle=True,
+                 shuffle_first_epoch=True):
         self.shards = [(p, a) for p, a, _ in shards]
         self.B, self.T, self.rank, self.world = batch_size, context_length, rank, world_size
-        self.seed, self.eot_id, self.shuffle = seed, eot_id, shuffle
+        self.seed, self.eot_id = seed, eot_id
+        self.shuffle_every_epoch, self.shuffle_first = shuffle, shuffle_first_epoch
         self.span = batch_size * context_length   # tokens one rank consumes per batch
         runs.check_batch_fits(self.shards, self.span * world_size + 1)
         self.epoch, self.shard, self.pos = 0, 0, 0
         self._start_epoch()
 
     def _start_epoch(self):
+        self.shuffle = self.shuffle_every_epoch and (self.epoch > 0 or self.shuffle_first)
         rng = np.random.default_rng([self.seed, self.epoch])
         self.order = rng.permutation(len(self.shards)) if self.shuffle else np.arange(len(self.shards))
         self.doc_seed = int(rng.integers(2 ** 62))
@@ -514,6 +534,27 @@ class SequentialSampler:
         self._start_epoch()
         self.shard, self.pos = state["shard"], state["pos"]
         self._load_shard()
+
+
+class ReadAhead:
+    """A sampler that the loop reads one batch ahead (nanochat's order): each micro-step fetches the next batch while
+    the device runs its forward, so the reading, and on CUDA the pinned copy issued non_blocking, overlap the
+    compute. The sampler is called in the same order as without it, so no number changes; state_dict() is the
+    position of the batch fetched last and not yet trained on, where a resumed run must start."""
+
+    def __init__(self, sampler):
+        self.sampler, self.position = sampler, None
+
+    def next_batch(self, device):
+        self.position = self.sampler.state_dict()   # (a fresh dict: the sampler's state before this batch)
+        return self.sampler.next_batch(device)
+
+    def state_dict(self):
+        return self.sampler.state_dict() if self.position is None else self.position
+
+    def load_state_dict(self, state):
+        self.position = None
+        self.sampler.load_state_dict(state)
 
 
 class LossOf(nn.Module):
@@ -629,12 +670,28 @@ def generate_samples(model, tokenizer, c, device, autocast, seed):
     return [tokenizer.decode(prompt + list(o)) for o in outs]
 
 
+def task_examples(c, data, log):
+    """{name: (module, examples)} of the downstream tasks asked for (--hellaswag, --lambada), scored with the data's
+    tokenizer: none without one."""
+    if data.tokenizer is None and (c.hellaswag or c.lambada):
+        log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
+    tasks = {}
+    for name, lib in (("hellaswag", hellaswag), ("lambada", lambada)):
+        if c[name] and data.tokenizer is not None:
+            path = c[f"{name}_path"]
+            try:
+                tasks[name] = lib, lib.load_examples(path or None)
+            except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
+                raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
+    return tasks
+
+
 class Evaluator:
     """The periodic evaluation: validation loss and bits/byte on a fixed stretch of the validation data, HellaSwag
-    and LAMBADA when asked, samples. Everything it needs is checked when it is made, before the run writes a log
-    or a checkpoint."""
+    and LAMBADA when asked (tasks: task_examples'), samples. Everything it needs is checked when it is made, before
+    the run writes a log or a checkpoint."""
 
-    def __init__(self, raw, data, c, device, autocast, rank, world, log):
+    def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks):
         self.raw, self.data, self.c, self.device, self.autocast, self.rank, self.world, self.log = (
             raw, data, c, device, autocast, rank, world, log)
         need = c.batch_size * c.context_length * world
@@ -650,25 +707,12 @@ class Evaluator:
             self.iters = max(1, min(c.eval_iters, (len(scored) - 1) // need))
         tok = data.tokenizer   # bits per byte: the UTF-8 bytes of exactly the tokens scored
         self.bpt = None if tok is None else bytes_per_token(tok, scored[1:self.iters * need + 1], data.eot_id)
-        if tok is None and (c.hellaswag or c.lambada):
-            log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
-        self.tasks = {name: (lib, self._examples(name, lib)) for name, lib in (("hellaswag", hellaswag),
-                                                                                ("lambada", lambada))
-                      if c[name] and tok is not None}
-        self.said_skipped = set()
+        self.tasks, self.said_skipped = tasks, set()
         if tok is not None and c.num_samples > 0 and c.sample_prompt:
             n = len(tok.encode(c.sample_prompt))
             if n > raw.context_length:
                 log(f"train.py: --sample_prompt is {n} tokens, the context is {raw.context_length}: the samples keep "
                     f"its last {raw.context_length}")
-
-    def _examples(self, name, lib):
-        """The examples of a downstream task asked for with --NAME (scored with the data's tokenizer)."""
-        path = self.c[f"{name}_path"]
-        try:
-            return lib.load_examples(path or None)
-        except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
-            raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
 
     def bpb(self, val_loss):
         return val_loss / math.log(2) / self.bpt if (self.bpt and val_loss is not None) else None
@@ -818,6 +862,49 @@ def make_optimizer(raw, c, fused):
     return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
 
 
+def resume_checkpoint(resume_from, c, ckpt_path, world):
+    """The checkpoint this run continues (None: a new run), the same on every rank. main() read it for --resume=auto
+    (under torchrun its error comes here instead, to be said by every rank), or --resume=true reads it now. Each
+    rank reads its own --out_dir, so under torchrun the ranks agree (runs.agree) on whether they resume, at which
+    step, and on their settings, before any other work: two nodes without a shared --out_dir would otherwise resume
+    at step N on node 0 and start at step 0 on node 1, their evaluations and checkpoints never lining up."""
+    ckpt, error = (None, resume_from) if isinstance(resume_from, Exception) else (resume_from, None)
+    if ckpt is None and error is None and _parse_bool(c.resume) is True and not c.fresh:
+        try:
+            ckpt = runs.read_train_checkpoint(ckpt_path)
+        except ValueError as e:
+            error = e
+    flags = settings()   # (a path may differ between nodes: a copy of the data elsewhere)
+    runs.agree(world, error, {"the checkpoint resumed":
+                              None if ckpt is None else f"step {ckpt['iteration']}, {ckpt['elapsed']:.6g} s trained",
+                              **{f"--{k}": v for k, v in c.items() if k in flags and
+                                 not flags[k][0].metadata.get("path")}})
+    return ckpt
+
+
+def open_inputs(c, ckpt, ckpt_path, world, log):
+    """The token files and their tokenizer (runs.open_data), checked against the checkpoint resumed (--resume=auto
+    continues only the same run), and the downstream tasks' examples: what each rank reads from its own disk or the
+    network, agreed by the ranks (runs.agree) before any collective, so that a rank whose tokenizer or task file
+    did not load never skips an evaluation that the others wait in. Returns (data, tasks)."""
+    data = tasks = error = None
+    try:
+        data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, log)
+        if ckpt is not None:   # --resume=auto: out_dir must hold this run, trained on this data
+            runs.check_same_run(ckpt, data, c, ckpt_path)
+        tasks = task_examples(c, data, log)
+    except (ValueError, OSError) as e:
+        error = e
+    tokenizer = ("loaded" if data is None or data.tokenizer is not None else
+                 f"not loaded ({data.tokenizer_error})" if data.tokenizer_error else "none named")
+    runs.agree(world, error, None if error else {
+        "the training files": data.train_files,
+        "the validation files": [[Path(p).name, len(a)] for p, a, _ in data.val],
+        "the tokenizer": f"{tokenizer}, fingerprint {data.fingerprint}",
+        "the downstream tasks' examples": {name: len(examples) for name, (_, examples) in tasks.items()}})
+    return data, tasks
+
+
 def make_loader(data, c, rank, world, log):
     B, T = c.batch_size, c.context_length
     if c.sampler == "random":
@@ -826,7 +913,8 @@ def make_loader(data, c, rank, world, log):
     if short:   # the reader skips them: say so rather than train on less data in silence
         log(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
             f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
-    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id)
+    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id,
+                             shuffle_first_epoch=c.shuffle_first_epoch)
 
 
 # -----------------------------------------------------------------------------
@@ -835,7 +923,8 @@ def make_loader(data, c, rank, world, log):
 def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=None, teardown=True):
     """Run one training job; cfg: every setting by name (DEFAULTS, a preset, flags). Returns a summary dict.
     clock: the time source of --time_budget (tests pass a fake one); on_step(step): called after each optimizer
-    step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it);
+    step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it), or
+    under torchrun the error main() met reading it;
     teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it)."""
     c = Settings(cfg)
     check_config(c)
@@ -847,23 +936,19 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     random.seed(c.seed)
     np.random.seed(c.seed)
     torch.manual_seed(c.seed)   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
+    ckpt_path = Path(c.out_dir) / "ckpt.pt"
+    ckpt = resume_checkpoint(resume_from, c, ckpt_path, world)   # agreed by the ranks, as the data is below
 
     # ---- data
     if c.prepare_data:
         runs.prepare_main_job(c, ddp, master, say)
-    data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, say)
-    if resume_from is not None:   # --resume=auto: out_dir must hold this run, trained on this data
-        runs.check_same_run(resume_from, data, c, Path(c.out_dir) / "ckpt.pt")
+    data, tasks = open_inputs(c, ckpt, ckpt_path, world, say)   # token files, tokenizer, tasks' examples
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
     tokens_per_step = B * T * accum * world
     budget = runs.parse_duration(c.time_budget)
 
     # ---- model, optimizer, loader: new, or resumed from out_dir/ckpt.pt
-    ckpt_path = Path(c.out_dir) / "ckpt.pt"
-    ckpt = resume_from
-    if ckpt is None and _parse_bool(c.resume) is True and not c.fresh:
-        ckpt = runs.read_train_checkpoint(ckpt_path)
     if ckpt is not None:
         raw = runs.model_of(ckpt, ckpt_path)
     elif c.init_from != "scratch":
@@ -879,7 +964,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if c.warmup_iters >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
         say(f"train.py: --warmup_iters={c.warmup_iters} is not below the schedule's length of {decay_iters} steps "
             f"(--lr_decay_iters, else --max_iters): the learning rate never reaches --learning_rate")
-    loader = make_loader(data, c, rank, world, say)
+    loader = ReadAhead(make_loader(data, c, rank, world, say))   # the loop fetches each batch a micro-step early
     state = runs.RunState()
     if ckpt is not None:
         state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"],
@@ -890,7 +975,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if ddp:   # (it broadcasts Llama's constant RoPE buffers every forward: small. The switch against that,
         # broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say)
+    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say, tasks)
     flops_per_token = flops.train_flops_per_token(mcfg, T)
 
     # ---- the run's folder (checked above before anything is written): lock, log
@@ -904,10 +989,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
 
     # ---- the loop
-    start_step, start_elapsed, samples, stop_at, step_time = state.step, state.elapsed, [], None, None
+    start_step, start_elapsed, samples, stop_at, batch = state.step, state.elapsed, [], None, None
     evaluated = ckpt is not None and state.val_step == start_step   # the log has this evaluation already
     last_lr = scheduled_lr(c, state.step, state.elapsed)
     ckpt_every = c.ckpt_interval or c.eval_interval
+    pace = runs.Pace(clock, device, ddp, c, budget, ckpt_every)   # when the clock is read: no sync at every step
     t_run = clock()
     with run, runs.Stop(ddp, master) as stop:
         while True:
@@ -927,39 +1013,38 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                 break
 
             # one optimizer step: accum micro-steps, gradient sync only on the last one
-            t0 = clock()
+            pace.step_started()
             lr = last_lr = scheduled_lr(c, state.step, state.elapsed)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_acc = torch.zeros((), device=device)
             for micro in range(accum):
-                x, y = loader.next_batch(device)
+                x, y = batch or loader.next_batch(device)
                 with model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext():
                     with autocast:
                         loss = model(x, y) / accum
-                    loss.backward()
+                    batch = loader.next_batch(device)   # the next micro-step's batch, read (and on CUDA its copy to
+                    loss.backward()                     # the GPU issued) while the device runs this forward
                 loss_acc += loss.detach()
             norm = gradient_clipping(raw.parameters(), c.grad_clip) if c.grad_clip > 0 else None
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = clock() - t0
-            if not (hw["compile"] and state.step == start_step + 1):   # a compiled run's first step is mostly
-                state.elapsed += dt                                      # compilation: not in the budget
-            state.elapsed = stop.agree(state.elapsed, master, device)   # DDP: rank 0's clock, any rank's stop
-            step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt   # recent, for the time left
+            pace.step_ended(counted=not (hw["compile"] and state.step == start_step + 1))   # a compiled run's first
+            # step is mostly compilation: not in the budget. The clock is read (a sync) only when Pace says so: then
+            # the step times go into state.elapsed, agreed by the ranks (rank 0's clock, any rank's stop request)
+            dt = pace.read(state, stop, master, device) if pace.due(state.step, stop) else None
 
             # the log line: every log_interval steps, and at the step the run ends (max_iters, budget, stop)
-            if state.step % c.log_interval == 0 or state.finished(c.max_iters, budget) or stop.pending is not None:
+            if dt is not None and (state.step % c.log_interval == 0 or state.finished(c.max_iters, budget)
+                                   or stop.pending is not None):
                 if ddp:
                     torch.distributed.all_reduce(loss_acc)
                     loss_acc /= world
                 train_loss, tps = loss_acc.item(), tokens_per_step / dt   # the one sync per logged step
                 mfu = _mfu(flops_per_token, tps / world, device, hw["dtype"])
                 gn = float(norm) if norm is not None else None   # (not computed with --grad_clip=0)
-                left = state.time_left(c.max_iters, budget, step_time)
+                left = state.time_left(c.max_iters, budget, pace.step_time)
                 say(f"step {state.step:>6}/{c.max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
                     (f"norm {gn:.3f} | " if gn is not None else "") + f"{tps:,.0f} tok/s" +
                     (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}"
@@ -1098,8 +1183,13 @@ def main(argv=None):
                 print(f"wrote {p}")
             return
         resumable = {f.name for f in fields(TrainConfig) if f.metadata.get("resumable")}
-        cfg, ckpt = runs.resume_settings(dict(cfg, resume=_parse_bool(cfg["resume"])), explicit, DEFAULTS, PRESETS,
-                                         resumable)
+        try:
+            cfg, ckpt = runs.resume_settings(dict(cfg, resume=_parse_bool(cfg["resume"])), explicit, DEFAULTS,
+                                             PRESETS, resumable)
+        except ValueError as e:   # under torchrun every rank must hear of it: train() agrees on it first
+            if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+                raise
+            cfg, ckpt = dict(cfg, resume=_parse_bool(cfg["resume"])), e
         summary = train(cfg, resume_from=ckpt)
     except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
         raise SystemExit(f"train.py: {e}") from None
