@@ -17,10 +17,14 @@ Both models share one small surface so train.py, sample.py and the evaluators tr
 
     python -c "import model; m = model.GPT.from_pretrained('gpt2'); print(m.get_num_params())"
 """
+import dataclasses
+import enum
 import json
 import math
 import os
+import pickle
 import socket
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from urllib.parse import urlparse
 
@@ -784,6 +788,13 @@ def unwrap(model):
     return model
 
 
+def blocks(model):
+    """The Transformer blocks of either model, in order (train.py's --fsdp shards them one by one, and
+    --activation_checkpointing recomputes them one by one)."""
+    model = unwrap(model)
+    return model.layers if isinstance(model, TransformerLM) else model.transformer.h
+
+
 def param_groups(model, weight_decay, muon=False):
     """AdamW groups: every matrix (>= 2-D: linear weights AND embeddings) is decayed; biases and norm gains
     are not. Embeddings are decayed because GPT-2's wte is also its output matrix (tied), and one rule for
@@ -843,7 +854,60 @@ def read_checkpoint(src, map_location="cpu"):
                          f"{': ' + first if first else ''}") from None
     if not isinstance(ckpt, dict):
         raise ValueError(f"{name}: not a checkpoint (expected a dict, found {type(ckpt).__name__})")
+    if "shards" in ckpt:   # train.py --fsdp's: the weights are in the folder beside the file that it names
+        if not isinstance(src, (str, os.PathLike)):
+            raise ValueError(f"{name}: an FSDP checkpoint keeps its weights in a folder beside it: pass its path")
+        ckpt["model"] = read_shards(os.path.join(os.path.dirname(os.fspath(src)), str(ckpt["shards"])))
     return ckpt
+
+
+def read_shards(folder):
+    """The whole weights, as a state dict on the CPU, of an FSDP run's checkpoint folder: the shards its ranks wrote
+    with torch.distributed.checkpoint (DCP), read by this process alone (no process group), whatever the number of
+    ranks that wrote them. Nothing in the folder is executed (check_shards_metadata)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    try:
+        check_shards_metadata(folder)
+        reader = dcp.FileSystemReader(folder)
+        entries = reader.read_metadata().state_dict_metadata
+        state = {key: torch.empty(m.size, dtype=m.properties.dtype) for key, m in entries.items()
+                 if key.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+        with warnings.catch_warnings():   # (that it reads in one process, as asked)
+            warnings.filterwarnings("ignore", "torch.distributed is")
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except FileNotFoundError:
+        raise ValueError(f"{folder}: missing: the folder of this FSDP checkpoint's weights") from None
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]
+        raise ValueError(f"{folder}: not readable FSDP shards (truncated or corrupt?): {type(e).__name__}"
+                         f"{': ' + first if first else ''}") from None
+    return {key[len("model."):]: value for key, value in state.items()}
+
+
+class _ShardsMetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata file is a pickle (torch.load's weights_only does not read it): this unpickler builds only the
+    records DCP writes there -- its own dataclasses and enums, torch.Size, dtypes, layouts, paths -- and refuses any
+    other callable before importing or calling it."""
+    DCP = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+
+    def find_class(self, module, name):
+        if module in self.DCP or (module, name) in (("torch", "Size"), ("torch.serialization", "_get_layout"),
+                                                      ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")):
+            obj = super().find_class(module, name)
+            if module not in self.DCP or dataclasses.is_dataclass(obj) or (
+                    isinstance(obj, type) and issubclass(obj, enum.Enum)):
+                return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} has no place in a checkpoint's metadata")
+
+
+def check_shards_metadata(folder):
+    """Read a DCP folder's .metadata with _ShardsMetadataUnpickler: DCP's own reader (pickle.load) then meets only
+    what it let through."""
+    with open(os.path.join(folder, ".metadata"), "rb") as f:
+        _ShardsMetadataUnpickler(f).load()
 
 
 def model_from_checkpoint(ckpt, device="cpu"):
