@@ -5115,6 +5115,156 @@ def test_train_fsdp_two_gloo_processes_match_one(tmp_path, _train_data, arch):
         (r["loss"], r["grad_norm"]) for r in _train_records(tmp_path / "two" / "clip", "train")]
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_train_activation_checkpointing_changes_no_gradient_and_no_weight(arch, compiled):
+    # 3 steps of train.py's own pieces (LossOf, clipping that bites, AdamW) with and without each block recomputed in
+    # the backward: every gradient and the weights after are the same bit for bit (no dropout: no RNG is drawn).
+    # Proof that it recomputes: eager, the second block's first FFN matrix runs twice a step; compiled (aot_eager:
+    # eager kernels for the graph's ops), the graph holds a checkpoint region per block
+    from torch._dynamo.backends.debugging import aot_eager
+    shape = (dict(context_length=16, d_model=32, num_layers=2, num_heads=2) if arch == "llama" else
+             dict(block_size=16, n_embd=32, n_layer=2, n_head=2))
+    cfg = dict(arch=arch, vocab_size=64, **shape)
+
+    def run(checkpointing):
+        torch.manual_seed(0)
+        raw = M.build_model(cfg)
+        train.parallelize(raw, train.Settings(activation_checkpointing=checkpointing, fsdp=False), 1, "cpu", {})
+        block, graphs, calls = M.blocks(raw)[1], [], []
+        model = train.LossOf(raw, arch)
+        if compiled:   # (a hook that counts calls would break the graph)
+            model = torch.compile(model, backend=lambda gm, ex: (graphs.append(gm), aot_eager(gm, ex))[1])
+        else:
+            (block.ffn.w1 if arch == "llama" else block.mlp.c_fc).register_forward_hook(lambda *a: calls.append(1))
+        opt, g, grads = train.AdamW(M.param_groups(raw, 0.1), lr=1e-2), torch.Generator().manual_seed(1), []
+        for _ in range(3):
+            x = torch.randint(0, 64, (4, 17), generator=g)
+            model(x[:, :-1], x[:, 1:]).backward()
+            grads.append([p.grad.clone() for p in raw.parameters()])
+            train.gradient_clipping(raw.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        regions = sum(str(n.target) == "tag_activation_checkpoint" for gm in graphs for n in gm.graph.nodes)
+        return grads, raw.state_dict(), len(calls), (len(graphs), regions)
+
+    plain, checkpointed = run(False), run(True)
+    assert all(torch.equal(a, b) for step_a, step_b in zip(plain[0], checkpointed[0]) for a, b in zip(step_a, step_b))
+    assert all(torch.equal(plain[1][k], checkpointed[1][k]) for k in plain[1])
+    if compiled:
+        assert (plain[3], checkpointed[3]) == ((1, 0), (1, 2))   # (graphs, checkpoint regions): no graph break
+    else:
+        assert (plain[2], checkpointed[2]) == (3, 6)
+
+
+# a run of 6 steps of 4 windows (2 micro-steps on each of 2 ranks, 4 in one process), a checkpoint every 2 steps
+_TRAIN_FSDP_RESUME = dict(fsdp=True, total_batch_tokens=256, max_iters=6, lr_decay_iters=6, warmup_iters=2,
+                          ckpt_interval=2, eval_interval=1000, log_interval=1, num_threads=1)
+
+
+def _train_fsdp_resume_worker(rank, world, port, data_dir, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    for i, (sub, more) in enumerate((("straight", {}), ("killed", dict(resume=True)), ("from_one", dict(resume=True)))):
+        train.train(_train_cfg(data_dir, Path(out_dir) / sub, **_TRAIN_FSDP_RESUME, **more), log=_train_quiet,
+                    teardown=i == 2)
+        if i < 2:
+            dist.barrier()
+
+
+def test_train_fsdp_killed_mid_checkpoint_resumes_exactly_and_on_another_number_of_processes(tmp_path, _train_data):
+    # 2 processes killed with SIGKILL while committing step 4's checkpoint (every rank's shards written, ckpt.pt not
+    # yet replaced): step 2's checkpoint is the one left, whole; --resume from it on 2 processes ends with the
+    # uninterrupted run's weights bit for bit, its folder of step 4 removed. The same checkpoint resumed in one
+    # process (DCP reshards), and one process's step-2 checkpoint resumed on 2: each goes on from the same global
+    # batch (total_batch_tokens fixed), so the first loss after the resume is the uninterrupted run's at that step
+    # and the weights at the end are its weights, within the fp32 tolerance of summing in another order (measured:
+    # losses 6e-8 relative or equal, weights 2.4e-7; held to 1e-5)
+    cfg = _train_cfg(_train_data, tmp_path / "killed", **_TRAIN_FSDP_RESUME)
+    script = tmp_path / "kill.py"
+    script.write_text(f"import os, signal, sys\nsys.path.insert(0, {str(ROOT)!r})\nimport train\n"
+                      f"commit = train.save_atomically\n"
+                      f"def killed_at_4(obj, path):\n"
+                      f"    if obj['iteration'] == 4:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+                      f"    commit(obj, path)\n"
+                      f"train.save_atomically = killed_at_4\ntrain.train({cfg!r}, log=lambda *a, **k: None)\n")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        f"--master_port={_train_free_port()}", str(script)], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)), timeout=300)
+    assert r.returncode != 0
+    assert torch.load(tmp_path / "killed" / "ckpt.pt", weights_only=True)["iteration"] == 2
+    shards = sorted(p.name.split("-")[1] for p in (tmp_path / "killed").glob("ckpt.pt.shards-*"))
+    assert shards == ["2", "4"]   # step 4's written, not committed
+    shutil.copytree(tmp_path / "killed", tmp_path / "to_one")
+    train.train(_train_cfg(_train_data, tmp_path / "from_one", **dict(_TRAIN_FSDP_RESUME, max_iters=2)),
+                log=_train_quiet)
+    _spawn_ranks(_train_fsdp_resume_worker, str(_train_data), str(tmp_path))
+    train.train(_train_cfg(_train_data, tmp_path / "to_one", **_TRAIN_FSDP_RESUME, resume=True), log=_train_quiet)
+    straight = M.read_checkpoint(tmp_path / "straight" / "ckpt.pt")["model"]
+    killed = M.read_checkpoint(tmp_path / "killed" / "ckpt.pt")
+    assert killed["iteration"] == 6 and all(torch.equal(straight[k], killed["model"][k]) for k in straight)
+    assert [p.name for p in (tmp_path / "killed").glob("ckpt.pt.shards-*")] == [killed["shards"]]
+    losses = {r["step"]: r["loss"] for r in _train_records(tmp_path / "straight", "train")}
+    for sub in ("to_one", "from_one"):
+        resumed = M.read_checkpoint(tmp_path / sub / "ckpt.pt")
+        assert len(resumed["loader"]) == (1 if sub == "to_one" else 2) and resumed["iteration"] == 6
+        first = _train_records(tmp_path / sub, "train")[2]   # the records of steps 1-2 stay in the log
+        assert first["step"] == 3 and first["loss"] == pytest.approx(losses[3], rel=1e-5, abs=0)
+        for k in straight:
+            torch.testing.assert_close(resumed["model"][k], straight[k], rtol=0, atol=1e-5)
+
+
+def _train_fsdp_gpt2_worker(rank, world, port, data_dir, out_dir, tasks):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    train.train(_train_cfg(data_dir, out_dir, model="gpt2", fsdp=True, max_iters=2, eval_interval=2, num_threads=1,
+                           context_length=64, num_samples=1, sample_tokens=8, **tasks), log=_train_quiet)
+
+
+def test_train_fsdp_evaluates_and_its_checkpoint_samples_and_exports_as_the_same_weights_in_one_process(
+        tmp_path, monkeypatch, capsys):
+    # GPT-2 (its tied wte/lm_head) trained under FSDP on 2 processes. Its evaluations sample on rank 0 alone and score
+    # LAMBADA's 3 passages on 2 ranks (2 and 1: uneven forwards) without a hang, the figures those of the tasks' own
+    # evaluate() in one process on its weights. Its ckpt.pt, as train.py prints it, samples the same tokens through
+    # sample.py and exports the same Hugging Face files as a one-process checkpoint of the same weights (those that
+    # torch's own dcp_to_torch_save reads from the shards); flops.py --ckpt reads its shape
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    data, tok = _train_byte_data(tmp_path)
+    hs, lam = _hs_write_rows(tmp_path / "hs.jsonl"), tmp_path / "lambada.jsonl"
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in _TRAIN_LAMBADA_TEXTS))
+    tasks = dict(hellaswag=True, hellaswag_path=str(hs), lambada=True, lambada_path=str(lam))
+    _spawn_ranks(_train_fsdp_gpt2_worker, str(data), str(tmp_path / "fsdp"), tasks)
+    evals = _train_records(tmp_path / "fsdp", "eval")
+    model = M.load_model(tmp_path / "fsdp" / "ckpt.pt")[0]
+    lam_result = lambada.evaluate(model, tok, lambada.load_examples(lam), "cpu")
+    hs_result = hellaswag.evaluate(model, tok, hellaswag.load_examples(hs), "cpu")
+    assert [r["step"] for r in evals] == [0, 2] and len(evals[-1]["samples"]) == 1 and lam_result["num_total"] == 3
+    assert (evals[-1]["lambada_acc"], evals[-1]["hellaswag_acc_norm"]) == (lam_result["acc"], hs_result["acc_norm"])
+    assert evals[-1]["lambada_ppl"] == pytest.approx(lam_result["ppl"], rel=1e-4)
+    ckpt = torch.load(tmp_path / "fsdp" / "ckpt.pt", weights_only=True)
+    dcp_to_torch_save(tmp_path / "fsdp" / ckpt["shards"], tmp_path / "whole.pt")
+    (tmp_path / "one").mkdir()
+    whole = {k: v for k, v in ckpt.items() if k != "shards"}
+    torch.save(dict(whole, model=torch.load(tmp_path / "whole.pt", weights_only=True)["model"]),
+               tmp_path / "one" / "ckpt.pt")
+    printed = {}
+    for run in ("fsdp", "one"):
+        monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={tmp_path / run / 'ckpt.pt'}", "--prompt=ab",
+                                          "--max_new_tokens=20", "--num_samples=2", "--no_stop", "--device=cpu"])
+        sample.main()
+        printed[run] = capsys.readouterr().out
+        monkeypatch.setattr(sys, "argv", ["export.py", f"--ckpt={tmp_path / run / 'ckpt.pt'}",
+                                          f"--out={tmp_path / run / 'hf'}"])
+        export.main()
+        capsys.readouterr()
+    assert printed["fsdp"] == printed["one"] and len(_sample_texts(printed["one"])) == 2
+    files = sorted(p.name for p in (tmp_path / "one" / "hf").iterdir())
+    assert "model.safetensors" in files and files == sorted(p.name for p in (tmp_path / "fsdp" / "hf").iterdir())
+    assert all((tmp_path / "one" / "hf" / f).read_bytes() == (tmp_path / "fsdp" / "hf" / f).read_bytes()
+               for f in files)
+    assert flops._load_config(str(tmp_path / "fsdp" / "ckpt.pt")) == ckpt["model_config"]
+
+
 # ====================================================================================================================
 # data: fineweb.py and stories.py: corpora to token shards, the main job's data, the story generator
 # ====================================================================================================================

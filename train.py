@@ -822,9 +822,8 @@ def whole_model(raw):
         unit.unshard()
     try:
         yield
-    finally:
-        for unit in units:
-            unit.reshard()
+    finally:   # every unit resharded, and the evaluation's forwards forgotten: FSDP orders the next backward's
+        raw.reset_iter_state()   # all-gathers by the forwards before it, which differed between the ranks here
         raw.set_reshard_after_forward(True)                   # FSDP's defaults: the blocks free their weights after
         raw.set_reshard_after_forward(False, recurse=False)   # each forward, the root keeps its own for the backward
 
@@ -1026,7 +1025,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {c.data_dir}: "
         f"{sum(len(a) for _, a, _ in data.train):,} train / {sum(len(a) for _, a, _ in data.val):,} val tokens | "
         f"{tokens_per_step:,} tokens/step = {B} x {T} x {accum} accum x {world} procs | {device} {hw['dtype']}"
-        f"{' | compiled' if hw['compile'] else ''}")
+        f"{' | compiled' if hw['compile'] else ''}{' | FSDP' if c.fsdp and ddp else ''}"
+        f"{' | activation checkpointing' if c.activation_checkpointing else ''}")
     run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
                resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
 
