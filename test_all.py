@@ -10037,10 +10037,12 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["tokenizer", "--mix20", "."], "--mix20", [".", "folder"]),
     (["tokenizer", "--mix20", "/nonexistent-dir/mix20.txt"], "--mix20", ["/nonexistent-dir/mix20.txt",
                                                                          "/nonexistent-dir"]),
-    (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"])])
+    (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"]),
+    (["memory", "--num_layers", "0"], "--num_layers", ["0", "1"]),
+    (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"])])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    for section in ("tokenizer", "model", "train", "gpu", "sample"):
+    for section in ("tokenizer", "model", "train", "gpu", "sample", "memory"):
         monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
     with pytest.raises(SystemExit) as e:
         bench.main()
@@ -10050,7 +10052,9 @@ def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, 
 @pytest.mark.parametrize("argv,section", [
     (["sample", "--repeats", "1", "--threads", "1", "--max_new_tokens", "1", "--prompt_len", "1"], "bench_sample"),
     (["train", "--steps", "1", "--batch_size", "1", "--repeats", "1", "--threads", "1"], "bench_train"),
-    (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu")])
+    (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu"),
+    (["memory", "--d_model", "1", "--num_layers", "1", "--num_heads", "1", "--context_length", "1", "--vocab_size",
+      "1", "--batch_size", "1", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_memory")])
 def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
     ran = []
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
@@ -10094,6 +10098,22 @@ def test_bench_train_times_the_loop_beside_the_bare_step(capsys):
     out = capsys.readouterr().out
     assert re.search(r"^whole loop \(train\.train\), float32\s+[\d,]+\s+\d", out, re.M), out
     assert re.search(r"^model-only step .*float32\s+[\d,]+\s+1\.000", out, re.M), out
+
+
+def test_bench_memory_shards_every_byte_of_the_state_and_times_checkpointing(capsys):
+    # at a tiny shape: under FSDP the 2 ranks' parameters, gradients and AdamW moments add up to exactly one DDP
+    # rank's (AdamW's step counts, one float per tensor, are on every rank); both checkpointing rows are measured
+    args = argparse.Namespace(d_model=32, num_layers=2, num_heads=2, context_length=32, vocab_size=64, batch_size=2,
+                              steps=1, repeats=1, threads=1)
+    state, _ = bench.bench_memory(args)
+    ddp, fsdp = state["ddp"], state["fsdp"]
+    n_tensors = len(list(M.build_model(bench._memory_cfg(args)).parameters()))
+    assert ddp[0] == ddp[1] and all(0 < f["parameters"] < ddp[0]["parameters"] for f in fsdp)
+    for kind in ("parameters", "gradients"):
+        assert fsdp[0][kind] + fsdp[1][kind] == ddp[0][kind]
+    assert fsdp[0]["optimizer"] + fsdp[1]["optimizer"] == ddp[0]["optimizer"] + 4 * n_tensors
+    rows = _bench_rows(capsys.readouterr().out, "activation")
+    assert [r[0] for r in rows] == ["off", "on"] and all(float(r[1]) >= 0 and float(r[4]) > 0 for r in rows)
 
 
 def _bench_speedrun_args(tmp_path, **kw):
