@@ -3870,6 +3870,13 @@ def test_train_presets_resolve_to_documented_values():
     assert (g["warmup_iters"], g["max_iters"], g["min_lr_ratio"], g["weight_decay"]) == (715, 19073, 0.1, 0.1)
     assert (g["beta1"], g["beta2"], g["grad_clip"], g["eval_interval"], g["hellaswag"]) == (0.9, 0.95, 1.0, 250, True)
     assert g["batch_size"] == 16 and train.grad_accum_steps(524288, 16, 1024, 8) == 4
+    xl, _ = train.get_config(["--preset=gpt2-xl"])   # OpenAI's 1.56B shape; GPT-3's 1.3B row: 2^20 tokens, lr 2e-4
+    assert (xl["model"], xl["num_layers"], xl["d_model"], xl["num_heads"], xl["context_length"]) == (
+        "gpt2", 48, 1600, 25, 1024)
+    assert (xl["total_batch_tokens"], xl["learning_rate"], xl["fsdp"], xl["activation_checkpointing"]) == (
+        2 ** 20, 2e-4, True, True)
+    assert train.grad_accum_steps(2 ** 20, xl["batch_size"], 1024, 8) == 4
+    assert 9.99e9 < xl["max_iters"] * 2 ** 20 <= 1e10   # FineWeb-Edu's 10B tokens once
     with pytest.raises(SystemExit) as e:
         train.get_config(["--preset=nope"])
     _one_line_naming(str(e.value), "train.py: --preset", "'nope'", *train.PRESETS)

@@ -9,6 +9,7 @@ one loop that runs from a laptop CPU to torchrun on a GPU node.
     python train.py --preset=tinystories               # the same model, 327.68M tokens (one GPU)
     python train.py --preset=owt                       # OpenWebText, 32k tokenizer, same model
     torchrun --standalone --nproc_per_node=8 train.py --preset=gpt2-124m     # GPT-2 124M on FineWeb-Edu 10B
+    torchrun --standalone --nproc_per_node=8 train.py --preset=gpt2-xl       # GPT-2 XL (1.56B): FSDP, checkpointing
     python train.py --preset=speedrun-cpu              # the best model 5 minutes of 2 CPU cores train (Muon, ...)
     python train.py --model=gpt2 --init_from=gpt2 --data_dir=data/mydata --out_dir=out/ft   # fine-tune GPT-2
     python train.py --preset=owt --time_budget=45m     # a fixed wall-clock run: the schedule follows the clock
@@ -72,8 +73,8 @@ class TrainConfig:
                                 "prepare", resumable=True)
     download: bool = setting(True, "with --prepare_data: try TinyStories from the Hugging Face hub before generating "
                              "stories", resumable=True)
-    preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | speedrun-cpu | speedrun-gpu (sets "
-                          "the documented values; flags still override)", resumable=True)
+    preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | gpt2-xl | speedrun-cpu | "
+                          "speedrun-gpu (sets the documented values; flags still override)", resumable=True)
     resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the "
                           "run: use --fresh), true = must, false = never", auto=True, resumable=True)
     fresh: bool = setting(False, "start over: replace out_dir's checkpoint and log (and re-prepare the data of the "
@@ -220,6 +221,18 @@ PRESETS = {
                       beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True,
                       lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
                       sample_tokens=32, num_samples=4),
+    # GPT-2 XL (1.56B, OpenAI's shape: --model=gpt2, 48 x 1600, 25 heads, context 1024) on FineWeb-Edu 10B, past one
+    # GPU's memory: FSDP and activation checkpointing on one 8-GPU node. Batch and learning rate from GPT-3's
+    # Table 2.1 (Brown et al. 2020), the row nearest in size, GPT-3 XL at 1.3B (2.7B: the same batch, lr 1.6e-4):
+    # 2^20 = 1,048,576 tokens a step (32 x 1024 x 4 accum x 8 GPUs), lr 2e-4; its warmup of 375M tokens (357 steps)
+    # and 10B tokens (9,536 steps), decayed to 10%
+    # predicted memory per GPU: TODO (the coordinator: flops.py --fsdp --gpus=8 --activation_checkpointing)
+    "gpt2-xl": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48,
+                    num_heads=25, data_dir="data/edu_fineweb10B", batch_size=32, total_batch_tokens=1048576,
+                    learning_rate=2e-4, min_lr_ratio=0.1, warmup_iters=357, max_iters=9536, weight_decay=0.1,
+                    beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, hellaswag=True,
+                    lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
+                    sample_tokens=32, num_samples=4, fsdp=True, activation_checkpointing=True),
     # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
     # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
     # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
@@ -240,6 +253,7 @@ PREPARE_COMMANDS = {
     "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
 }
 PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
+PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
 # the speedrun's data: a 4096 BPE trained on the 2 MiB TinyStories head, which it encodes with the 1,000 validation
 # stories (the files of ../shared/data/tinystories/, whose SOURCES.md says how they were cut)
 _TS = "../shared/data/tinystories/tinystories"
