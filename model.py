@@ -13,7 +13,8 @@ field and its use, both in this file (README: Hacking).
 
 Both models share one small surface so train.py, sample.py and the evaluators treat them alike:
     model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict), load_model(),
-    get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss(), unwrap().
+    get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), blocks(), lm_loss(), unwrap().
+read_checkpoint() reads any train.py checkpoint, an FSDP run's sharded one included, into one state dict.
 
     python -c "import model; m = model.GPT.from_pretrained('gpt2'); print(m.get_num_params())"
 """
@@ -878,6 +879,8 @@ def read_shards(folder):
             dcp.load(state, storage_reader=reader, no_dist=True)
     except FileNotFoundError:
         raise ValueError(f"{folder}: missing: the folder of this FSDP checkpoint's weights") from None
+    except ValueError:
+        raise
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]
         raise ValueError(f"{folder}: not readable FSDP shards (truncated or corrupt?): {type(e).__name__}"
@@ -904,10 +907,14 @@ class _ShardsMetadataUnpickler(pickle.Unpickler):
 
 
 def check_shards_metadata(folder):
-    """Read a DCP folder's .metadata with _ShardsMetadataUnpickler: DCP's own reader (pickle.load) then meets only
-    what it let through."""
+    """Read a DCP folder's .metadata with _ShardsMetadataUnpickler, so that DCP's own reader (pickle.load) meets only
+    what it let through, and check that it lists tensors only: DCP unpickles any other entry it loads in full
+    (train.py writes none)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     with open(os.path.join(folder, ".metadata"), "rb") as f:
-        _ShardsMetadataUnpickler(f).load()
+        entries = getattr(_ShardsMetadataUnpickler(f).load(), "state_dict_metadata", None)
+    if not isinstance(entries, dict) or not all(isinstance(m, TensorStorageMetadata) for m in entries.values()):
+        raise ValueError(f"{folder}: its .metadata lists other entries than tensors, which train.py never writes")
 
 
 def model_from_checkpoint(ckpt, device="cpu"):

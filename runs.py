@@ -6,8 +6,9 @@ each by name, so that it reads as set-up, then the loop; a student reading the l
   and prepare the main job's data first (fineweb.prepare_tinystories);
 * resume: resume_settings (main: the checkpoint's settings, refusing a change that would not continue the same
   run), check_model_fits (a checkpoint or released weights against this data) and restore (optimizer, loader
-  position, RNGs, clock, with the schedule changes a resume makes said);
-* RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb;
+  position, RNGs, clock, with the schedule changes a resume makes said; an FSDP run's shards: restore_shards);
+* RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb, and what a killed
+  checkpoint write left (remove_stale_shards);
 * Stop: Ctrl-C / SIGTERM as a request to finish the step, write a checkpoint and stop;
 * plot_log: the curves of one or more log.jsonl files.
 

@@ -2330,6 +2330,38 @@ def test_model_checkpoint_that_does_not_fit_its_model_config_is_refused():
                      "'model_config'")
 
 
+def test_model_sharded_checkpoint_reads_its_folder_and_runs_nothing_in_it(tmp_path):
+    # an FSDP run's ckpt.pt names the folder of its shards beside it: read_checkpoint gives the whole weights from it
+    # (here shards that DCP wrote in this one process). A .metadata that would call a function, one that lists
+    # anything but tensors (DCP unpickles those), a folder gone, a file object: each one line, nothing run
+    import pickle
+    import torch.distributed.checkpoint as dcp
+    m = _model_gpt()
+
+    def write(name, extra=None):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({"model": m.state_dict(), **(extra or {})}, checkpoint_id=tmp_path / name)
+        torch.save({"shards": name, "model_config": m.model_config(), "iteration": 3}, tmp_path / f"{name}.pt")
+    write("good")
+    ckpt = M.read_checkpoint(tmp_path / "good.pt")
+    assert ckpt["iteration"] == 3 and all(torch.equal(ckpt["model"][k], v) for k, v in m.state_dict().items())
+    write("bytes", {"note": "a pickled object"})
+    write("evil")
+
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+    (tmp_path / "evil" / ".metadata").write_bytes(pickle.dumps(Evil()))
+    write("gone")
+    shutil.rmtree(tmp_path / "gone")
+    for name, named in (("bytes", "tensors"), ("evil", "system"), ("gone", "missing")):
+        _one_line_naming(_model_raises(M.read_checkpoint, tmp_path / f"{name}.pt"), str(tmp_path / name), named)
+    with open(tmp_path / "good.pt", "rb") as f:
+        _one_line_naming(_model_raises(M.read_checkpoint, f), str(tmp_path / "good.pt"), "path")
+    assert not (tmp_path / "ran").exists()
+
+
 # ====================================================================================================================
 # train.py: optimizer, schedule, clipping, data loading, checkpoints, evaluation, the run, the command line
 # ====================================================================================================================

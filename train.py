@@ -22,7 +22,7 @@ Two nodes (run on each node, node_rank 0 and 1; master = the first node's addres
 
 Every field of TrainConfig below, and of model.py's TransformerLMConfig / GPTConfig, is a flag (`--name=value`);
 a preset changes a few of them (and writes to out/PRESET) and any flag still overrides it. Only rank 0 prints,
-logs and writes checkpoints. Ctrl-C or SIGTERM (a scheduler's preemption notice; under torchrun, to any rank)
+logs and writes checkpoints (under --fsdp each rank writes its shards beside it). Ctrl-C or SIGTERM (a scheduler's preemption notice; under torchrun, to any rank)
 finishes the current step on every rank, writes a checkpoint and stops; `--resume` then continues bit for bit
 (on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
 compatibility, the out_dir lock and log, stop signals, plots) is in runs.py, called by name.
