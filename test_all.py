@@ -5172,7 +5172,8 @@ def test_train_activation_checkpointing_changes_no_gradient_and_no_weight(arch, 
         train.parallelize(raw, train.Settings(activation_checkpointing=checkpointing, fsdp=False), 1, "cpu", {})
         block, graphs, calls = M.blocks(raw)[1], [], []
         model = train.LossOf(raw, arch)
-        if compiled:   # (a hook that counts calls would break the graph)
+        if compiled:   # (a hook that counts calls would break the graph; the tests before may have compiled these
+            torch._dynamo.reset()   # models' code up to dynamo's limit of recompilations, past which it runs eager)
             model = torch.compile(model, backend=lambda gm, ex: (graphs.append(gm), aot_eager(gm, ex))[1])
         else:
             (block.ffn.w1 if arch == "llama" else block.mlp.c_fc).register_forward_hook(lambda *a: calls.append(1))

@@ -22,10 +22,11 @@ Two nodes (run on each node, node_rank 0 and 1; master = the first node's addres
 
 Every field of TrainConfig below, and of model.py's TransformerLMConfig / GPTConfig, is a flag (`--name=value`);
 a preset changes a few of them (and writes to out/PRESET) and any flag still overrides it. Only rank 0 prints,
-logs and writes checkpoints (under --fsdp each rank writes its shards beside it). Ctrl-C or SIGTERM (a scheduler's preemption notice; under torchrun, to any rank)
-finishes the current step on every rank, writes a checkpoint and stops; `--resume` then continues bit for bit
-(on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
-compatibility, the out_dir lock and log, stop signals, plots) is in runs.py, called by name.
+logs and writes checkpoints (under --fsdp each rank writes its shards beside them). Ctrl-C or SIGTERM (a
+scheduler's preemption notice; under torchrun, to any rank) finishes the current step on every rank, writes a
+checkpoint and stops; `--resume` then continues bit for bit (on CPU) as if nothing happened. What a run must also
+do that is not the ML (data-folder checks, resume compatibility, the out_dir lock and log, stop signals, plots) is
+in runs.py, called by name.
 """
 import argparse
 import contextlib
@@ -648,17 +649,18 @@ def save_run(path, raw, optimizer, loader, state, c, data, world):
     resume continues the same run with."""
     loaders, rngs = [loader.state_dict()], [runs.rng_state()]
     if world > 1:
-        loaders, rngs = [None] * world, [None] * world
+        loaders = [None] * world
         torch.distributed.all_gather_object(loaders, loader.state_dict())
-        if c.fsdp:   # (a rank's RNGs, its GPU's included, go with its shards)
+        if c.fsdp:   # (every rank's RNGs, its GPU's included; DDP keeps rank 0's)
+            rngs = [None] * world
             torch.distributed.all_gather_object(rngs, runs.rng_state())
     run = dict(config=dict(c), tokenizer=data.tokenizer_ref or "", tokenizer_fingerprint=data.fingerprint,
                train_files=data.train_files, val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
     if c.fsdp:
         save_sharded(path, raw, optimizer, state.step, world, rng=rngs, loader=loaders, **run)
     elif int(os.environ.get("RANK", "0")) == 0:
-        save_checkpoint(raw, optimizer, state.step, path, rng=runs.rng_state(),
-                        loader=loaders if world > 1 else loaders[0], **run)
+        save_checkpoint(raw, optimizer, state.step, path, rng=rngs[0], loader=loaders if world > 1 else loaders[0],
+                        **run)
 
 
 # -----------------------------------------------------------------------------
