@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+import bpe
 import flops
 import model as M
 import numpy as np
@@ -39,7 +40,11 @@ import train
 # Tokenizer benchmark: bpe.py vs Hugging Face `tokenizers` (training) and tiktoken (encoding).
 #
 #     python bench.py tokenizer                       # everything, 3 interleaved repeats
-#     python bench.py tokenizer --parts train --repeats 5 --mix20 /tmp/mix20.txt
+#     python bench.py tokenizer --parts train --repeats 5 --texts a.txt:10000,b.txt:500 --mix20 /tmp/mix20.txt
+#
+# The texts: --texts (default: the speedrun's TinyStories text, fetched by fineweb.tinystories_head), and --mix20, a
+# ~20 MB corpus made from the --texts files when absent. GPT-2's files for encoding are tiktoken's own cached copy
+# (TIKTOKEN_CACHE_DIR, else tiktoken's default folder), fetched by tiktoken once.
 #
 # Training runs in a fresh process per repeat (ours, HF, ours, HF, ...) so that each peak RSS is that
 # run's own. HF: its process (threads), VmHWM. Ours: the larger of the two phases, pre-tokenisation (the
@@ -48,10 +53,21 @@ import train
 # Encoding runs in this process, interleaved, medians reported.
 
 ROOT = Path(__file__).resolve().parent
-DATA = ROOT.parent / "shared" / "data"
-TIKTOKEN_CACHE = ROOT.parent / "shared" / "tiktoken_cache"
-_TOK_GPT2_VOCAB = TIKTOKEN_CACHE / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6"
-_TOK_GPT2_MERGES = TIKTOKEN_CACHE / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"
+MIX_BYTES = 20_000_000
+
+
+def _tok_gpt2_files():
+    """GPT-2's encoder.json and vocab.bpe as tiktoken caches them (named by the SHA-1 of their URL), fetched by
+    tiktoken the first time (online), in TIKTOKEN_CACHE_DIR or tiktoken's default folder."""
+    import tiktoken
+    tiktoken.get_encoding("gpt2")
+    cache = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+                 or Path(tempfile.gettempdir()) / "data-gym-cache")
+    files = cache / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6", cache / "6d1cbeee0f20b3d9449abfede4726ed8212e3aee"
+    if not all(f.is_file() for f in files):
+        raise SystemExit(f"bench.py: GPT-2's encoder.json / vocab.bpe are not in tiktoken's cache {cache}: set "
+                         "TIKTOKEN_CACHE_DIR to a folder tiktoken may fill")
+    return files
 
 # one training run in a fresh interpreter; prints {"seconds", "peak_mib", "vocab"} as JSON
 _TOK_TRAIN_OURS = r"""
@@ -115,7 +131,7 @@ def _tok_bench_train(args, cases):
 def _tok_bench_encode(args, text_path):
     import tiktoken
     import bpe
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+    gpt2_vocab, gpt2_merges = _tok_gpt2_files()
     text = Path(text_path).read_text(encoding="utf-8")
     mb = len(text.encode()) / 1e6
     enc = tiktoken.get_encoding("gpt2")
@@ -125,13 +141,13 @@ def _tok_bench_encode(args, text_path):
     hf = None
     try:
         from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
-        hf = HFTokenizer(models.BPE.from_file(str(_TOK_GPT2_VOCAB), str(_TOK_GPT2_MERGES)))
+        hf = HFTokenizer(models.BPE.from_file(str(gpt2_vocab), str(gpt2_merges)))
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         hf.add_special_tokens(["<|endoftext|>"])   # else each separator is 5 ordinary tokens
     except Exception as e:  # the peer is optional
         print(f"(HF tokenizers unavailable: {e})")
     for _ in range(args.repeats):
-        tok = bpe.Tokenizer.from_files(_TOK_GPT2_VOCAB, _TOK_GPT2_MERGES, ["<|endoftext|>"])  # fresh: empty cache
+        tok = bpe.Tokenizer.from_files(gpt2_vocab, gpt2_merges, ["<|endoftext|>"])  # fresh: empty cache
         t0 = time.perf_counter(); ids = tok.encode(text); t1 = time.perf_counter()
         tok.encode(text); t2 = time.perf_counter()
         ref = enc.encode(text, allowed_special="all"); t3 = time.perf_counter()
@@ -158,7 +174,7 @@ def _tok_bench_encode_file(args, text_path):
     print(f"\n## --encode (encode_file) on {Path(text_path).name} ({mb:.1f} MB), GPT-2 files, "
           f"{args.repeats} interleaved repeats")
     with tempfile.TemporaryDirectory() as d:
-        bpe.Tokenizer.from_files(_TOK_GPT2_VOCAB, _TOK_GPT2_MERGES, ["<|endoftext|>"]).save_dir(Path(d) / "gpt2")
+        bpe.Tokenizer.from_files(*_tok_gpt2_files(), ["<|endoftext|>"]).save_dir(Path(d) / "gpt2")
         res = {1: [], ncores: []}
         for _ in range(args.repeats):
             for w in res:
@@ -169,20 +185,34 @@ def _tok_bench_encode_file(args, text_path):
         print(f"| {w} | {_tok_median(xs):.1f} | {_tok_median(xs) / _tok_median(res[1]):.2f}x |")
 
 
+def _tok_make_mix(out, paths, size=MIX_BYTES):
+    """The ~20 MB corpus: the texts, each stripped and followed by "\n<|endoftext|>\n", repeated up to size bytes
+    and cut at a newline (the rule of the team's make_mix20.py, on these texts)."""
+    unit = "".join(Path(p).read_text(encoding="utf-8").strip() + "\n<|endoftext|>\n" for p in paths).encode()
+    text = (unit * -(-size // len(unit)))[:size]
+    Path(out).write_bytes(text[:text.rindex(b"\n") + 1])
+    print(f"made {out} ({os.path.getsize(out):,} bytes) from {', '.join(map(str, paths))}")
+
+
+def _tok_texts(args):
+    """--texts as [(path, vocab)]; empty: the speedrun's TinyStories training text at vocab 10,000."""
+    if not args.texts:
+        import fineweb
+        return [(fineweb.tinystories_head()[0], 10000)]
+    return [(Path(p), int(v)) for p, v in (t.rsplit(":", 1) for t in args.texts.split(","))]
+
+
 def bench_tokenizer(args):
     args.parts = args.parts.split(",")
     mix20 = Path(args.mix20)
-    if "train" in args.parts or "encode_file" in args.parts:
-        if not mix20.is_file():
-            subprocess.run([sys.executable, str(DATA / "make_mix20.py"), "--out", str(mix20)], check=True)
-    ts = DATA / "tinystories" / "tinystories_sample.txt"
+    needs_mix = ("train" in args.parts or "encode_file" in args.parts) and not mix20.is_file()
+    texts = _tok_texts(args) if needs_mix or {"train", "encode"} & set(args.parts) else []
+    if needs_mix:
+        _tok_make_mix(mix20, [p for p, _ in texts])
     if "train" in args.parts:
-        cases = [(ts, 10000), (DATA / "webtext" / "cs336_corpus_en.txt", 500)]
-        if args.big:
-            cases.append((mix20, 10000))
-        _tok_bench_train(args, cases)
+        _tok_bench_train(args, texts + ([(mix20, 10000)] if args.big else []))
     if "encode" in args.parts:
-        _tok_bench_encode(args, ts)
+        _tok_bench_encode(args, texts[0][0])
     if "encode_file" in args.parts:
         _tok_bench_encode_file(args, mix20)
 
@@ -699,10 +729,8 @@ def bench_sample(args):
 # Peer: Hugging Face tokenizers' byte-level BPE, LlamaForCausalLM, torch.optim.AdamW, random windows, warmup then
 # cosine on the clock. Ours: bpe.py and train.train() with the same shape and schedule (plus --ours flags). Both
 # clocks count training steps only (not tokenising, evaluating or checkpointing), and both are scored by one
-# function on the whole validation text, in bits per byte (their tokenizers differ; the bytes do not).
-
-SPEEDRUN_DATA = DATA / "tinystories"
-
+# function on the whole validation text, in bits per byte (their tokenizers differ; the bytes do not). The text:
+# --train / --valid, else the TinyStories head that fineweb.tinystories_head fetches once into data/tinystories-head.
 
 def _speedrun_bpb(logits_of, ids, n_bytes, T, batch=16):
     """Bits per byte of a token sequence: next-token loss summed over windows of T, over the text's bytes."""
@@ -736,7 +764,12 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, attn_implementation="sdpa"))
     opt = torch.optim.AdamW(M.param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95), eps=1e-8)
     gen = torch.Generator().manual_seed(seed)
-    logits_of = lambda x: model(input_ids=x, use_cache=False).logits   # noqa: E731
+    # the peer's precision as a transformers user runs it: torch.autocast around the forwards (and the scoring)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=_speedrun_peer_dtype(args) == "bfloat16")
+
+    def logits_of(x):
+        with autocast:
+            return model(input_ids=x, use_cache=False).logits
     n = _speedrun_curve_tokens(args, args.batch_size, T)   # the curve: the first n validation targets, off the clock
     curve_bytes = len(tok.decode(val_ids[1:n + 1]).encode("utf-8"))   # (decode drops <|endoftext|>)
     budget, elapsed, steps, curve = 60 * args.minutes, 0.0, 0, []
@@ -751,8 +784,8 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
             g["lr"] = train.get_lr_cosine_schedule(elapsed / budget, lr, 0.1 * lr, 0.05, 1.0)
         starts = torch.randint(0, len(train_ids) - T, (args.batch_size,), generator=gen)
         batch = torch.stack([train_ids[i:i + T + 1] for i in starts.tolist()])
-        logits = model(input_ids=batch[:, :-1], use_cache=False).logits   # T targets a row, as ours
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        logits = logits_of(batch[:, :-1])   # T targets a row, as ours
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -765,6 +798,13 @@ def _speedrun_peer(args, lr, seed, train_text, val_text, n_bytes):
     return dict(steps=steps, tps=steps * args.batch_size * T / elapsed, bpb=bpb, curve=curve)
 
 
+def _speedrun_peer_dtype(args):
+    """The peer's --peer_dtype; auto: what train.py's --dtype=auto picks for a model of the peer's width here."""
+    if args.peer_dtype != "auto":
+        return args.peer_dtype
+    return train.auto_dtype(train.Settings(d_model=args.d_model, init_from="scratch"), torch.device("cpu"))[0]
+
+
 def _speedrun_ours(args, seed, tmp, n_bytes):
     out = tmp / f"ours-{seed}"
     shape = dict(model="llama", d_model=args.d_model, num_layers=args.num_layers, num_heads=args.num_heads,
@@ -774,7 +814,7 @@ def _speedrun_ours(args, seed, tmp, n_bytes):
     flags = [f"--data_dir={tmp / 'data'}", f"--out_dir={out}", "--prepare_data=false", "--fresh=true",
              f"--time_budget={60 * args.minutes}s", "--eval_interval=1000000000", "--eval_iters=1", "--eval_tokens=0",
              "--num_samples=0", "--log_interval=1000000000", "--device=cpu", f"--seed={seed}",
-             *([] if preset else ["--dtype=float32", "--compile=false", *(f"--{k}={v}" for k, v in shape.items())]),
+             *([] if preset else ["--compile=false", *(f"--{k}={v}" for k, v in shape.items())]),
              *shlex.split(args.ours)]
     cfg, _ = train.get_config(flags)
     if args.curve:   # train.py's own evaluation, every curve_every steps (off the clock), on the first n targets
@@ -839,14 +879,18 @@ def _check_speedrun_args(args):
         raise SystemExit(f"bench.py: --curve_every {args.curve_every} / --curve_tokens {args.curve_tokens}: expected "
                          f"positive integers")
     for flag in ("train", "valid"):
-        if not Path(getattr(args, flag)).is_file():
-            raise SystemExit(f"bench.py: --{flag} {getattr(args, flag)}: no such file (../shared/data/tinystories/ "
-                             f"holds the defaults)")
+        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
+            raise SystemExit(f"bench.py: --{flag} {getattr(args, flag)}: no such file (leave --train and --valid out "
+                             f"for the TinyStories head, fetched into data/tinystories-head/)")
+    if bool(args.train) != bool(args.valid):
+        raise SystemExit(f"bench.py: --{'valid' if args.train else 'train'}: give --train and --valid together "
+                         f"(or neither, for the TinyStories head)")
 
 
 def bench_speedrun(args):
     import bpe
-    train_path, val_path = Path(args.train), Path(args.valid)
+    import fineweb
+    train_path, val_path = (Path(args.train), Path(args.valid)) if args.train else fineweb.tinystories_head()
     train_text, val_text = (p.read_text(encoding="utf-8") for p in (train_path, val_path))
     n_bytes = len(val_text.replace(bpe.EOT, "").encode("utf-8"))   # the text, not its separators
     tmp = Path(tempfile.mkdtemp(prefix="bench_speedrun_"))
@@ -857,10 +901,11 @@ def bench_speedrun(args):
         bpe.encode_file(path, tmp / "tok", tmp / "data" / f"{name}.bin")
     seeds = [int(x) for x in args.seeds.split(",")]
     peer_lrs = [float(x) for x in args.peer_lr.split(",") if x]
-    print(f"speedrun: {args.minutes:g} min a run, {train_path.name} -> {val_path.name} ({n_bytes:,} bytes), "
+    print(f"speedrun: {args.minutes:g} min a run, {train_path} -> {val_path} ({n_bytes:,} bytes), "
           f"vocab {args.vocab_size}, the peer's shape (ours too, unless --ours sets one): Llama d{args.d_model} x "
           f"{args.num_layers} layers, context {args.context_length}, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads, {flops.cpu_name()} ({torch.backends.cpu.get_cpu_capability()})")
+          f"{torch.get_num_threads()} threads, {flops.cpu_name()} ({torch.backends.cpu.get_cpu_capability()}"
+          f"{', native bf16' if M.native_bf16('cpu') else ''}), the peer in {_speedrun_peer_dtype(args)}")
     ours_name = "ours " + args.ours if args.ours else "ours"
     width = max(28, len(ours_name) + 2)   # the run column fits the --ours flags
     print(f"{'run':<{width}}{'seed':>5}{'steps':>8}{'tok/s':>9}{'val bpb':>9}")
@@ -1060,8 +1105,11 @@ def main():
     p.set_defaults(run=bench_tokenizer)
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats per measurement (medians reported)")
     p.add_argument("--parts", default="train,encode,encode_file", help="comma list of train, encode, encode_file")
+    p.add_argument("--texts", default="", help="comma list of PATH:VOCAB, the training cases (the first one is also "
+                   "the encoding text); empty: the speedrun's TinyStories text (data/tinystories-head/train.txt, "
+                   "fetched once) at 10000")
     p.add_argument("--mix20", type=os.path.expanduser, default="/tmp/mix20.txt",
-                   help="~20 MB corpus (made by ../shared/data/make_mix20.py if absent)")
+                   help="~20 MB corpus (made from the --texts files, repeated, if absent)")
     p.add_argument("--big", type=int, default=1, help="1: also train on the ~20 MB corpus")
     p.add_argument("--hf_encode", type=int, default=1, help="1: also time HF tokenizers' encode")
 
@@ -1126,9 +1174,13 @@ def main():
                    "draw validation bits/byte against training time into this PNG")
     p.add_argument("--curve_every", type=int, default=10, help="steps between the curve's points")
     p.add_argument("--curve_tokens", type=int, default=8192, help="validation tokens each curve point scores")
-    p.add_argument("--train", default=str(SPEEDRUN_DATA / "tinystories_train_head_2MiB.txt"), help="training text")
-    p.add_argument("--valid", default=str(SPEEDRUN_DATA / "tinystories_valid_first1000.txt"),
-                   help="validation text, scored whole")
+    p.add_argument("--train", type=os.path.expanduser, default="", help="training text; empty: the first 2 MiB of "
+                   "TinyStories' train split (fineweb.py --tinystories_head, fetched once into data/tinystories-head/)")
+    p.add_argument("--valid", type=os.path.expanduser, default="", help="validation text, scored whole; empty: the "
+                   "first 1,000 stories of TinyStories' validation split (as --train)")
+    p.add_argument("--peer_dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the peer's autocast dtype (auto: train.py's --dtype=auto rule for the peer's width on this "
+                   "CPU; ours follows train.py's --dtype, auto unless --ours sets it)")
     p.add_argument("--vocab_size", type=int, default=4096, help="both tokenizers' vocabulary")
     p.add_argument("--d_model", type=int, default=256, help="model width (both sides)")
     p.add_argument("--num_layers", type=int, default=4, help="layers")
@@ -1136,8 +1188,8 @@ def main():
     p.add_argument("--d_ff", type=int, default=704, help="SwiGLU hidden width")
     p.add_argument("--context_length", type=int, default=256, help="tokens per sequence")
     p.add_argument("--batch_size", type=int, default=16, help="sequences per step")
-    for q in (parser, *sections.choices.values()):   # one-line errors, no usage block
-        q.error = lambda message, q=q: q.exit(2, f"{q.prog}: {message} (see --help)\n")
+    for q in (parser, *sections.choices.values()):
+        bpe.one_line_errors(q)
     args = parser.parse_args()
     gpu_steps = 2 if args.run is bench_gpu else 1  # the gpu section times the second half of its steps
     for name, least in (("repeats", 1), ("steps", gpu_steps), ("threads", 1), ("max_new_tokens", 1), ("prompt_len", 1),
@@ -1158,6 +1210,12 @@ def main():
     if args.run is bench_sample and args.prompt_len + args.max_new_tokens > 1024:
         raise SystemExit(f"bench.py: --prompt_len {args.prompt_len} + --max_new_tokens {args.max_new_tokens}: the "
                          f"benchmark's GPT-2 has 1,024 positions")
+    if args.run is bench_tokenizer:
+        for t in filter(None, args.texts.split(",")):   # PATH:VOCAB, each file there, each vocabulary possible
+            path, _, vocab = t.rpartition(":")
+            if not (path and vocab.isdigit() and int(vocab) >= 257 and Path(path).is_file()):
+                raise SystemExit(f"bench.py: --texts {t!r}: expected PATH:VOCAB, an existing file and a vocabulary "
+                                 f"of at least 257")
     if args.run is bench_tokenizer and Path(args.mix20).is_dir():
         raise SystemExit(f"bench.py: --mix20 {args.mix20}: expected the corpus file's path (made if absent), "
                          f"got a folder")
@@ -1166,9 +1224,6 @@ def main():
         if not Path(args.mix20).resolve().parent.is_dir():
             raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and no folder "
                              f"{Path(args.mix20).resolve().parent} to make it in")
-        if not (DATA / "make_mix20.py").is_file():
-            raise SystemExit(f"bench.py: --mix20 {args.mix20}: no such file, and {DATA / 'make_mix20.py'}, which makes "
-                             f"it, is absent")
     if args.run is bench_speedrun:
         _check_speedrun_args(args)
     if args.run is bench_gpu and args.compile_backend not in torch.compiler.list_backends(exclude_tags=()):

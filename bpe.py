@@ -1,7 +1,8 @@
 """Byte-level BPE tokenizer: train on a text file, encode / decode, save / load (GPT-2 file format).
 
 Train a 10k vocabulary on TinyStories and save it to a tokenizer directory (prints wall time, peak memory,
-the longest token and bytes/token; a bare `python bpe.py` trains on ../shared/data's TinyStories sample):
+the longest token and bytes/token; a bare `python bpe.py` trains on the main job's corpus, data/tinystories/train.txt,
+prepared first by `fineweb.py --prepare_tinystories` when absent):
 
     python bpe.py --vocab 10000 --input data/TinyStories-train.txt --special "<|endoftext|>" --out tok/ts10k
 
@@ -13,15 +14,18 @@ Encode a text file into a token file (uint16 ids; uint32 for vocabularies above 
 From Python:
 
     vocab, merges = train_bpe("corpus.txt", 10000, ["<|endoftext|>"])
+    vocab, merges = train_bpe_reference(open("corpus.txt").read(), 10000, ["<|endoftext|>"])   # the same, slowly
     tok = Tokenizer(vocab, merges, ["<|endoftext|>"]); ids = tok.encode("Hello!"); tok.decode(ids)
     tok = load_tokenizer("tok/ts10k")   # or load_tokenizer("gpt2")
 
 How it works, in one paragraph. Text is first split on the special tokens (longest match first), then
-cut into pre-tokens by the GPT-2 regex; BPE merges never cross either boundary. Training counts the
-distinct pre-tokens (in parallel worker processes, over chunks of the file cut at special tokens), then
-repeatedly merges the most frequent adjacent pair (ties -> the lexicographically greater pair of bytes),
-updating pair counts only for the words that contain the merged pair. Encoding applies the merges in
-creation order to each distinct pre-token once and caches the result.
+cut into pre-tokens by the GPT-2 regex; BPE merges never cross either boundary. Training repeatedly merges
+the most frequent adjacent pair (ties -> the lexicographically greater pair of bytes): the first definition
+below, `train_bpe_reference`, does exactly that in plain Python and is the specification. `train_bpe` gives
+the same vocabulary and merges fast: it counts the distinct pre-tokens (in parallel worker processes, over
+chunks of the file cut at special tokens), then updates pair counts only for the words that contain the
+merged pair. Encoding applies the merges in creation order to each distinct pre-token once and caches the
+result.
 
 A speed trick used by both training and encoding (see `_pieces_into`): the GPT-2 regex never puts a
 whitespace character after a non-whitespace one in the same pre-token, and a single space in front of a
@@ -37,8 +41,10 @@ import os
 import subprocess
 import re
 import resource
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from heapq import heapify, heappop, heappush
@@ -56,34 +62,210 @@ EOT = "<|endoftext|>"
 
 
 # -----------------------------------------------------------------------------
-# GPT-2 file format: bytes <-> printable unicode characters
+# the algorithm: its specification, then the fast trainer
 
-def bytes_to_unicode():
-    """GPT-2's map from the 256 byte values to printable characters (so vocab.json / merges.txt are text)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:  # control characters and space are shifted to 256+ so every byte is visible
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+def train_bpe_reference(text, vocab_size, special_tokens=()):
+    """Byte-level BPE training, written for clarity, not speed: the specification that train_bpe meets exactly.
+
+    The text is split at the special tokens (longest first; they are removed, so no merge crosses them), each part
+    into pre-tokens by the GPT-2 regex, each pre-token into its UTF-8 bytes. Then, until the vocabulary is full or
+    no pair is left: count every adjacent pair of tokens inside the pre-tokens, merge the most frequent pair
+    everywhere (left to right), ties going to the lexicographically greater pair of bytes. Returns (vocab, merges)
+    as train_bpe does: ids for the special tokens first, then the 256 bytes, then the merges in creation order.
+    Each merge here recounts every pair of the text; train_bpe updates only the counts that a merge changes.
+    """
+    special_tokens = list(dict.fromkeys(special_tokens))
+    vocab = {i: t.encode("utf-8") for i, t in enumerate(special_tokens)}
+    vocab.update({len(special_tokens) + b: bytes([b]) for b in range(256)})
+    longest_first = sorted(special_tokens, key=len, reverse=True)
+    docs = regex.split("|".join(map(regex.escape, longest_first)), text) if special_tokens else [text]
+    words = Counter()   # pre-token as a tuple of tokens (bytes) -> how often it occurs
+    for doc in docs:
+        for t in regex.findall(GPT2_SPLIT_PATTERN, doc):
+            words[tuple(bytes([b]) for b in t.encode("utf-8"))] += 1
+    merges = []
+    while len(vocab) < vocab_size:
+        pairs = Counter()
+        for w, c in words.items():
+            for p in zip(w, w[1:]):
+                pairs[p] += c
+        if not pairs:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))
+        merges.append(best)
+        vocab[len(vocab)] = best[0] + best[1]
+        merged = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(w[i] + w[i + 1])
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += c
+        words = merged
+    return vocab, merges
 
 
-_BYTE_ENCODER = bytes_to_unicode()
-_BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
+def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None, stats=None, progress=False, **opts):
+    """Train a byte-level BPE; returns (vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]]).
+
+    The result is train_bpe_reference's on the file's text (invalid UTF-8 read as U+FFFD), reached in two phases:
+    the distinct pre-tokens counted in parallel processes (count_pretokens_file), then merged (merge_pretokens).
+    Ids: special tokens first (0, 1, ...), then the 256 bytes, then merges in creation order.
+    Ties in pair frequency go to the lexicographically greater pair of bytes (GPT-2 / CS336 convention).
+    `stats` (a dict) receives timings and counts; `progress` prints a one-line merge progress display.
+    """
+    special_tokens = list(dict.fromkeys(special_tokens or ()))
+    if any(not isinstance(t, str) or not t for t in special_tokens):
+        raise ValueError(f"special_tokens must be non-empty strings, got {special_tokens!r}")
+    if vocab_size < 256 + len(special_tokens):
+        raise ValueError(f"vocab_size={vocab_size} is smaller than 256 bytes + {len(special_tokens)} special tokens")
+    stats = stats if stats is not None else {}
+    t0 = time.perf_counter()
+    counts = count_pretokens_file(input_path, special_tokens, num_workers, stats=stats, progress=progress, **opts)
+    t1 = time.perf_counter()
+    stats["pretokenize_s"] = t1 - t0
+    stats["num_pretokens"] = len(counts)
+    vocab, merges = merge_pretokens(counts, vocab_size, special_tokens, progress)  # empties counts
+    stats["merge_s"] = time.perf_counter() - t1
+    # all processes: the pre-tokenisation phase (main + workers) or the merge loop (main alone), the larger
+    stats["merge_peak_kb"] = peak_rss_kb()
+    stats["peak_rss_kb"] = max(stats.get("pretokenize_peak_kb", 0), stats["merge_peak_kb"])
+    return vocab, merges
 
 
-def _token_to_str(b):
-    return "".join(_BYTE_ENCODER[x] for x in b)
+def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
+    """The BPE merge loop over pre-token counts {str: int}; returns (vocab, merges) as train_bpe does.
+
+    `counts` is emptied once the words are built from it, so that its memory is free for the merge loop.
+    """
+    vocab = {i: t.encode("utf-8") for i, t in enumerate(special_tokens)}
+    offset = len(special_tokens)
+    vocab.update({offset + b: bytes([b]) for b in range(256)})
+    keys = [None] * offset + [_inverse_key(bytes([b])) for b in range(256)]
+    merges = []
+
+    # words: distinct pre-tokens as lists of token ids; the merge loop edits them in place
+    words, wcounts = [], []
+    pair_counts = defaultdict(int)
+    pair_words = defaultdict(list)  # pair -> indices of words that contain (or once contained) it (lists: lean)
+    for tok, c in counts.items():
+        w = [offset + b for b in tok.encode("utf-8")]
+        if len(w) < 2:
+            continue
+        i = len(words)
+        words.append(w)
+        wcounts.append(c)
+        for p in zip(w, w[1:]):
+            pair_counts[p] += c
+            ws = pair_words[p]
+            if not ws or ws[-1] != i:   # each word once per pair: a word of 40,000 newlines holds (\n, \n) 39,999
+                ws.append(i)            # times, and every copy would be a scan of the word at each merge
+    counts.clear()
+    heap = [(-c, keys[p[0]] + keys[p[1]], p) for p, c in pair_counts.items()]
+    heapify(heap)
+
+    num_merges = vocab_size - len(vocab)
+    bar = progress_bar(num_merges, "merging", "merge", enabled=progress)
+    while len(merges) < num_merges and heap:
+        negc, _, pair = heappop(heap)
+        c = pair_counts.get(pair, 0)
+        if c != -negc:  # stale entry (the count went down since it was pushed): lazy invalidation
+            if c > 0:
+                a, b = pair
+                heappush(heap, (-c, keys[a] + keys[b], pair))
+            continue
+        a, b = pair
+        new = len(vocab)
+        vocab[new] = vocab[a] + vocab[b]
+        keys.append(keys[a][:-1] + keys[b])  # == _inverse_key(vocab[new])
+        merges.append((vocab[a], vocab[b]))
+        touched = set()  # pairs that contain the new token
+        for wi in pair_words.pop(pair):
+            w = words[wi]
+            if a not in w:
+                continue  # the index is lazy: this word lost the pair in an earlier merge
+            try:  # first site of (a, b); C-speed list.index instead of a Python loop over the word
+                i = w.index(a)
+                while w[i + 1] != b:
+                    i = w.index(a, i + 1)
+            except (ValueError, IndexError):
+                continue
+            c = wcounts[wi]
+            n = len(w)
+            if a not in w[i + 2:]:
+                # one site (the common case): (x, a) -> (x, new) on the left, (b, y) -> (new, y) on the right
+                if i > 0:
+                    x = w[i - 1]
+                    pair_counts[(x, a)] -= c
+                    p = (x, new)
+                    pair_counts[p] += c
+                    touched.add(p)
+                    pair_words[p].append(wi)
+                if i + 2 < n:
+                    y = w[i + 2]
+                    pair_counts[(b, y)] -= c
+                    p = (new, y)
+                    pair_counts[p] += c
+                    touched.add(p)
+                    pair_words[p].append(wi)
+                w[i:i + 2] = [new]
+                continue
+            # several possible sites: rebuild the word merging every non-overlapping (a, b) left to right
+            out, i = w[:i], i
+            while i < n:
+                t = w[i]
+                if t == a and i + 1 < n and w[i + 1] == b:
+                    if out:
+                        x = out[-1]
+                        if x == new:  # "a b a b": (b, a) was already removed as the previous site's right pair
+                            p = (new, new)
+                        else:
+                            pair_counts[(x, a)] -= c
+                            p = (x, new)
+                        pair_counts[p] += c
+                        touched.add(p)
+                    if i + 2 < n:
+                        y = w[i + 2]
+                        pair_counts[(b, y)] -= c
+                        if not (y == a and i + 3 < n and w[i + 3] == b):  # else the next site adds (new, new)
+                            p = (new, y)
+                            pair_counts[p] += c
+                            touched.add(p)
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(t)
+                    i += 1
+            words[wi] = out
+            for p in {p for p in zip(out, out[1:]) if new in p}:   # (once each, as above)
+                pair_words[p].append(wi)
+        del pair_counts[pair]
+        for p in touched:  # new pairs enter the heap with their final count for this step
+            heappush(heap, (-pair_counts[p], keys[p[0]] + keys[p[1]], p))
+        if len(merges) % 100 == 0:
+            bar.update(len(merges) - bar.n)
+    bar.update(len(merges) - bar.n)
+    bar.close()
+    if len(merges) < num_merges:
+        print(f"bpe.py: warning: the text has no more pairs to merge: vocabulary of {len(vocab)} < {vocab_size} "
+              f"requested", file=sys.stderr)
+    return vocab, merges
 
 
-def _str_to_token(s, where):
-    try:
-        return bytes(_BYTE_DECODER[c] for c in s)
-    except KeyError as e:
-        raise ValueError(f"{where}: {s!r} contains {e.args[0]!r}, which is not a GPT-2 byte character") from None
+def _inverse_key(b):
+    """A bytes key whose ascending order is the DESCENDING lexicographic order of `b` (heapq is a min-heap).
+
+    Each byte becomes two (0x01, 255-byte) and the string ends with 0x02, so a prefix sorts after
+    its extensions, exactly reversing bytes comparison; pair keys are the concatenation of two keys.
+    """
+    return b"".join(_INV_BYTE[x] for x in b) + b"\x02"
+
+
+_INV_BYTE = [bytes((1, 255 - x)) for x in range(256)]
 
 
 # -----------------------------------------------------------------------------
@@ -293,7 +475,7 @@ def _decode_counting(data):
 
 
 # -----------------------------------------------------------------------------
-# training
+# training's first phase: the pre-token counts of a file, in parallel processes
 
 def _inline_specials(special_tokens):
     """Special tokens may stay inside str.split(" ") words (see _pieces_into) when none contains whitespace and
@@ -425,7 +607,7 @@ def peak_rss_kb():
         return maxrss // 1024 if sys.platform == "darwin" else maxrss  # bytes on macOS, KiB on Linux
 
 
-def _input_file(input_path):
+def check_text_file(input_path):
     """(Path, size in bytes) of an input text file; one clear error when it is missing, empty or binary (NUL bytes,
     or mostly invalid UTF-8, in its first MiB: a model file or an archive would train for minutes on noise)."""
     path = Path(input_path)
@@ -457,6 +639,19 @@ def check_output_path(path, flag, folder=False):
     folder = blocker if blocker.is_dir() else blocker.parent
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {folder} is not writable")
+    try:   # os.access says yes to root everywhere, /proc and /sys included: a nameless file tried there decides
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e})") from None
+
+
+def write_error(e):
+    """Why a write failed, for a one-line message: the OS's reason, or the first line of a library's (torch's
+    writer says only "unexpected pos" when the disk fills)."""
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).strip().splitlines() or [repr(e)])[0]
+    if "unexpected pos" in reason:   # "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+        reason = "it was written short, as on a full disk"
+    return reason
 
 
 def _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens):
@@ -490,7 +685,7 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
     count the others, each into one dict that it sends back once: no idle parent and one dict per process
     keep peak memory low.
     """
-    path, size = _input_file(input_path)
+    path, size = check_text_file(input_path)
     num_workers = num_workers or _default_workers()
     ranges = _chunk_ranges(path, size, num_workers, chunk_bytes, min_chunk_bytes, special_tokens)
     nproc = min(num_workers, len(ranges))
@@ -547,161 +742,35 @@ def count_pretokens_file(input_path, special_tokens=(), num_workers=None, chunk_
     return counts
 
 
-def _inverse_key(b):
-    """A bytes key whose ascending order is the DESCENDING lexicographic order of `b` (heapq is a min-heap).
+# -----------------------------------------------------------------------------
+# GPT-2 file format: bytes <-> printable unicode characters
 
-    Each byte becomes two (0x01, 255-byte) and the string ends with 0x02, so a prefix sorts after
-    its extensions, exactly reversing bytes comparison; pair keys are the concatenation of two keys.
-    """
-    return b"".join(_INV_BYTE[x] for x in b) + b"\x02"
-
-
-_INV_BYTE = [bytes((1, 255 - x)) for x in range(256)]
-
-
-def train_bpe(input_path, vocab_size, special_tokens=(), num_workers=None, stats=None, progress=False, **opts):
-    """Train a byte-level BPE; returns (vocab: dict[int, bytes], merges: list[tuple[bytes, bytes]]).
-
-    Ids: special tokens first (0, 1, ...), then the 256 bytes, then merges in creation order.
-    Ties in pair frequency go to the lexicographically greater pair of bytes (GPT-2 / CS336 convention).
-    `stats` (a dict) receives timings and counts; `progress` prints a one-line merge progress display.
-    """
-    special_tokens = list(dict.fromkeys(special_tokens or ()))
-    if any(not isinstance(t, str) or not t for t in special_tokens):
-        raise ValueError(f"special_tokens must be non-empty strings, got {special_tokens!r}")
-    if vocab_size < 256 + len(special_tokens):
-        raise ValueError(f"vocab_size={vocab_size} is smaller than 256 bytes + {len(special_tokens)} special tokens")
-    stats = stats if stats is not None else {}
-    t0 = time.perf_counter()
-    counts = count_pretokens_file(input_path, special_tokens, num_workers, stats=stats, progress=progress, **opts)
-    t1 = time.perf_counter()
-    stats["pretokenize_s"] = t1 - t0
-    stats["num_pretokens"] = len(counts)
-    vocab, merges = merge_pretokens(counts, vocab_size, special_tokens, progress)  # empties counts
-    stats["merge_s"] = time.perf_counter() - t1
-    # all processes: the pre-tokenisation phase (main + workers) or the merge loop (main alone), the larger
-    stats["merge_peak_kb"] = peak_rss_kb()
-    stats["peak_rss_kb"] = max(stats.get("pretokenize_peak_kb", 0), stats["merge_peak_kb"])
-    return vocab, merges
+def bytes_to_unicode():
+    """GPT-2's map from the 256 byte values to printable characters (so vocab.json / merges.txt are text)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:  # control characters and space are shifted to 256+ so every byte is visible
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
 
 
-def merge_pretokens(counts, vocab_size, special_tokens=(), progress=False):
-    """The BPE merge loop over pre-token counts {str: int}; returns (vocab, merges) as train_bpe does.
+_BYTE_ENCODER = bytes_to_unicode()
+_BYTE_DECODER = {c: b for b, c in _BYTE_ENCODER.items()}
 
-    `counts` is emptied once the words are built from it, so that its memory is free for the merge loop.
-    """
-    vocab = {i: t.encode("utf-8") for i, t in enumerate(special_tokens)}
-    offset = len(special_tokens)
-    vocab.update({offset + b: bytes([b]) for b in range(256)})
-    keys = [None] * offset + [_inverse_key(bytes([b])) for b in range(256)]
-    merges = []
 
-    # words: distinct pre-tokens as lists of token ids; the merge loop edits them in place
-    words, wcounts = [], []
-    pair_counts = defaultdict(int)
-    pair_words = defaultdict(list)  # pair -> indices of words that contain (or once contained) it (lists: lean)
-    for tok, c in counts.items():
-        w = [offset + b for b in tok.encode("utf-8")]
-        if len(w) < 2:
-            continue
-        i = len(words)
-        words.append(w)
-        wcounts.append(c)
-        for p in zip(w, w[1:]):
-            pair_counts[p] += c
-            ws = pair_words[p]
-            if not ws or ws[-1] != i:   # each word once per pair: a word of 40,000 newlines holds (\n, \n) 39,999
-                ws.append(i)            # times, and every copy would be a scan of the word at each merge
-    counts.clear()
-    heap = [(-c, keys[p[0]] + keys[p[1]], p) for p, c in pair_counts.items()]
-    heapify(heap)
+def _token_to_str(b):
+    return "".join(_BYTE_ENCODER[x] for x in b)
 
-    num_merges = vocab_size - len(vocab)
-    bar = progress_bar(num_merges, "merging", "merge", enabled=progress)
-    while len(merges) < num_merges and heap:
-        negc, _, pair = heappop(heap)
-        c = pair_counts.get(pair, 0)
-        if c != -negc:  # stale entry (the count went down since it was pushed): lazy invalidation
-            if c > 0:
-                a, b = pair
-                heappush(heap, (-c, keys[a] + keys[b], pair))
-            continue
-        a, b = pair
-        new = len(vocab)
-        vocab[new] = vocab[a] + vocab[b]
-        keys.append(keys[a][:-1] + keys[b])  # == _inverse_key(vocab[new])
-        merges.append((vocab[a], vocab[b]))
-        touched = set()  # pairs that contain the new token
-        for wi in pair_words.pop(pair):
-            w = words[wi]
-            if a not in w:
-                continue  # the index is lazy: this word lost the pair in an earlier merge
-            try:  # first site of (a, b); C-speed list.index instead of a Python loop over the word
-                i = w.index(a)
-                while w[i + 1] != b:
-                    i = w.index(a, i + 1)
-            except (ValueError, IndexError):
-                continue
-            c = wcounts[wi]
-            n = len(w)
-            if a not in w[i + 2:]:
-                # one site (the common case): (x, a) -> (x, new) on the left, (b, y) -> (new, y) on the right
-                if i > 0:
-                    x = w[i - 1]
-                    pair_counts[(x, a)] -= c
-                    p = (x, new)
-                    pair_counts[p] += c
-                    touched.add(p)
-                    pair_words[p].append(wi)
-                if i + 2 < n:
-                    y = w[i + 2]
-                    pair_counts[(b, y)] -= c
-                    p = (new, y)
-                    pair_counts[p] += c
-                    touched.add(p)
-                    pair_words[p].append(wi)
-                w[i:i + 2] = [new]
-                continue
-            # several possible sites: rebuild the word merging every non-overlapping (a, b) left to right
-            out, i = w[:i], i
-            while i < n:
-                t = w[i]
-                if t == a and i + 1 < n and w[i + 1] == b:
-                    if out:
-                        x = out[-1]
-                        if x == new:  # "a b a b": (b, a) was already removed as the previous site's right pair
-                            p = (new, new)
-                        else:
-                            pair_counts[(x, a)] -= c
-                            p = (x, new)
-                        pair_counts[p] += c
-                        touched.add(p)
-                    if i + 2 < n:
-                        y = w[i + 2]
-                        pair_counts[(b, y)] -= c
-                        if not (y == a and i + 3 < n and w[i + 3] == b):  # else the next site adds (new, new)
-                            p = (new, y)
-                            pair_counts[p] += c
-                            touched.add(p)
-                    out.append(new)
-                    i += 2
-                else:
-                    out.append(t)
-                    i += 1
-            words[wi] = out
-            for p in {p for p in zip(out, out[1:]) if new in p}:   # (once each, as above)
-                pair_words[p].append(wi)
-        del pair_counts[pair]
-        for p in touched:  # new pairs enter the heap with their final count for this step
-            heappush(heap, (-pair_counts[p], keys[p[0]] + keys[p[1]], p))
-        if len(merges) % 100 == 0:
-            bar.update(len(merges) - bar.n)
-    bar.update(len(merges) - bar.n)
-    bar.close()
-    if len(merges) < num_merges:
-        print(f"bpe.py: warning: the text has no more pairs to merge: vocabulary of {len(vocab)} < {vocab_size} "
-              f"requested", file=sys.stderr)
-    return vocab, merges
+
+def _str_to_token(s, where):
+    try:
+        return bytes(_BYTE_DECODER[c] for c in s)
+    except KeyError as e:
+        raise ValueError(f"{where}: {s!r} contains {e.args[0]!r}, which is not a GPT-2 byte character") from None
 
 
 # -----------------------------------------------------------------------------
@@ -818,12 +887,22 @@ class Tokenizer:
                 f.write(f"{_token_to_str(x)} {_token_to_str(y)}\n")
 
     def save_dir(self, directory):
-        """Write vocab.json, merges.txt and special_tokens.json into `directory` (created if needed)."""
+        """Write vocab.json, merges.txt and special_tokens.json into `directory` (created if needed): all three, or
+        (a full disk) none, the folder left as it was; they are written in a temp folder inside it, then moved in."""
         d = Path(directory)
+        made = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
-        self.save(d / "vocab.json", d / "merges.txt")
-        with open(d / "special_tokens.json", "w", encoding="utf-8") as f:
-            json.dump(self.special_tokens, f, ensure_ascii=False)
+        stage = Path(tempfile.mkdtemp(prefix=".saving-", dir=d))
+        try:
+            self.save(stage / "vocab.json", stage / "merges.txt")
+            with open(stage / "special_tokens.json", "w", encoding="utf-8") as f:
+                json.dump(self.special_tokens, f, ensure_ascii=False)
+            for name in ("vocab.json", "merges.txt", "special_tokens.json"):
+                os.replace(stage / name, d / name)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+            if made and not any(d.iterdir()):
+                d.rmdir()
 
     @classmethod
     def from_dir(cls, directory):
@@ -1092,7 +1171,7 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
     and written in file order, so the output equals tokenizer.encode(whole text).
     """
     import numpy as np  # only in file encoding: training and Tokenizer.encode never need it (~15 MB per process)
-    path, size = _input_file(input_path)
+    path, size = check_text_file(input_path)
     tok, fingerprint = load_tokenizer(tokenizer_ref), tokenizer_fingerprint(tokenizer_ref)
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     num_workers = num_workers or _default_workers()
@@ -1161,6 +1240,23 @@ def encode_file(input_path, tokenizer_ref, out_path, num_workers=None, chunk_byt
 # -----------------------------------------------------------------------------
 # CLI
 
+def one_line_errors(parser):
+    """argparse's mistakes (an unknown flag, a bad value) said in one line naming the script, exit status 2, without
+    the usage block. Every script's parser goes through this (flops.py and stories.py, which import no bpe.py, hold
+    a copy of this line)."""
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
+
+
+def run_main(main):
+    """Run a script's main(); when the reader of its output goes away (`| head`), stop quietly, as cat does.
+    (flops.py and stories.py, which import no bpe.py, hold a copy.)"""
+    try:
+        main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
+        sys.exit(1)
+
+
 def sample_documents(path, n=10, special=EOT, seed=0, max_bytes=1 << 26):
     """n documents (split on `special`, or on blank lines) drawn with a fixed seed from the file's start."""
     import random
@@ -1185,7 +1281,7 @@ def main():
     p.add_argument("--special", action="append", default=None,
                    help='special token (repeatable); default "<|endoftext|>"; pass --special "" for none')
     p.add_argument("--out", type=os.path.expanduser, default=None,
-                   help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab>), "
+                   help="tokenizer directory to write (training; default tokenizers/<input stem>-<vocab reached>), "
                         "or the .bin file to write (--encode)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--encode", type=os.path.expanduser, default=None, metavar="FILE",
@@ -1193,7 +1289,7 @@ def main():
     p.add_argument("--tokenizer", type=os.path.expanduser, default="gpt2",
                    help="with --encode: 'gpt2' (tiktoken) or a tokenizer directory")
     p.add_argument("--sample_docs", type=int, default=10, help="documents sampled for the bytes/token figure")
-    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
+    one_line_errors(p)
     args = p.parse_args()
 
     if args.workers is not None and args.workers < 1:
@@ -1206,8 +1302,11 @@ def main():
         try:
             check_output_path(args.out, "--out")
             meta = encode_file(args.encode, args.tokenizer, args.out, args.workers, progress=True)
-        except (ValueError, OSError) as e:   # OSError: an --out that is a folder, a full disk, ...
+        except ValueError as e:
             raise SystemExit(f"bpe.py: {e}")
+        except OSError as e:   # a full disk (encode_file leaves no partial file)
+            raise SystemExit(f"bpe.py: --out {args.out}: could not write it ({write_error(e)}); nothing was written: "
+                             f"free some space, then run again")
         except KeyboardInterrupt:
             raise SystemExit(f"\nbpe.py: interrupted; {args.out} not written") from None
         mb = os.path.getsize(args.encode) / 1e6
@@ -1231,9 +1330,9 @@ def main():
     if args.vocab < 256 + len(specials):   # (train_bpe checks it too: said here as the flag)
         raise SystemExit(f"bpe.py: --vocab {args.vocab}: expected at least 256 bytes + {len(specials)} special "
                          f"token(s) = {256 + len(specials)}")
-    out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")
+    out = Path(args.out or f"tokenizers/{Path(args.input).stem}-{args.vocab}")   # (named by the vocabulary reached)
     try:   # checked now, not after the training
-        _input_file(args.input)
+        check_text_file(args.input)
         check_output_path(out, "--out", folder=True)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}") from None
@@ -1247,11 +1346,14 @@ def main():
     except KeyboardInterrupt:
         raise SystemExit(f"\nbpe.py: interrupted; nothing written to {out}") from None
     wall = time.perf_counter() - t0
+    if args.out is None and len(vocab) < args.vocab:   # the text ran out of pairs to merge (train_bpe said so)
+        out = out.with_name(f"{Path(args.input).stem}-{len(vocab)}")
     tok = Tokenizer(vocab, merges, specials, name=str(out))
     try:
         tok.save_dir(out)
-    except OSError as e:
-        raise SystemExit(f"bpe.py: --out {out}: cannot save the tokenizer ({e})")
+    except OSError as e:   # a full disk: save_dir wrote none of the three files
+        raise SystemExit(f"bpe.py: --out {out}: could not write the tokenizer ({write_error(e)}); nothing was "
+                         f"written there: free some space, then run again")
     learned = [vocab[i] for i in range(len(specials), len(vocab))]
     longest = max(len(b) for b in learned)
     longest_toks = [b for b in learned if len(b) == longest]
@@ -1272,9 +1374,6 @@ def main():
 
 if __name__ == "__main__":
     try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+        run_main(main)
     except KeyboardInterrupt:   # (training and encoding say what was written; this is Ctrl-C anywhere else)
         raise SystemExit("\nbpe.py: interrupted") from None

@@ -28,12 +28,12 @@ Their paths are relative to the working directory: run eval.py from the reposito
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+import bpe
 import model as model_lib
 from sample import generate, load_model_and_tokenizer
 
@@ -212,7 +212,7 @@ def main():
     parser.add_argument("--output", type=os.path.expanduser, default=None,
                         help="results JSON to write (default: beside the checkpoint, CKPT_lm_eval.json; for "
                              "--init_from NAME, out/lm_eval_NAME.json)")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
+    bpe.one_line_errors(parser)
     args = parser.parse_args()
 
     if lm_eval is None:
@@ -236,6 +236,10 @@ def main():
             raise SystemExit(f"eval.py: --include_path {folder}: no such folder")
     output = Path(args.output or (Path(args.ckpt).with_name(Path(args.ckpt).stem + "_lm_eval.json") if args.ckpt
                                   else Path("out") / f"lm_eval_{Path(args.init_from).name}.json"))
+    try:   # before the evaluation, not after it
+        bpe.check_output_path(output, "--output")
+    except ValueError as e:
+        raise SystemExit(f"eval.py: {e}") from None
 
     try:
         model_lib.resolve_device(args.device)
@@ -258,16 +262,16 @@ def main():
     print(make_table(results))
     if results.get("groups"):
         print(make_table(results, "groups"))
-    output.parent.mkdir(parents=True, exist_ok=True)
     results.pop("samples", None)
-    output.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
-                      + "\n", encoding="utf-8")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+                          + "\n", encoding="utf-8")
+    except OSError as e:   # a full disk
+        raise SystemExit(f"eval.py: --output {output}: could not write it ({bpe.write_error(e)}); the tables above "
+                         f"are the results") from None
     print(f"results: {output}")
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+    bpe.run_main(main)

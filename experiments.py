@@ -11,6 +11,8 @@ architecture ablations, a fixed-wall-clock run, and samples from the best model.
     python experiments.py run --only=baseline,nope   # some runs (names from `list`), in that order
     python experiments.py run --steps=400       # longer runs (batch-size runs keep tokens equal, the time-budget
                                                 # run its share of the clock)
+    python experiments.py run --train=a.txt --valid=b.txt   # the cpu preset on other text (default: the first 2 MiB
+                                                # and 1,000 validation stories of TinyStories, fetched once)
     python experiments.py run --preset=cs336    # the CS336 baseline shape on full TinyStories (a GPU; needs the
                                                 # data train.py's tinystories preset prints how to prepare)
 
@@ -41,11 +43,12 @@ import sys
 import time
 from pathlib import Path
 
+import bpe
+
 ROOT = Path(__file__).resolve().parent
 RESULTS_ROOT = ROOT / "results"   # the cpu preset's write-up; other presets and data get a folder inside
 RESULTS = RESULTS_ROOT
 LOGS = RESULTS / "logs"
-TINYSTORIES = ROOT.parent / "shared" / "data" / "tinystories"
 
 # ----------------------------------------------------------------------------------------------------------------------
 # presets: the data, the baseline's train.py flags, and what each group varies
@@ -53,8 +56,9 @@ TINYSTORIES = ROOT.parent / "shared" / "data" / "tinystories"
 PRESETS = {
     # CPU scale, sized for 2 cores: ~0.8 M tokens per run (200 steps x 32 x 128), ~2-3 min each unloaded
     "cpu": dict(
-        train_text=TINYSTORIES / "tinystories_train_head_2MiB.txt",
-        val_text=TINYSTORIES / "tinystories_valid_first1000.txt",
+        # None: the TinyStories head that fineweb.tinystories_head fetches once (the first 2 MiB of the train split,
+        # the first 1,000 validation stories), or --train / --valid
+        train_text=None, val_text=None,
         # 2 MB of text has only ~7k distinct words: at 2048 ids BPE already has ~300 tokens seen < 10 times, and a
         # larger vocabulary would put most of a 1 M-parameter model into rarely trained embedding rows
         vocab_size=2048,
@@ -177,8 +181,9 @@ def data_dir_of(preset_name, scratch, data_dir=None):
     return ROOT / named if named else scratch / "data"
 
 
-def prepare_data(preset_name, scratch, data_dir=None, log=print):
-    """Tokenizer + train.bin / val.bin for the cpu preset (reused when present); returns the data dir."""
+def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
+    """Tokenizer + train.bin / val.bin for the cpu preset (reused when present); returns the data dir. texts: the
+    (training, validation) text files (--train / --valid), else the preset's, else the fetched TinyStories head."""
     p = PRESETS[preset_name]
     if data_dir or p["data_dir"]:
         d = data_dir_of(preset_name, scratch, data_dir)
@@ -186,10 +191,13 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print):
             raise SystemExit(f"experiments.py: --preset={preset_name}: no train*.bin in {d}; prepare it first "
                              f"(`python train.py --preset=tinystories` prints the commands)")
         return d
-    import bpe   # only here: report must work without it
+    if texts is None and p["train_text"] is None:
+        import fineweb
+        texts = fineweb.tinystories_head(log=log)
+    p = dict(p, train_text=Path(texts[0]), val_text=Path(texts[1])) if texts else p
     for path in (p["train_text"], p["val_text"]):
         if not Path(path).is_file():
-            raise SystemExit(f"experiments.py: {path}: training/validation text not found (../shared/data is needed)")
+            raise SystemExit(f"experiments.py: {path}: training/validation text not found")
     data_dir = data_dir_of(preset_name, scratch)
     tok_dir = scratch / f"tokenizer-{p['vocab_size']}"
     made_from = {split: [Path(p[f"{split}_text"]).name, Path(p[f"{split}_text"]).stat().st_size]
@@ -602,12 +610,23 @@ def main(argv=None):
     ap.add_argument("--data_dir", type=os.path.expanduser, default="",
                     help="use this prepared train*.bin/val*.bin folder instead of the "
                     "preset's data (no tokenizer training)")
+    ap.add_argument("--train", type=os.path.expanduser, default="", help="the cpu preset's training text instead of "
+                    "the TinyStories head (data/tinystories-head/train.txt, fetched once by fineweb.py)")
+    ap.add_argument("--valid", type=os.path.expanduser, default="", help="its validation text, with --train")
     ap.add_argument("--no_samples", action="store_true", help="skip the samples from the best model")
-    ap.error = lambda message: ap.exit(2, f"{ap.prog}: {message} (see --help)\n")   # one line, no usage block
+    bpe.one_line_errors(ap)
     args = ap.parse_args(argv)
     global RESULTS, LOGS
     if args.steps < 0:
         raise SystemExit(f"experiments.py: --steps {args.steps}: expected a positive number of steps (0: the preset's)")
+    if (args.train or args.valid) and (PRESETS[args.preset]["data_dir"] or args.data_dir):
+        raise SystemExit(f"experiments.py: --train / --valid: the text of the cpu preset only (--preset={args.preset}"
+                         f"{' and --data_dir' if args.data_dir else ''} read a prepared folder)")
+    if bool(args.train) != bool(args.valid):
+        raise SystemExit(f"experiments.py: --{'valid' if args.train else 'train'}: give --train and --valid together")
+    for flag in ("train", "valid"):
+        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
+            raise SystemExit(f"experiments.py: --{flag} {getattr(args, flag)}: no such file")
 
     runs = plan(args.preset, args.steps or None)
     names = {r["name"] for r in runs}
@@ -639,7 +658,8 @@ def main(argv=None):
         return
     try:
         if args.command == "run":
-            data_dir = prepare_data(args.preset, scratch, args.data_dir)
+            data_dir = prepare_data(args.preset, scratch, args.data_dir,
+                                    texts=(args.train, args.valid) if args.train else None)
             t0 = time.perf_counter()
             for i, r in enumerate(selected):
                 print(f"---- run {i + 1}/{len(selected)} ({time.perf_counter() - t0:.0f}s so far)")
@@ -654,8 +674,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+    bpe.run_main(main)

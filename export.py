@@ -15,8 +15,11 @@ lm-evaluation-harness's `--model hf`.
   or not as it was trained (tie_embeddings), RMSNorm's eps and the RoPE theta carried. model.py rotates adjacent
   pairs (x0, x1), (x2, x3), ... while Hugging Face rotates the two halves of each head (x_i with x_{i + d/2}), so
   the rows of q_proj and k_proj are permuted within each head (rows 0, 2, 4, ... first, then 1, 3, 5, ...): the
-  rotated q.k products, and so the logits, are unchanged. The switches LlamaForCausalLM cannot express
-  (remove_rope, use_post_norm, remove_rmsnorm, an ffn_type other than swiglu, qk_norm, logit_softcap) are refused.
+  rotated q.k products, and so the logits, are unchanged.
+* Each field of model.py's config dataclass is carried into config.json (CARRIED: the shape, the RoPE theta, the
+  tied head), changes how the model computes and not what (attn_impl, GPT-2's vocabulary padding), or must be at
+  its default: a checkpoint with another value (an ablation switch, a field added to model.py and not taught here)
+  is refused, naming the field and its value, rather than exported as a model that loads and computes otherwise.
 * The tokenizer is a byte-level BPE in Hugging Face `tokenizers` form: bpe.py's pre-tokenizer regex, its merges,
   its special tokens, and a pre-token that is itself a token taken whole, as bpe.py does (ignore_merges), so
   AutoTokenizer gives exactly bpe.py's ids. A run on GPT-2's tokenizer gets GPT-2's own vocab.json / merges.txt
@@ -28,6 +31,9 @@ The checkpoint is loaded as sample.py loads it (a --tokenizer must match it: sam
 import argparse
 import json
 import os
+import shutil
+import tempfile
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import torch
@@ -44,6 +50,47 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # -----------------------------------------------------------------------------
 # weights and config.json
 
+# What each architecture's Hugging Face class is told, field by field of model.py's config dataclass: the fields
+# config.json carries (ours -> theirs, written by gpt2_weights / llama_weights) and those that change how the model
+# computes, not what. Any other field exports only at its default, the model the class is; so a field added to
+# model.py tomorrow is refused, naming it and its value, until it is taught here.
+TARGETS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+CARRIED = {
+    "gpt2": {"vocab_size": "vocab_size", "block_size": "n_positions", "n_embd": "n_embd", "n_layer": "n_layer",
+             "n_head": "n_head"},
+    "llama": {"vocab_size": "vocab_size", "context_length": "max_position_embeddings", "d_model": "hidden_size",
+              "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "d_ff": "intermediate_size",
+              "rope_theta": "rope_theta", "tie_embeddings": "tie_word_embeddings"},
+}
+HOW_NOT_WHAT = {"gpt2": {"attn_impl", "pad_vocab_to_multiple_of"},   # the padded rows are dropped
+                "llama": {"attn_impl"}}
+WHY = {"remove_rope": "always applies RoPE", "use_post_norm": "has pre-norm blocks",
+       "remove_rmsnorm": "always has its RMSNorms", "ffn_type": "has the gated SwiGLU MLP",
+       "qk_norm": "has no query/key norms", "logit_softcap": "does not cap its logits"}
+
+
+def carried(arch, config):
+    """config.json's entries for the fields CARRIED, under Hugging Face's names."""
+    return {theirs: getattr(config, ours) for ours, theirs in CARRIED[arch].items()}
+
+
+def _default(f):
+    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
+
+
+def refusals(arch, config):
+    """The fields of config (a model.py config dataclass) whose value the architecture's Hugging Face class cannot
+    express, one phrase each naming the field and its value: every field neither carried nor at its default."""
+    known = set(CARRIED[arch]) | HOW_NOT_WHAT[arch]
+    out = []
+    for f in fields(config):
+        value, default = getattr(config, f.name), _default(f)
+        if f.name not in known and value != default:
+            why = (f"{TARGETS[arch]} {WHY[f.name]}" if f.name in WHY else
+                   f"a field export.py does not translate: only its default, {default!r}, exports")
+            out.append(f"{f.name}={value!r} ({why})")
+    return out
+
 
 def gpt2_weights(model):
     """(config.json dict, tensors) of a model.GPT as GPT2LMHeadModel."""
@@ -54,23 +101,10 @@ def gpt2_weights(model):
         if key == "lm_head.weight":
             continue   # tied to wte: Hugging Face ties it again on load (tie_word_embeddings)
         tensors[key] = w.t() if key.endswith(conv1d) else w[:V] if key == "transformer.wte.weight" else w
-    config = dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", vocab_size=V, n_positions=c.block_size,
-                  n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head, n_inner=None, activation_function="gelu_new",
-                  layer_norm_epsilon=model.transformer.ln_f.eps, tie_word_embeddings=True,
-                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)   # model.py trains without dropout
+    config = dict(architectures=["GPT2LMHeadModel"], model_type="gpt2", **carried("gpt2", c), n_inner=None,
+                  activation_function="gelu_new", layer_norm_epsilon=model.transformer.ln_f.eps,
+                  tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)   # trained without dropout
     return config, tensors
-
-
-def llama_refusals(c):
-    """What LlamaForCausalLM cannot express in a TransformerLMConfig, one phrase each."""
-    return [why for on, why in [
-        (c.remove_rope, "remove_rope=True (LlamaForCausalLM always applies RoPE)"),
-        (c.use_post_norm, "use_post_norm=True (LlamaForCausalLM's blocks are pre-norm)"),
-        (c.remove_rmsnorm, "remove_rmsnorm=True (LlamaForCausalLM always has its RMSNorms)"),
-        (c.ffn_type != "swiglu", f"ffn_type={c.ffn_type!r} (LlamaForCausalLM's MLP is the gated SwiGLU)"),
-        (c.qk_norm, "qk_norm=True (LlamaForCausalLM has no query/key norms)"),
-        (c.logit_softcap, f"logit_softcap={c.logit_softcap!r} (LlamaForCausalLM does not cap its logits)"),
-    ] if on]
 
 
 def rope_halves(w, num_heads):
@@ -96,12 +130,9 @@ def llama_weights(model):
         for ours, theirs in names.items():
             w = sd[f"layers.{i}.{ours}"]
             tensors[f"model.layers.{i}.{theirs}"] = rope_halves(w, c.num_heads) if ours in rotated else w
-    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=c.vocab_size,
-                  hidden_size=c.d_model, intermediate_size=c.d_ff, num_hidden_layers=c.num_layers,
-                  num_attention_heads=c.num_heads, num_key_value_heads=c.num_heads, head_dim=c.d_model // c.num_heads,
-                  max_position_embeddings=c.context_length, rms_norm_eps=model.ln_final.eps, rope_theta=c.rope_theta,
-                  hidden_act="silu", attention_bias=False, mlp_bias=False,
-                  tie_word_embeddings=c.tie_embeddings)
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", **carried("llama", c),
+                  num_key_value_heads=c.num_heads, head_dim=c.d_model // c.num_heads, rms_norm_eps=model.ln_final.eps,
+                  hidden_act="silu", attention_bias=False, mlp_bias=False)
     return config, tensors
 
 
@@ -166,23 +197,39 @@ def write_tokenizer(tokenizer, out, context_length):
 def export(model, tokenizer, out, dtype=torch.float32):
     """Write model (a model.GPT or model.TransformerLM) and its tokenizer as a Hugging Face folder `out`
     (created; the files it writes are replaced). Returns the folder as a Path; ValueError for what HF cannot load."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
     model = model_lib.unwrap(model)
     arch = model.model_config()["arch"]
-    if arch not in ("gpt2", "llama"):
+    if arch not in TARGETS:
         raise ValueError(f"architecture {arch!r} has no Hugging Face counterpart here (gpt2 and llama have)")
-    if arch == "llama" and llama_refusals(model.config):
-        raise ValueError(f"a llama with {'; '.join(llama_refusals(model.config))}: LlamaForCausalLM cannot load it")
+    refused = refusals(arch, model.config)
+    if refused:
+        raise ValueError(f"a {arch} model with {'; '.join(refused)}: {TARGETS[arch]} cannot load it as it is")
     config, tensors = (gpt2_weights if arch == "gpt2" else llama_weights)(model)
     eot = tokenizer.eot_id
     config.update(bos_token_id=eot, eos_token_id=eot, torch_dtype=str(dtype).removeprefix("torch."))
     out = Path(out)
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    # contiguous copies: safetensors stores whole, unshared buffers (a transpose or a slice is a view)
-    save_file({k: w.detach().to("cpu", dtype).contiguous().clone() for k, w in tensors.items()},
-              str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    write_tokenizer(tokenizer, out, model.context_length)
+    # every file is written in a temp folder inside out, then moved in: a full disk leaves out as it was
+    stage = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        # contiguous copies: safetensors stores whole, unshared buffers (a transpose or a slice is a view)
+        try:
+            save_file({k: w.detach().to("cpu", dtype).contiguous().clone() for k, w in tensors.items()},
+                      str(stage / "model.safetensors"), metadata={"format": "pt"})
+        except SafetensorError as e:   # its word for an I/O error, e.g. "No space left on device (os error 28)"
+            raise OSError(None, str(e).split("I/O error: ")[-1].split(" (os error")[0],
+                          str(out / "model.safetensors")) from None
+        (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_tokenizer(tokenizer, stage, model.context_length)
+        for f in stage.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made and not any(out.iterdir()):
+            out.rmdir()
     return out
 
 
@@ -218,7 +265,7 @@ def main():
     parser.add_argument("--force", action="store_true", help="write into an --out folder that already has files")
     parser.add_argument("--push_to_hub", default=None, metavar="REPO",
                         help="then upload the folder to this Hugging Face model repository (e.g. me/ts-1m)")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
+    bpe.one_line_errors(parser)
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -227,12 +274,17 @@ def main():
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise SystemExit(f"export.py: --out {out}: the folder exists and is not empty (pass --force to write into it)")
     try:
+        bpe.check_output_path(out, "--out", folder=True)
+    except ValueError as e:
+        raise SystemExit(f"export.py: {e}") from None
+    try:
         model, tokenizer = load_model_and_tokenizer(args.ckpt, None, "cpu", args.tokenizer)
         export(model, tokenizer, out, DTYPES[args.dtype])
     except ValueError as e:
         raise SystemExit(f"export.py: --ckpt {args.ckpt}: {e}" if not str(e).startswith("--") else f"export.py: {e}")
-    except OSError as e:
-        raise SystemExit(f"export.py: --out {out}: cannot write it ({e.strerror or e})")
+    except OSError as e:   # a full disk: export() leaves the folder as it was
+        raise SystemExit(f"export.py: --out {out}: could not write {Path(e.filename or out).name} "
+                         f"({bpe.write_error(e)}); the folder is as it was: free some space, then run again")
     print(f"wrote {out} ({model_lib.describe(model)}, {args.dtype}): "
           f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     if args.push_to_hub:

@@ -8,6 +8,7 @@ data set that `python train.py` trains on.
     python fineweb.py --prepare_tinystories              # what train.py does first: stories + BPE 2048 + train/val.bin
     python fineweb.py --prepare_tinystories --corpus_bytes 0 --vocab_size 10000 --out_dir data/tinystories-10k
                                                          # all of TinyStories (official val split), the CS336 setup
+    python fineweb.py --tinystories_head                 # the speedrun's text: 2 MiB of train, 1,000 val stories
 
 Output (what train.py --data_dir reads): val_000000.bin (shard 0 = validation), train_000001.bin, ... each of
 --shard_size tokens (the last one shorter), raw little-endian uint16 ids (uint32 when the vocabulary has more
@@ -29,8 +30,14 @@ stories, each followed by "\n<|endoftext|>\n"), DATA_DIR/tokenizer/ (bpe.py), DA
 (+ sidecars, eot before every story) and DATA_DIR/prepared.json, the record that lets a second call reuse
 every step. Without network (or with HF_HUB_OFFLINE=1) it says so in one line and uses stories.py instead
 (except with --corpus_bytes 0, all of TinyStories, which needs the download).
+
+--tinystories_head (tinystories_head(), called by bench.py speedrun and experiments.py) writes
+data/tinystories-head/train.txt, the first 2 MiB of TinyStories' train split (cut mid-story), and valid.txt,
+its first 1,000 validation stories, each story followed by "\n<|endoftext|>\n"; offline, stories.py's stories of
+the same sizes, saying in one line that figures on them do not compare with the published ones.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -77,9 +84,8 @@ def check_input(path):
         raise ValueError(f"{path}: no such file or folder")
     if not os.access(p, os.R_OK):
         raise ValueError(f"{path}: not readable (permissions)")
-    if p.is_file():
-        with open(p, "rb") as fh:
-            fh.read(1)
+    if p.is_file():   # an empty or binary file: said before anything is written
+        bpe.check_text_file(p)
 
 
 def file_docs(path, chunk_chars=1 << 20):
@@ -271,11 +277,15 @@ def encode_docs(docs, tokenizer_ref, dtype, num_workers=None, batch_chars=1 << 2
 
 def _atomic_write(path, data: bytes):
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as e:   # a full disk: no temp file left, and the error names the file
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def _write_json(path, obj):
@@ -307,8 +317,10 @@ def write_token_file(docs, out_path, tokenizer="gpt2", num_workers=None, dtype=N
                 bar.update(len(lengths))
             fh.flush()
             os.fsync(fh.fileno())
-    except BaseException:   # an unreadable input, Ctrl-C: no half-written file left behind
+    except BaseException as e:   # an unreadable input, Ctrl-C, a full disk: no half-written file left behind
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OSError(e.errno, e.strerror, str(out_path)) from None
         raise
     bar.close()
     if n_docs == 0:
@@ -345,6 +357,7 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
               "vocab_size": tok.vocab_size, "dtype": dtype, "eot_id": tok.eot_id,
               "eot_position": "before each document",
               "shard_size": shard_size, "shuffle_docs": shuffle_docs, "seed": seed if shuffle_docs else None}
+    started = not (out / "meta.json").exists()
     meta = _resume_or_start(out, config)
     if meta["complete"]:
         log(f"{out}: already complete ({meta['num_tokens']:,} tokens in {len(meta['shards'])} shards); nothing to do")
@@ -374,27 +387,32 @@ def write_shards(docs, out_dir, tokenizer="gpt2", shard_size=100_000_000, num_wo
         _write_json(out / "meta.json", meta)  # the shard counts as done only once it is listed here
         fill = shard_docs = 0
 
-    for ids, lengths in encode_docs(islice(docs, start_doc, None), tokenizer, dtype, num_workers, batch_chars):
-        ends = np.cumsum(lengths)
-        starts = ends - lengths
-        pos, drop = drop, 0  # after a resume, the first document's first `drop` tokens are already on disk
-        while pos < len(ids):
-            take = min(shard_size - fill, len(ids) - pos)
-            buf[fill:fill + take] = ids[pos:pos + take]
-            shard_docs += int(np.searchsorted(starts, pos + take) - np.searchsorted(starts, pos))
-            fill, pos = fill + take, pos + take
-            if fill == shard_size:
-                done = int(np.searchsorted(ends, pos, side="right"))  # documents of this batch fully written
-                flush(doc_index + done, pos - (ends[done - 1] if done else 0))
-        doc_index += len(lengths)
-        new_docs, new_tokens = new_docs + len(lengths), new_tokens + len(ids)
-        bar.set_postfix_str(f"{meta['num_tokens'] + fill:,} tokens, shard {len(shards)}", refresh=False)
-        bar.update(len(lengths))
-    if fill:
-        flush(doc_index, 0)
-    bar.close()
-    if not shards:
-        raise ValueError(f"{source}: no documents to tokenise (empty input)")
+    try:
+        for ids, lengths in encode_docs(islice(docs, start_doc, None), tokenizer, dtype, num_workers, batch_chars):
+            ends = np.cumsum(lengths)
+            starts = ends - lengths
+            pos, drop = drop, 0  # after a resume, the first document's first `drop` tokens are already on disk
+            while pos < len(ids):
+                take = min(shard_size - fill, len(ids) - pos)
+                buf[fill:fill + take] = ids[pos:pos + take]
+                shard_docs += int(np.searchsorted(starts, pos + take) - np.searchsorted(starts, pos))
+                fill, pos = fill + take, pos + take
+                if fill == shard_size:
+                    done = int(np.searchsorted(ends, pos, side="right"))  # documents of this batch fully written
+                    flush(doc_index + done, pos - (ends[done - 1] if done else 0))
+            doc_index += len(lengths)
+            new_docs, new_tokens = new_docs + len(lengths), new_tokens + len(ids)
+            bar.set_postfix_str(f"{meta['num_tokens'] + fill:,} tokens, shard {len(shards)}", refresh=False)
+            bar.update(len(lengths))
+        if fill:
+            flush(doc_index, 0)
+        bar.close()
+        if not shards:
+            raise ValueError(f"{source}: no documents to tokenise (empty input)")
+    except BaseException:   # (a bad input, Ctrl-C, a full disk) before any shard was complete: no meta.json claims
+        if started and not shards:   # the folder for a run that wrote nothing
+            (out / "meta.json").unlink(missing_ok=True)
+        raise
     meta["complete"] = True
     _write_json(out / "meta.json", meta)
     dt = time.time() - t0
@@ -485,30 +503,33 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _download_tinystories(train_txt, val_txt, train_bytes, val_bytes, log):
-    """The first train_bytes of TinyStories' train split and val_bytes of its validation split (None = all),
-    streamed with `datasets`. Returns True on success; on any failure says why in one line, returns False."""
+def _download_tinystories(splits, log, instead="using the corpus generated by stories.py instead"):
+    """TinyStories' splits streamed with `datasets` into text files, each story followed by "\n<|endoftext|>\n":
+    splits is [(split, path, max_bytes, max_stories)], a file ending with the first story that reaches max_bytes,
+    or with its max_stories-th story (None: no limit). The files are renamed into place only once every split is
+    in. Returns True on success; on any failure says why in one line (ending with `instead`), returns False."""
     ok, why = hub_reachable()
     if not ok:
-        log(f"TinyStories download unavailable ({why}): using the corpus generated by stories.py instead")
+        log(f"TinyStories download unavailable ({why}): {instead}")
         return False
     try:
-        for split, path, limit in (("validation", val_txt, val_bytes), ("train", train_txt, train_bytes)):
-            written = 0
+        for split, path, max_bytes, max_stories in splits:
+            written = n = 0
             with open(f"{path}.tmp", "w", encoding="utf-8", newline="") as fh:
                 for doc in hf_docs("tinystories", split=split):
                     doc = doc + "\n" + EOT + "\n"
                     fh.write(doc)
-                    written += len(doc.encode())
-                    if limit is not None and written >= limit:
+                    written, n = written + len(doc.encode()), n + 1
+                    if (max_bytes is not None and written >= max_bytes) or n == max_stories:
                         break
+        for _, path, *_ in splits:
             os.replace(f"{path}.tmp", path)
         return True
     except Exception as e:  # network errors come in many types; any of them means "fall back"
-        for path in (train_txt, val_txt):
+        for _, path, *_ in splits:
             Path(f"{path}.tmp").unlink(missing_ok=True)
         log(f"TinyStories download failed ({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}): "
-            "using the corpus generated by stories.py instead")
+            f"{instead}")
         return False
 
 
@@ -558,7 +579,8 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
         val_bytes = None if corpus_bytes is None else max(1, int(corpus_bytes * val_fraction))
         train_bytes = None if corpus_bytes is None else corpus_bytes - val_bytes
         source = "TinyStories (roneneldan/TinyStories)"
-        if not (allow_download and _download_tinystories(train_txt, val_txt, train_bytes, val_bytes, log)):
+        if not (allow_download and _download_tinystories([("validation", val_txt, val_bytes, None),
+                                                          ("train", train_txt, train_bytes, None)], log)):
             import stories
             if corpus_bytes is None:
                 raise ValueError("all of TinyStories (--corpus_bytes 0) needs the download, which "
@@ -580,16 +602,17 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
     t = state.get("tokenizer", {})
     if t.get("request") == want and (tok_dir / "vocab.json").is_file() and \
             t.get("fingerprint") == bpe.tokenizer_fingerprint(str(tok_dir)):
-        log(f"tokenizer: reusing {tok_dir} (vocab {vocab_size})")
+        log(f"tokenizer: reusing {tok_dir} (vocab {t.get('vocab_size', vocab_size)})")
     else:
         t1 = time.time()
         vocab, merges = bpe.train_bpe(str(train_txt), vocab_size, [EOT], num_workers=num_workers)
         shutil.rmtree(tok_dir, ignore_errors=True)
         bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir))
-        state["tokenizer"] = {"request": want, "fingerprint": bpe.tokenizer_fingerprint(str(tok_dir))}
+        state["tokenizer"] = {"request": want, "fingerprint": bpe.tokenizer_fingerprint(str(tok_dir)),
+                              "vocab_size": len(vocab)}   # what was reached: fewer when the text runs out of pairs
         state.pop("tokens", None)
         _write_json(state_path, state)
-        log(f"tokenizer: trained BPE, vocab {vocab_size}, on {train_txt} in {time.time() - t1:.1f}s -> {tok_dir}")
+        log(f"tokenizer: trained BPE, vocab {len(vocab)}, on {train_txt} in {time.time() - t1:.1f}s -> {tok_dir}")
 
     # 3. tokens
     want = {"tokenizer_fingerprint": state["tokenizer"]["fingerprint"], "train_sha256": state["corpus"]["train_sha256"],
@@ -613,6 +636,62 @@ def prepare_tinystories(data_dir="data/tinystories", vocab_size=2048, allow_down
                 train_tokens=state["tokens"]["train_tokens"], val_tokens=state["tokens"]["val_tokens"])
 
 
+# the speedrun's and experiments.py's text (bench.py speedrun, train.py --preset=speedrun-cpu): the head of each split
+HEAD_DIR, HEAD_TRAIN_BYTES, HEAD_VAL_STORIES = "data/tinystories-head", 2 * 2**20, 1000
+TINYSTORIES = "TinyStories (roneneldan/TinyStories)"
+
+
+def _cut(path, num_bytes):
+    """Keep the first num_bytes of a UTF-8 text file (less the bytes of a character the cut would split)."""
+    data = Path(path).read_bytes()
+    if len(data) > num_bytes:
+        _atomic_write(path, data[:num_bytes].decode("utf-8", "ignore").encode())
+
+
+def tinystories_head(out_dir=HEAD_DIR, train_bytes=HEAD_TRAIN_BYTES, val_stories=HEAD_VAL_STORIES,
+                     allow_download=True, log=print, seed=0):
+    """The speedrun's and experiments.py's text in out_dir: train.txt, the first train_bytes of TinyStories' train
+    split (cut there, mid-story), and valid.txt, its first val_stories validation stories, each story followed by
+    "\n<|endoftext|>\n". Fetched once through `datasets` (head.json records what and from where), then reused.
+    Offline, stories.py's generated stories of the same sizes, with one line saying that figures on them do not
+    compare with the published ones; the download is tried again on the next call. Returns (train, valid) paths."""
+    d = Path(out_dir)
+    train_txt, val_txt, record = d / "train.txt", d / "valid.txt", d / "head.json"
+    want = {"train_bytes": train_bytes, "val_stories": val_stories}
+    try:
+        old = json.loads(record.read_text())
+    except (OSError, ValueError):
+        old = {}
+    cached = isinstance(old, dict) and old.get("request") == want and train_txt.is_file() and val_txt.is_file() and \
+        (old.get("train_sha256"), old.get("valid_sha256")) == (_sha256(train_txt), _sha256(val_txt))
+    if cached and old.get("source") == TINYSTORIES:
+        log(f"text: reusing {train_txt}, {val_txt} ({old['source']})")
+        return train_txt, val_txt
+    instead = "using stories.py's generated stories instead: figures on them do not compare with the published ones"
+    d.mkdir(parents=True, exist_ok=True)
+    if allow_download and _download_tinystories([("validation", val_txt, None, val_stories),
+                                                 ("train", train_txt, train_bytes, None)], log, instead):
+        _cut(train_txt, train_bytes)
+        source = TINYSTORIES
+    else:
+        if not allow_download:
+            log(f"text: downloads disabled: {instead}")
+        if cached:   # generated before: the same stories again
+            log(f"text: reusing {train_txt}, {val_txt} ({old['source']})")
+            return train_txt, val_txt
+        import stories
+        stories.write_corpus(train_txt, train_bytes, seed)
+        _cut(train_txt, train_bytes)
+        _atomic_write(val_txt, "".join(s + stories.SEPARATOR
+                                       for s in stories.generate_stories(val_stories, seed + 1)).encode())
+        source = f"generated by stories.py, seed {seed}"
+    _write_json(record, {"request": want, "source": source, "train_sha256": _sha256(train_txt),
+                         "valid_sha256": _sha256(val_txt)})
+    log(f"text: {source}: {train_txt} ({train_txt.stat().st_size:,} bytes), {val_txt} ({val_stories:,} stories, "
+        f"{val_txt.stat().st_size:,} bytes)")
+    return train_txt, val_txt
+
+
 def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_workers=None, log=print, source=None):
     """Train a bpe.py tokenizer (with <|endoftext|>) on the first max_bytes of a document stream (None: all)
     and save it to tok_dir; an existing tok_dir trained with the same request is reused (so a resumed run shards
@@ -632,21 +711,26 @@ def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_worke
         log(f"tokenizer: reusing {tok_dir}")
         return str(tok_dir)
     tok_dir.parent.mkdir(parents=True, exist_ok=True)
-    text = tok_dir.parent / "bpe_train.txt.tmp"
+    text, tmp_dir = tok_dir.parent / "bpe_train.txt.tmp", Path(str(tok_dir) + ".tmp")
     written = 0
-    with open(text, "w", encoding="utf-8", newline="") as fh:
-        for doc in docs:
-            fh.write(doc + "\n" + EOT + "\n")
-            written += len(doc.encode()) + len(EOT) + 2
-            if max_bytes and written >= max_bytes:
-                break
-    t0 = time.time()
-    vocab, merges = bpe.train_bpe(str(text), vocab_size, [EOT], num_workers=num_workers)
-    bpe.Tokenizer(vocab, merges, [EOT]).save_dir(str(tok_dir) + ".tmp")
-    _write_json(Path(str(tok_dir) + ".tmp") / "request.json", request)
-    os.replace(str(tok_dir) + ".tmp", tok_dir)
-    text.unlink()
-    log(f"tokenizer: trained BPE, vocab {vocab_size}, on {written:,} bytes in {time.time() - t0:.1f}s -> {tok_dir}")
+    try:   # however it ends (a bad input, a full disk), no temp file or half-written tokenizer is left
+        with open(text, "w", encoding="utf-8", newline="") as fh:
+            for doc in docs:
+                fh.write(doc + "\n" + EOT + "\n")
+                written += len(doc.encode()) + len(EOT) + 2
+                if max_bytes and written >= max_bytes:
+                    break
+        if not written:
+            raise ValueError(f"{source or tok_dir}: no documents to train the tokenizer on (empty input)")
+        t0 = time.time()
+        vocab, merges = bpe.train_bpe(str(text), vocab_size, [EOT], num_workers=num_workers)
+        bpe.Tokenizer(vocab, merges, [EOT]).save_dir(tmp_dir)
+        _write_json(tmp_dir / "request.json", request)
+        os.replace(tmp_dir, tok_dir)
+    finally:
+        text.unlink(missing_ok=True)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    log(f"tokenizer: trained BPE, vocab {len(vocab)}, on {written:,} bytes in {time.time() - t0:.1f}s -> {tok_dir}")
     return str(tok_dir)
 
 
@@ -663,7 +747,8 @@ def main():
     p.add_argument("--out_dir", type=os.path.expanduser, default=None,
                    help="output folder; None means data/edu_fineweb10B for the "
                    "default run, else data/<dataset or input name>-<gpt2|bpe> "
-                   "(data/tinystories with --prepare_tinystories)")
+                   "(data/tinystories with --prepare_tinystories, "
+                   f"{HEAD_DIR} with --tinystories_head)")
     p.add_argument("--tokenizer", type=os.path.expanduser, default="gpt2",
                    help="'gpt2' (tiktoken) or a bpe.py tokenizer directory")
     p.add_argument("--vocab_size", type=int, default=None,
@@ -682,11 +767,14 @@ def main():
     p.add_argument("--max_docs", type=int, default=None, help="stop after this many documents (quick tries)")
     p.add_argument("--prepare_tinystories", action="store_true", help="instead: build train.py's default data set "
                    "(TinyStories or the generated corpus, a BPE tokenizer, train.bin/val.bin) in --out_dir")
+    p.add_argument("--tinystories_head", action="store_true", help="instead: the speedrun's and experiments.py's text "
+                   f"in --out_dir (default {HEAD_DIR}): the first 2 MiB of TinyStories' train split and its first "
+                   "1,000 validation stories, fetched once (offline: stories.py's stories, which do not compare)")
     p.add_argument("--corpus_bytes", type=int, default=4_000_000, help="with --prepare_tinystories: bytes of stories "
                    "(0: all of TinyStories, with its official validation split)")
     p.add_argument("--fresh", action="store_true", help="start over: remove OUT_DIR's shards, meta.json and the "
                    "tokenizer trained there first (with --prepare_tinystories: redo every step)")
-    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
+    bpe.one_line_errors(p)
     args = p.parse_args()
     for flag, ok, expected in (  # every numeric flag, before anything is downloaded, trained or written
             ("num_workers", args.num_workers is None or args.num_workers >= 1, "a positive number of processes"),
@@ -699,10 +787,17 @@ def main():
              "at least 2 bytes (train + validation), or 0 for all of TinyStories")):
         if not ok:
             raise SystemExit(f"fineweb.py: --{flag} {getattr(args, flag)}: expected {expected}")
+    out_dir = made = None
     try:
+        if args.tinystories_head:
+            bpe.check_output_path(args.out_dir or HEAD_DIR, "--out_dir", folder=True)
+            tinystories_head(args.out_dir or HEAD_DIR)
+            return
         if args.prepare_tinystories:
-            bpe.check_output_path(args.out_dir or "data/tinystories", "--out_dir", folder=True)
-            prepare_tinystories(args.out_dir or "data/tinystories", args.vocab_size or 2048, fresh=args.fresh,
+            out_dir = args.out_dir or "data/tinystories"
+            bpe.check_output_path(out_dir, "--out_dir", folder=True)
+            made = not Path(out_dir).exists()
+            prepare_tinystories(out_dir, args.vocab_size or 2048, fresh=args.fresh,
                                 corpus_bytes=args.corpus_bytes or None, num_workers=args.num_workers)
             return
         if args.input:
@@ -721,6 +816,7 @@ def main():
                        else f"data/{name}-{tok_name}")
         out_dir = args.out_dir or default_dir
         bpe.check_output_path(out_dir, "--out_dir", folder=True)   # before the download and the tokenizer training
+        made = not Path(out_dir).exists()
         if args.fresh:
             clear_shards(out_dir)
         if args.vocab_size:
@@ -732,10 +828,24 @@ def main():
                             f"{source}|buffer {args.shuffle_buffer}")
         write_shards(docs, out_dir, args.tokenizer, args.shard_size, args.num_workers,
                      args.dtype, source=source, shuffle_docs=args.shuffle_docs, seed=args.seed)
-    except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
+    except ValueError as e:
+        _remove_if_empty(out_dir, made)
         raise SystemExit(f"fineweb.py: {e}")
+    except OSError as e:   # a full disk: what is complete stays (shards listed in meta.json, prepared.json's steps)
+        _remove_if_empty(out_dir, made)
+        raise SystemExit(f"fineweb.py: --out_dir {out_dir}: could not write {e.filename or 'in it'} "
+                         f"({bpe.write_error(e)}); what was complete is kept: free some space, then rerun the same "
+                         f"command to go on")
     except KeyboardInterrupt:
+        _remove_if_empty(out_dir, made)
         raise SystemExit("\nfineweb.py: interrupted; rerun the same command to resume after the last complete shard")
+
+
+def _remove_if_empty(folder, made):
+    """A failed run leaves no empty --out_dir of its own making behind."""
+    if made:
+        with contextlib.suppress(OSError):   # not empty: something complete is kept there
+            Path(folder).rmdir()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Parameter, FLOP and memory accounting for both Transformer variants, and MFU.
     python flops.py --model=tinystories --gpu_mem=24      # largest batch for a 24 GB card
     python flops.py --d_model=512 --num_layers=8 --num_heads=8 --vocab_size=10000 --context_length=256
     python flops.py --ckpt=out/ckpt.pt                    # the shape stored in a checkpoint
+    python flops.py --model=gpt2-xl --gpus=8 --fsdp --activation_checkpointing --gpu_mem=80   # memory per GPU
 
 Conventions (the ones that reproduce the reference figures exactly):
 * FLOPs count matrix multiplies only, 2 per multiply-add. Norms, softmax, activations, RoPE and the
@@ -18,6 +19,11 @@ Conventions (the ones that reproduce the reference figures exactly):
   activations per layer of 8*T*d + 4*T*d_ff + 2*h*T^2 floats (SwiGLU; 2*T*d_ff for the SiLU / GELU FFN)
   and T*d + 2*T*V at the end (per sequence).
   GB means 1e9 bytes.
+* --fsdp (over --gpus=N): the 16 bytes per parameter are those of the shards a GPU holds (FSDP2 splits every
+  parameter on dim 0: ceil(rows / N) rows on rank 0, the most), plus the bf16 parameters CUDA's mixed-precision
+  policy all-gathers: the root group (embeddings, final norm, head) and two blocks at a time.
+  --activation_checkpointing: each block keeps only its input (T*d per layer) and one block's activations exist
+  at a time, in its recomputation; the head's are kept as before. (docs/DECISIONS.md: Accounting.)
 `mfu` (through `forward_flops`, `train_flops_per_token` and `peak_flops`) is what train.py uses for
 its MFU column, so this file is the single source of truth for the accounting.
 """
@@ -122,14 +128,45 @@ def train_flops_per_token(cfg, context_length):
 
 
 # -----------------------------------------------------------------------------
-# memory
+# memory: per GPU, b + a * batch, each a sum of named terms
 
-def activation_floats(cfg, context_length):
-    """Activations kept for the backward pass, in floats per sequence (the spec's accounting).
+def _blocks(m):
+    """The model's Transformer blocks (Llama's layers, GPT-2's transformer.h): what FSDP shards as one unit each
+    and activation checkpointing recomputes."""
+    return next(mod for mod in m.modules() if isinstance(mod, torch.nn.ModuleList))
+
+
+def shard_numel(cfg, world_size=1, rank=0):
+    """Parameters that rank `rank` of `world_size` holds (tied weights once). FSDP2 (fully_shard) splits every
+    parameter on dim 0 as torch.chunk does: ceil(rows / world_size) rows per rank, the last ranks fewer or none, so
+    rank 0 holds the most (the figure per GPU). world_size 1: all of them."""
+    n = 0
+    for p in _model(cfg).parameters():
+        rows = p.shape[0] if p.dim() else 1
+        per_rank = -(-rows // world_size)
+        n += max(0, min(per_rank, rows - rank * per_rank)) * (p.numel() // rows)
+    return n
+
+
+def gathered_numel(cfg):
+    """Parameters FSDP holds whole besides the shards: the block that runs and the next one, whose all-gather is
+    prefetched (the two largest blocks), and the root group (embeddings, final norm, head), which stays gathered
+    from the start of the forward to the end of the backward."""
+    m = _model(cfg)
+    blocks = _blocks(m)
+    in_blocks = {id(p) for p in blocks.parameters()}
+    root = sum(p.numel() for p in m.parameters() if id(p) not in in_blocks)
+    return root + sum(sorted(sum(p.numel() for p in b.parameters()) for b in blocks)[-2:])
+
+
+def activation_terms(cfg, context_length, checkpointing=False):
+    """Activations kept for the backward pass, in floats per sequence, by what keeps them (the spec's accounting).
 
     Per layer: 8*T*d (two norm inputs, Q, K, V, the weighted sum, the output projection, the FFN output),
     T*d_ff per FFN intermediate (SwiGLU keeps w1 x, silu(w1 x), w3 x and their product: 4; SiLU/GELU: 2),
-    2*h*T^2 (attention scores and their softmax). At the end T*d (final norm) and 2*T*V (logits, softmax).
+    2*h*T^2 (attention scores and their softmax). At the end (the head) T*d (final norm) and 2*T*V (logits,
+    softmax). With activation checkpointing each block keeps only its input (T*d) and recomputes the rest in the
+    backward, one block at a time: L*T*d + one layer's activations + the head.
     """
     s = _shape(cfg)
     T, d, h, V = context_length, s["d"], s["h"], s["V_pad"]
@@ -138,20 +175,44 @@ def activation_floats(cfg, context_length):
     final_norm = T * d
     if not s["norm"]:  # remove_rmsnorm: no norm inputs to keep, ln_final's included
         per_layer, final_norm = per_layer - 2 * T * d, 0
-    return s["L"] * per_layer + final_norm + 2 * T * V
+    head = final_norm + 2 * T * V
+    if checkpointing:
+        return dict(block_inputs=s["L"] * T * d, recomputed_block=per_layer, head=head)
+    return dict(blocks=s["L"] * per_layer, head=head)
 
 
-def memory_bytes(cfg, context_length, bytes_per_float=4):
+def activation_floats(cfg, context_length, checkpointing=False):
+    """Activations kept for the backward pass, in floats per sequence: the sum of activation_terms."""
+    return sum(activation_terms(cfg, context_length, checkpointing).values())
+
+
+def memory_terms(cfg, context_length, world_size=1, fsdp=False, checkpointing=False, bytes_per_float=4):
+    """Training memory per GPU as (b, a): dicts of named terms in bytes, total = sum(b) + sum(a) * batch_size.
+
+    b: "state", the parameters, gradients and AdamW's m and v in fp32 (4 copies of every parameter the GPU holds:
+    all of them, or under FSDP rank 0's shards, the largest); under FSDP also "gathered", the bf16 copy that
+    CUDA's mixed-precision policy all-gathers (gathered_numel; fp32 on CPU, twice this). a: the activations in
+    fp32 (activation_terms; under bf16 autocast or that policy most of them are bf16, about half).
+    """
+    b = dict(state=4 * bytes_per_float * shard_numel(cfg, world_size if fsdp else 1))
+    if fsdp:
+        b["gathered"] = 2 * gathered_numel(cfg)
+    a = {k: bytes_per_float * v for k, v in activation_terms(cfg, context_length, checkpointing).items()}
+    return b, a
+
+
+def memory_bytes(cfg, context_length, bytes_per_float=4, **parallelism):
     """Training memory as (fixed, per_sequence) bytes: total = fixed + per_sequence * batch_size.
 
-    fixed = parameters + gradients + AdamW m and v (4 copies of every parameter, fp32).
+    Without `parallelism` (memory_terms' world_size, fsdp, checkpointing): fixed = parameters + gradients + AdamW
+    m and v (4 copies of every parameter, fp32), per_sequence = the activations.
     """
-    n = count_params(cfg)["total"]
-    return 4 * n * bytes_per_float, activation_floats(cfg, context_length) * bytes_per_float
+    b, a = memory_terms(cfg, context_length, bytes_per_float=bytes_per_float, **parallelism)
+    return sum(b.values()), sum(a.values())
 
 
-def max_batch_size(cfg, context_length, gpu_mem_gb):
-    fixed, per_seq = memory_bytes(cfg, context_length)
+def max_batch_size(cfg, context_length, gpu_mem_gb, **parallelism):
+    fixed, per_seq = memory_bytes(cfg, context_length, **parallelism)
     return max(0, math.floor((gpu_mem_gb * 1e9 - fixed) / per_seq))
 
 
@@ -337,10 +398,55 @@ def _duration(seconds):
     return f"{seconds / 86400:.1f} days"
 
 
-def report(cfg, contexts, gpu_mem=80.0, train_tokens=None, mfu_assumed=0.5, gpus=("H100", "A100", "B200")):
-    """The printed tables, as one string."""
+# what each memory term holds, as report() prints it
+MEMORY_TERMS = dict(
+    state="params, grads, AdamW m and v: 16 bytes (fp32) a parameter",
+    gathered="bf16 params all-gathered: the root group (embeddings, head) + 2 blocks",
+    blocks="activations of the {L} blocks",
+    block_inputs="block inputs, one kept per layer ({L} x T*d)",
+    recomputed_block="one block's activations, recomputed in the backward",
+    head="head: final norm input, logits and their softmax")
+
+
+def _memory_report(cfg, T, gpu_mem, world_size=1, fsdp=False, checkpointing=False):
+    """The training-memory lines of one context: a * batch + b, then (with --fsdp or --activation_checkpointing)
+    each term of a and b and the precision they assume, and the largest batch."""
+    b, a = memory_terms(cfg, T, world_size, fsdp, checkpointing)
+    fixed, per_seq, n = sum(b.values()), sum(a.values()), count_params(cfg)["total"]
+    digits = 2 if fixed >= 1e9 else 4
+    gb = lambda x: f"{x / 1e9:.{digits}f}"
+    bmax = max_batch_size(cfg, T, gpu_mem, world_size=world_size, fsdp=fsdp, checkpointing=checkpointing)
+    if not (fsdp or checkpointing):   # the reference accounting, as the spec gives it
+        return [f"training memory (fp32, AdamW), context {T:,}: {gb(per_seq)} * batch + {gb(fixed)} GB"
+                f"  (params {gb(4 * n)} + grads {gb(4 * n)} + AdamW m, v {gb(8 * n)})",
+                f"largest batch on {gpu_mem:g} GB: {bmax}"]
+    how = [f"FSDP over {world_size} GPUs"] * fsdp + ["activation checkpointing"] * checkpointing
+    L = _shape(cfg)["L"]
+    out = [f"training memory per GPU (fp32, AdamW; {'; '.join(how)}), context {T:,}: "
+           f"a * batch + b = {gb(per_seq)} * batch + {gb(fixed)} GB"]
+    for letter, terms in (("b", b), ("a", a)):
+        for key, value in terms.items():
+            out.append(f"  {letter}  {MEMORY_TERMS[key].format(L=L):<72}{gb(value):>9} GB")
+            if fsdp and key == "state":
+                out.append(f"       rank 0's shards: ceil(rows / {world_size}) rows of every parameter "
+                           f"(unpadded 16 N / {world_size} = {gb(16 * n / world_size)} GB)")
+    out.append("  precision: fp32 params, grads, AdamW m, v and activations, as without these flags (bf16 compute "
+               "keeps most activations in bf16: about half of a)")
+    if fsdp:
+        out.append("  under FSDP, CUDA's bf16 mixed-precision policy adds the all-gathered copy in b (without the "
+                   "policy, as on CPU, that copy is fp32: twice)")
+    out.append(f"largest batch on {gpu_mem:g} GB per GPU: {bmax}")
+    return out
+
+
+DEFAULT_GPUS = ("H100", "A100", "B200")
+
+
+def report(cfg, contexts, gpu_mem=80.0, train_tokens=None, mfu_assumed=0.5, gpus=DEFAULT_GPUS,
+           title=None, world_size=1, fsdp=False, checkpointing=False):
+    """The printed tables, as one string: `title` (which model this is) first, then the shape line."""
     s = _shape(cfg)
-    out = []
+    out = [title] if title else []
     p = count_params(cfg)
     n = p["total"]
     desc = (f"arch={s['arch']} layers={s['L']} d_model={s['d']} heads={s['h']} d_ff={s['d_ff']} ({s['ffn_type']}) "
@@ -377,13 +483,7 @@ def report(cfg, contexts, gpu_mem=80.0, train_tokens=None, mfu_assumed=0.5, gpus
                    f"6*N = {6 * n / 1e9:.3f} GFLOPs with N = all {_num(n)} params, "
                    f"{6 * n_matmul / 1e9:.3f} with N = the {_num(n_matmul)} in matmuls (no input embeddings)")
 
-        fixed, per_seq = memory_bytes(cfg, T)
-        bmax = max_batch_size(cfg, T, gpu_mem)
-        digits = 2 if fixed >= 1e9 else 4
-        gb = lambda x: f"{x / 1e9:.{digits}f}"
-        out.append(f"training memory (fp32, AdamW), context {T:,}: {gb(per_seq)} * batch + {gb(fixed)} GB"
-                   f"  (params {gb(4 * n)} + grads {gb(4 * n)} + AdamW m, v {gb(8 * n)})")
-        out.append(f"largest batch on {gpu_mem:g} GB: {bmax}")
+        out.extend(_memory_report(cfg, T, gpu_mem, world_size, fsdp, checkpointing))
 
     T = contexts[0]
     tokens = train_tokens if train_tokens else 20 * n
@@ -393,10 +493,41 @@ def report(cfg, contexts, gpu_mem=80.0, train_tokens=None, mfu_assumed=0.5, gpus
                f" at context {T:,}: {total_train:.3e} FLOPs (6*N*D = {6 * n * tokens:.3e})")
     for g in gpus:
         peak = GPU_PEAK[g][0]
-        secs = total_train / (mfu_assumed * peak)
-        out.append(f"  1 x {g:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu_assumed:.0f}% MFU: "
+        secs = total_train / (mfu_assumed * peak * world_size)
+        out.append(f"  {world_size} x {g:<6} bf16 peak {peak / 1e12:7.1f} TFLOP/s at {100 * mfu_assumed:.0f}% MFU: "
                    f"{_duration(secs)}")
     return "\n".join(out)
+
+
+# OpenAI's names for the GPT-2 presets: at their shapes, --arch=llama is another model with another parameter count
+OPENAI_NAMES = {"gpt2": "GPT-2 124M", "gpt2-medium": "GPT-2 Medium", "gpt2-large": "GPT-2 Large",
+                "gpt2-xl": "GPT-2 XL"}
+
+
+def _architecture(cfg):
+    """What tells the architectures apart, in words."""
+    if cfg.get("arch") == "gpt2":
+        return "OpenAI's GPT-2 architecture (LayerNorm, GELU MLP, learned positions, tied head)"
+    parts = ["no norm" if cfg.get("remove_rmsnorm") else "RMSNorm",
+             {"swiglu": "SwiGLU", "silu": "SiLU FFN", "relu2": "ReLU^2 FFN"}.get(cfg.get("ffn_type"), "SwiGLU"),
+             "no positions" if cfg.get("remove_rope") else "RoPE",
+             "tied head" if cfg.get("tie_embeddings") else "untied head"]
+    return f"the Llama architecture ({', '.join(parts)})"
+
+
+def title(what, cfg, other=None, openai_name=None):
+    """The report's first line: which model the figures are for and its parameter count; `other`, the same shape in
+    the other architecture, gives that count too, so that nobody quotes one for the other (GPT-2 XL's shape is
+    1.64B parameters in the Llama architecture, OpenAI's GPT-2 XL 1.56B)."""
+    line = f"{what} in {_architecture(cfg)}: {_num(count_params(cfg)['total'])} parameters"
+    if other is None:
+        return line
+    n_other = _num(count_params(other)["total"])
+    if openai_name and cfg["arch"] == "gpt2":
+        return f"{line}: OpenAI's {openai_name} (the Llama architecture makes this shape {n_other}: --arch=llama)"
+    if openai_name:
+        return f"{line}, not OpenAI's {openai_name} ({n_other}: --arch=gpt2)"
+    return f"{line} ({n_other} with --arch={other['arch']})"
 
 
 def _contexts(values):
@@ -449,9 +580,18 @@ def main():
     parser.add_argument("--gpu_mem", type=float, default=80.0, help="GPU memory budget in GB for the largest batch")
     parser.add_argument("--train_tokens", type=float, default=None, help="tokens to train on (None = 20 x params)")
     parser.add_argument("--mfu", type=float, default=0.5, help="assumed MFU for the training-time estimate")
-    parser.add_argument("--gpus", default="H100,A100,B200", help=f"GPUs for the time estimate: {', '.join(GPU_PEAK)}")
+    parser.add_argument("--gpus", default=",".join(DEFAULT_GPUS),
+                        help=f"how many GPUs (the world size: memory per GPU under --fsdp, the time to train) and/or "
+                             f"which, for the time estimate, e.g. --gpus=8 or --gpus=8,H100: {', '.join(GPU_PEAK)}")
+    switch = dict(nargs="?", const="true", default="false", type=str.lower, choices=["true", "false"])
+    parser.add_argument("--fsdp", **switch,
+                        help="memory per GPU under FSDP (train.py --fsdp): parameters, gradients and AdamW state "
+                             "sharded over the --gpus, plus the bf16 copy of the blocks being run")
+    parser.add_argument("--activation_checkpointing", **switch,
+                        help="memory with each block's activations recomputed in the backward (train.py "
+                             "--activation_checkpointing): one input kept per block, one block's activations at a time")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of tables")
-    # one line, no usage block
+    # one line, no usage block (bpe.one_line_errors: a copy, as this file imports no bpe.py)
     parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
     args = parser.parse_args()
 
@@ -478,45 +618,89 @@ def main():
     if other:   # each shape flag belongs to one architecture: the other would ignore it
         raise SystemExit(f"flops.py: {', '.join(other)} does not apply to --arch={arch}"
                          f"{'' if args.arch else ' (the default)'}")
+    world_size, gpus = _gpus(args.gpus)
+    fsdp, checkpointing = args.fsdp == "true", args.activation_checkpointing == "true"
+    if fsdp and world_size < 2:
+        raise SystemExit(f"flops.py: --fsdp shards over the GPUs: say how many with --gpus, e.g. --gpus=8 "
+                         f"(got {world_size})")
     if args.ckpt:
-        cfg = _load_config(args.ckpt)
+        cfg, other, openai_name = _load_config(args.ckpt), None, None
+        what = f"checkpoint {args.ckpt}"
     else:
         if args.model not in PRESETS:
             raise SystemExit(f"flops.py: --model {args.model!r}: expected one of {', '.join(PRESETS)}")
-        L, d, h, T, V = PRESETS[args.model]
-        pick = lambda value, preset: preset if value is None else value  # an override of 0 was rejected above
-        cfg = make_config(arch, num_layers=pick(args.num_layers, L), d_model=pick(args.d_model, d),
-                          num_heads=pick(args.num_heads, h), context_length=pick(args.context_length, T),
-                          vocab_size=pick(args.vocab_size, V), d_ff=args.d_ff or 0, ffn_type=args.ffn_type or "swiglu",
-                          pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of or 1)
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
-    for g in gpus:
-        if g not in GPU_PEAK:
-            raise SystemExit(f"flops.py: --gpus: unknown GPU {g!r}; known: {', '.join(GPU_PEAK)}")
+        try:
+            cfg = _preset_config(args, arch)
+        except ValueError as e:
+            raise SystemExit(f"flops.py: {e}") from None
+        try:   # the same shape in the other architecture, for the first line's comparison
+            other = _preset_config(args, "gpt2" if arch == "llama" else "llama")
+        except ValueError:   # (GPT-2 has no RoPE: an odd head width is fine there)
+            other = None
+        overrides = [f"--{flag}={getattr(args, flag)}" for flag in shape_flags[1:] if getattr(args, flag) is not None]
+        openai_name = None if overrides else OPENAI_NAMES.get(args.model)
+        what = " ".join([f"--model={args.model}", *overrides]) + (f": {openai_name}'s shape" if openai_name else "")
     try:
         s = _shape(cfg)
         contexts = _contexts(args.context) if args.context else [s["T_max"]]
+        head = title(what, cfg, other, openai_name)
     except ValueError as e:
         raise SystemExit(str(e))
     if not contexts or min(contexts) <= 0:
         raise SystemExit("flops.py: --context: expected positive integers, e.g. --context 1024 16384")
 
+    parallelism = dict(world_size=world_size, fsdp=fsdp, checkpointing=checkpointing)
     if args.json:
-        result = dict(config=cfg, params=count_params(cfg), contexts={})
+        result = dict(title=head, config=cfg, params=count_params(cfg), parallelism=parallelism, contexts={})
         for T in contexts:
-            fixed, per_seq = memory_bytes(cfg, T)
+            b, a = memory_terms(cfg, T, **parallelism)
             result["contexts"][T] = dict(forward_flops=forward_flops(cfg, T),
                                          train_flops_per_token=train_flops_per_token(cfg, T),
-                                         memory_fixed_bytes=fixed, memory_per_sequence_bytes=per_seq,
-                                         max_batch_size=max_batch_size(cfg, T, args.gpu_mem))
+                                         memory_fixed_bytes=sum(b.values()),
+                                         memory_per_sequence_bytes=sum(a.values()),
+                                         memory_fixed_terms=b, memory_per_sequence_terms=a,
+                                         max_batch_size=max_batch_size(cfg, T, args.gpu_mem, **parallelism))
         print(json.dumps(result, indent=2))
     else:
-        print(report(cfg, contexts, args.gpu_mem, args.train_tokens and int(args.train_tokens), args.mfu, gpus))
+        print(report(cfg, contexts, args.gpu_mem, args.train_tokens and int(args.train_tokens), args.mfu, gpus,
+                     head, **parallelism))
+
+
+def _gpus(value):
+    """--gpus: (the world size, the GPU names for the time estimate): a count, names, or both ("8,H100")."""
+    parts = [g.strip() for g in value.split(",") if g.strip()]
+    counts, names = [g for g in parts if g.isdigit()], [g for g in parts if not g.isdigit()]
+    for g in names:
+        if g not in GPU_PEAK:
+            raise SystemExit(f"flops.py: --gpus: unknown GPU {g!r}; known: {', '.join(GPU_PEAK)} (or a count, "
+                             f"e.g. --gpus=8)")
+    if len(counts) > 1 or (counts and int(counts[0]) < 1):
+        raise SystemExit(f"flops.py: --gpus: expected one count of GPUs >= 1 (and GPU names), got {value!r}")
+    return int(counts[0]) if counts else 1, names or list(DEFAULT_GPUS)
+
+
+def _preset_config(args, arch):
+    """The model_config of --model's preset in `arch` with the shape flags' overrides; a shape the model cannot
+    have -> ValueError naming the flags, as train.py does."""
+    L, d, h, T, V = PRESETS[args.model]
+    pick = lambda value, preset: preset if value is None else value  # an override of 0 was rejected above
+    d, h = pick(args.d_model, d), pick(args.num_heads, h)
+    named = lambda flag, value: f"--{flag}={value}" + ("" if getattr(args, flag) is not None else
+                                                        f" (--model={args.model}'s)")
+    if d % h:
+        raise ValueError(f"{named('d_model', d)} must be a multiple of {named('num_heads', h)}")
+    if arch == "llama" and (d // h) % 2:
+        raise ValueError(f"{named('d_model', d)} / {named('num_heads', h)} = {d // h} dimensions per head: RoPE "
+                         f"rotates pairs, so it must be even")
+    return make_config(arch, num_layers=pick(args.num_layers, L), d_model=d, num_heads=h,
+                       context_length=pick(args.context_length, T), vocab_size=pick(args.vocab_size, V),
+                       d_ff=args.d_ff or 0, ffn_type=args.ffn_type or "swiglu",
+                       pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of or 1)
 
 
 if __name__ == "__main__":
     try:
         main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
+    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does (bpe.run_main's copy)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
         sys.exit(1)

@@ -268,7 +268,7 @@ def result_line(r):
 
 def load_model(args, device, prog="hellaswag.py"):
     """(model, tokenizer) from --ckpt or --init_from (and --tokenizer) through sample.load_model_and_tokenizer; any
-    problem -> SystemExit naming prog and the flag. lambada.py loads its model through this too."""
+    problem -> SystemExit naming prog and the flag."""
     try:
         return load_model_and_tokenizer(args.ckpt, args.init_from, device, args.tokenizer)
     except ValueError as e:
@@ -278,7 +278,7 @@ def load_model(args, device, prog="hellaswag.py"):
 def setup_device(device, prog):
     """(device, rank, world_size, ddp) for an evaluation script: --device checked (default cuda if available, else
     cpu); under torchrun (RANK / LOCAL_RANK / WORLD_SIZE set) one process group, each rank on its own GPU; TF32
-    on CUDA, as the reference figures were measured. lambada.py uses this too."""
+    on CUDA, as the reference figures were measured."""
     ddp = "RANK" in os.environ
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -300,38 +300,41 @@ def setup_device(device, prog):
     return device, rank, world_size, ddp
 
 
-def main():
-    parser = argparse.ArgumentParser(description="HellaSwag accuracy of a checkpoint or of released GPT-2 weights: "
-                                     "acc_norm per token (build-nanogpt's), acc, acc_norm_char per character "
-                                     "(lm-eval's acc_norm).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def eval_main(prog, description, *, data_help, data_dir, item, answer, batch, dtype_help, verbose_help,
+              load_examples, evaluate, result_line):
+    """The command line of an evaluation script, hellaswag.py's and lambada.py's: the flags and their checks, the
+    device (and DDP) set-up, the model, the data, the evaluation and the printed result. The two scripts differ in
+    their words (prog, the help texts, `item`: what is scored, `answer`: what follows its context, `batch`: the
+    batch flag as (name, default, help)) and in their load_examples, evaluate and result_line."""
+    batch_flag, batch_default, batch_help = batch
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--ckpt", type=os.path.expanduser, default=None,
                         help="train.py checkpoint to evaluate (either model.py architecture)")
     parser.add_argument("--init_from", type=os.path.expanduser, default=None,
                         help="released weights instead: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF directory")
     parser.add_argument("--tokenizer", type=os.path.expanduser, default=None,
                         help="tokenizer ref overriding the checkpoint's (gpt2 or a bpe.py tokenizer directory)")
-    parser.add_argument("--data", type=os.path.expanduser, default=None,
-                        help="local HellaSwag jsonl; default: the official val set, downloaded")
-    parser.add_argument("--data_dir", type=os.path.expanduser, default=str(DATA_DIR),
-                        help="where the downloaded val set is cached")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples")
-    parser.add_argument("--batch_examples", type=int, default=4, help="examples per forward (4 rows each)")
+    parser.add_argument("--data", type=os.path.expanduser, default=None, help=data_help)
+    parser.add_argument("--data_dir", type=os.path.expanduser, default=str(data_dir),
+                        help=f"where the downloaded {item}s are cached")
+    parser.add_argument("--limit", type=int, default=None, help=f"evaluate only the first N {item}s")
+    parser.add_argument(batch_flag, type=int, default=batch_default, help=batch_help)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps; default cuda if available else cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="autocast dtype of the forward on cuda (the 0.2955 reference figure is float32)")
-    parser.add_argument("--verbose", action="store_true", help="print every example with the 4 ending losses")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help=dtype_help)
+    parser.add_argument("--verbose", action="store_true", help=verbose_help)
+    bpe.one_line_errors(parser)
     args = parser.parse_args()
+    batch_size = getattr(args, batch_flag[2:])
     if (args.ckpt is None) == (args.init_from is None):
-        raise SystemExit("hellaswag.py: give exactly one of --ckpt PATH or --init_from NAME")
+        raise SystemExit(f"{prog}: give exactly one of --ckpt PATH or --init_from NAME")
     if args.limit is not None and args.limit < 1:
-        raise SystemExit(f"hellaswag.py: --limit must be a positive integer, got {args.limit}")
-    if args.batch_examples < 1:
-        raise SystemExit(f"hellaswag.py: --batch_examples must be a positive integer, got {args.batch_examples}")
+        raise SystemExit(f"{prog}: --limit must be a positive integer, got {args.limit}")
+    if batch_size < 1:
+        raise SystemExit(f"{prog}: {batch_flag} must be a positive integer, got {batch_size}")
 
-    device, rank, world_size, ddp = setup_device(args.device, "hellaswag.py")
+    device, rank, world_size, ddp = setup_device(args.device, prog)
     device_type = torch.device(device).type
-    model, tokenizer = load_model(args, device)
+    model, tokenizer = load_model(args, device, prog)
     try:
         if ddp and rank != 0:
             dist.barrier()  # rank 0 downloads first, the others then read the cached file
@@ -339,9 +342,9 @@ def main():
         if ddp and rank == 0:
             dist.barrier()
     except (ValueError, RuntimeError, OSError) as e:   # OSError: a --data_dir that is a file, a full disk, ...
-        raise SystemExit(f"hellaswag.py: {'--data ' if args.data else '(no --data) '}{e}")
+        raise SystemExit(f"{prog}: {'--data ' if args.data else '(no --data) '}{e}")
     except KeyboardInterrupt:
-        raise SystemExit("\nhellaswag.py: interrupted while reading the data")
+        raise SystemExit(f"\n{prog}: interrupted while reading the data")
     examples = examples[:args.limit]
 
     autocast = (torch.autocast(device_type, dtype=torch.bfloat16)
@@ -350,29 +353,36 @@ def main():
     try:
         with autocast:
             result = evaluate(model, tokenizer, examples, device, rank, world_size, verbose=args.verbose,
-                              batch_examples=args.batch_examples, progress=rank == 0 and not args.verbose)
+                              progress=rank == 0 and not args.verbose,
+                              **{batch_flag[2:]: batch_size})   # batch_examples= or batch_size=
     except ValueError as e:
-        raise SystemExit(f"hellaswag.py: {e}")
+        raise SystemExit(f"{prog}: {e}")
     except KeyboardInterrupt:
-        raise SystemExit("\nhellaswag.py: interrupted before the last example: no score")
+        raise SystemExit(f"\n{prog}: interrupted before the last {item}: no score")
     if result["num_total"] == 0:
-        raise SystemExit(f"hellaswag.py: no example fits the model's context ({model.context_length} tokens): all "
-                         f"{result['num_skipped']} skipped (an ending too long for it, or an empty context)")
+        raise SystemExit(f"{prog}: no {item} fits the model's context ({model.context_length} tokens): all "
+                         f"{result['num_skipped']} skipped ({answer}s too long for it, or empty contexts)")
     if rank == 0:
         if result.get("num_cut"):
-            print(f"hellaswag.py: warning: {result['num_cut']} of {result['num_total']} contexts were too long for the "
-                  f"model's context ({model.context_length} tokens) with their endings: cut from the start",
+            print(f"{prog}: warning: {result['num_cut']} of {result['num_total']} contexts were too long for the "
+                  f"model's context ({model.context_length} tokens) with their {answer}s: cut from the start",
                   file=sys.stderr)
-        print(f"{result['num_total']} examples scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
+        print(f"{result['num_total']} {item}s scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
         print(result_line(result))
     if ddp:
         dist.barrier()  # ranks leave together (see train.py)
         dist.destroy_process_group()
 
 
+def main():
+    eval_main("hellaswag.py", "HellaSwag accuracy of a checkpoint or of released GPT-2 weights: acc_norm per token "
+              "(build-nanogpt's), acc, acc_norm_char per character (lm-eval's acc_norm).",
+              data_help="local HellaSwag jsonl; default: the official val set, downloaded", data_dir=DATA_DIR,
+              item="example", answer="ending", batch=("--batch_examples", 4, "examples per forward (4 rows each)"),
+              dtype_help="autocast dtype of the forward on cuda (the 0.2955 reference figure is float32)",
+              verbose_help="print every example with the 4 ending losses",
+              load_examples=load_examples, evaluate=evaluate, result_line=result_line)
+
+
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+    bpe.run_main(main)

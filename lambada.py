@@ -27,13 +27,8 @@ From Python (train.py does this during training with --lambada=true):
   result = evaluate(raw_model, tokenizer, load_examples(), device, ddp_rank, ddp_world_size)
   print(result_line(result))                     # lambada acc 0.xxxx (N/5153) ppl P
 """
-import argparse
 import json
 import math
-import os
-import sys
-import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -42,7 +37,7 @@ import torch.nn.functional as F
 
 import bpe
 import model as model_lib
-from hellaswag import Unscorable, download, load_model, read_jsonl, setup_device
+from hellaswag import Unscorable, download, eval_main, read_jsonl
 
 # OpenAI's copy (the one the harness's lambada_openai task was built from)
 TEST_URL = "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl"
@@ -198,74 +193,13 @@ def result_line(r):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="LAMBADA last-word accuracy and perplexity of a checkpoint or of "
-                                     "released GPT-2 weights.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--ckpt", type=os.path.expanduser, default=None,
-                        help="train.py checkpoint to evaluate (either model.py architecture)")
-    parser.add_argument("--init_from", type=os.path.expanduser, default=None,
-                        help="released weights instead: gpt2, gpt2-medium, gpt2-large, gpt2-xl or a local HF directory")
-    parser.add_argument("--tokenizer", type=os.path.expanduser, default=None,
-                        help="tokenizer ref overriding the checkpoint's (gpt2 or a bpe.py tokenizer directory)")
-    parser.add_argument("--data", type=os.path.expanduser, default=None,
-                        help="local LAMBADA jsonl; default: OpenAI's test set, downloaded")
-    parser.add_argument("--data_dir", type=os.path.expanduser, default=str(DATA_DIR),
-                        help="where the downloaded test set is cached")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N passages")
-    parser.add_argument("--batch_size", type=int, default=8, help="passages per forward")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps; default cuda if available else cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="autocast dtype of the forward on cuda")
-    parser.add_argument("--verbose", action="store_true", help="print every passage's target, loss and verdict")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
-    args = parser.parse_args()
-    if (args.ckpt is None) == (args.init_from is None):
-        raise SystemExit("lambada.py: give exactly one of --ckpt PATH or --init_from NAME")
-    if args.limit is not None and args.limit < 1:
-        raise SystemExit(f"lambada.py: --limit must be a positive integer, got {args.limit}")
-    if args.batch_size < 1:
-        raise SystemExit(f"lambada.py: --batch_size must be a positive integer, got {args.batch_size}")
-
-    device, rank, world_size, ddp = setup_device(args.device, "lambada.py")
-    device_type = torch.device(device).type
-    model, tokenizer = load_model(args, device, prog="lambada.py")
-    try:
-        if ddp and rank != 0:
-            dist.barrier()  # rank 0 downloads first, the others then read the cached file
-        examples = load_examples(args.data, args.data_dir)
-        if ddp and rank == 0:
-            dist.barrier()
-    except (ValueError, RuntimeError, OSError) as e:   # OSError: a --data_dir that is a file, a full disk, ...
-        raise SystemExit(f"lambada.py: {'--data ' if args.data else '(no --data) '}{e}")
-    except KeyboardInterrupt:
-        raise SystemExit("\nlambada.py: interrupted while reading the data")
-    examples = examples[:args.limit]
-
-    autocast = (torch.autocast(device_type, dtype=torch.bfloat16)
-                if args.dtype == "bfloat16" and device_type == "cuda" else nullcontext())
-    t0 = time.time()
-    try:
-        with autocast:
-            result = evaluate(model, tokenizer, examples, device, rank, world_size, verbose=args.verbose,
-                              batch_size=args.batch_size, progress=rank == 0 and not args.verbose)
-    except KeyboardInterrupt:
-        raise SystemExit("\nlambada.py: interrupted before the last passage: no score")
-    if result["num_total"] == 0:
-        raise SystemExit(f"lambada.py: no passage fits the model's context ({model.context_length} tokens): all "
-                         f"{result['num_skipped']} skipped")
-    if rank == 0:
-        if result.get("num_cut"):
-            print(f"lambada.py: warning: {result['num_cut']} of {result['num_total']} contexts were too long for the "
-                  f"model's context ({model.context_length} tokens): cut from the start", file=sys.stderr)
-        print(f"{result['num_total']} passages scored in {time.time() - t0:.1f}s on {world_size} process(es), {device}")
-        print(result_line(result))
-    if ddp:
-        dist.barrier()  # ranks leave together (see train.py)
-        dist.destroy_process_group()
+    eval_main("lambada.py", "LAMBADA last-word accuracy and perplexity of a checkpoint or of released GPT-2 weights.",
+              data_help="local LAMBADA jsonl; default: OpenAI's test set, downloaded", data_dir=DATA_DIR,
+              item="passage", answer="target", batch=("--batch_size", 8, "passages per forward"),
+              dtype_help="autocast dtype of the forward on cuda",
+              verbose_help="print every passage's target, loss and verdict",
+              load_examples=load_examples, evaluate=evaluate, result_line=result_line)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+    bpe.run_main(main)

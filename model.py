@@ -50,7 +50,8 @@ CHECKS = {  # the range a setting may be held to; the key is also what its error
 
 def setting(default, help, check=None, choices=None, **meta):
     """A dataclass field with its --help text, a range check (a key of CHECKS) or allowed values, and any other
-    metadata train.py reads (flag: the flag's name when it differs from the field's, None for no flag)."""
+    metadata train.py reads (flag: the flag's name when it differs from the field's, None for no flag). A plain
+    field (`probe: bool = False`) is a flag as well, with its name for help and no check."""
     if check is not None and check not in CHECKS:
         raise ValueError(f"setting: unknown check {check!r}; expected one of {list(CHECKS)}")
     return field(default=default, metadata=dict(help=help, check=check, choices=choices, **meta))
@@ -566,7 +567,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-_HUB_NAMES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+HUB_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
               "gpt2-xl": (48, 25, 1600)}
 
 
@@ -667,7 +668,7 @@ class GPT(nn.Module):
             folder = name_or_path
             files = {f: os.path.join(folder, f) for f in ("config.json", "model.safetensors", "pytorch_model.bin")
                      if os.path.isfile(os.path.join(folder, f))}
-        elif name_or_path in _HUB_NAMES:
+        elif name_or_path in HUB_SHAPES:
             repo = f"openai-community/{name_or_path}"
             online = hub_reachable()[0]  # offline, a copy downloaded before still loads, at once
             try:
@@ -687,7 +688,7 @@ class GPT(nn.Module):
                                  f"a local folder with config.json and model.safetensors works offline") from None
         else:
             raise ValueError(f"GPT.from_pretrained: {name_or_path!r} is neither a directory nor one of "
-                             f"{sorted(_HUB_NAMES)}")
+                             f"{sorted(HUB_SHAPES)}")
         if "config.json" not in files or len(files) < 2:
             raise ValueError(f"GPT.from_pretrained: {name_or_path}: expected config.json and model.safetensors "
                              f"or pytorch_model.bin")
@@ -827,6 +828,27 @@ def resolve_device(name):
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"--device {name}: MPS is not available on this machine")
     return device
+
+
+def native_bf16(device):
+    """Whether `device` computes bfloat16 natively, so that bf16 autocast pays: a CUDA GPU with bf16 tensor cores
+    (Ampere and newer; a V100 emulates them), a CPU with AVX512-BF16 or AMX (AMD Zen 4, Intel Cooper Lake,
+    Sapphire Rapids and newer) or Arm's BF16 extension. Elsewhere bf16 matmuls are emulated, ~20x slower on CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cpu" and bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}) and \
+        torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def cpu_flags():
+    """The CPU's feature flags as Linux lists them in /proc/cpuinfo (x86 "flags", Arm "Features"); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        return set()
+    return set(line.partition(":")[2].split())
 
 
 def rank_gpu(local_rank):

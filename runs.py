@@ -249,12 +249,34 @@ def resume_settings(cfg, explicit, defaults, presets, resumable):
     asked = set(explicit)   # what this command line sets; a preset's settings only when it names another one
     if cfg["preset"] != old.get("preset", ""):
         asked |= set(presets.get(cfg["preset"], {}))
+    if "data_dir" in asked:   # a folder named on the command line is prepared only when that command line says so,
+        asked.add("prepare_data")   # never because the checkpoint's run prepared its own
     changed = {k: (old.get(k), cfg[k]) for k in asked if k not in resumable and old.get(k) != cfg[k]}
     if changed:
         what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
         raise ValueError(f"{ckpt_path} holds a run with other settings ({what}): use --fresh to start over or "
                          f"another --out_dir")
-    return {**defaults, **old, **{k: cfg[k] for k in asked}, "fresh": False}, ckpt   # a --fresh first run: not again
+    # --resume and --fresh are this command's: a --fresh first run does not start over again, an old --resume=true
+    # does not make this --resume=auto continue another run
+    return {**defaults, **old, **{k: cfg[k] for k in asked}, "resume": resume, "fresh": False}, ckpt
+
+
+def check_same_run(ckpt, data, c, ckpt_path):
+    """--resume=auto continues out_dir's checkpoint only when it is the same run: trained on these token files (names
+    and sizes, in order) under this tokenizer. Another run there stops this one before any work, with the ways on;
+    --resume=true goes on (restore() continues the model on this data, if it can read it)."""
+    trained_with = ckpt.get("tokenizer_fingerprint")
+    if c.resume is True or (ckpt["train_files"] == data.train_files and trained_with == data.fingerprint):
+        return
+    vocab = ckpt["model_config"].get("vocab_size")   # what check_model_fits would refuse under --resume=true:
+    cannot = (f"its model's {vocab:,} ids are not this data's {data.vocab_size:,}" if vocab != data.vocab_size else
+              "its model was trained on another tokenizer's ids" if data.fingerprint not in (None, trained_with)
+              else None)
+    ways = (f"use another --out_dir, or --fresh to replace it ({cannot})" if cannot else
+            "use another --out_dir, --fresh to replace it, or --resume=true to continue it on this data")
+    raise ValueError(f"{ckpt_path} holds another run, trained on {ckpt['config'].get('data_dir')} "
+                     f"({files_summary(ckpt['train_files'])}), not on {c.data_dir} ({files_summary(data.train_files)})"
+                     f": {ways}")
 
 
 def read_train_checkpoint(src):
@@ -264,6 +286,20 @@ def read_train_checkpoint(src):
         name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
         raise ValueError(f"{name}: not a train.py checkpoint (expected a dict with 'model' and 'iteration')")
     return ckpt
+
+
+def checkpoint_not_written(path, step, e):
+    """The one line for a checkpoint that could not be written (a full disk): what, why, the checkpoint kept (the
+    write goes to a temp file, renamed only once whole) and how to go on."""
+    try:
+        kept = (f"the one of step {torch.load(path, mmap=True, weights_only=True)['iteration']} is kept: free at "
+                f"least its {Path(path).stat().st_size / 1e6:,.1f} MB there")
+    except FileNotFoundError:
+        kept = "no earlier one is kept: free some space there"
+    except Exception:   # (not expected: the last rename put a whole checkpoint there)
+        kept = "the earlier one is kept: free some space there"
+    return ValueError(f"{path}: could not write the checkpoint of step {step} ({bpe.write_error(e)}); {kept}, then "
+                      f"continue with --resume")
 
 
 def model_of(ckpt, ckpt_path):
@@ -281,7 +317,7 @@ def check_model_fits(raw, data, c, ckpt, ckpt_path):
         source = f"--init_from={c.init_from}" if ckpt is None else str(ckpt_path)
         raise ValueError(f"{source}: the model has a vocabulary of {raw.vocab_size:,} ids, the data in {c.data_dir} "
                          f"{data.vocab_size:,} (tokenizer {data.tokenizer_ref!r}): tokenize the data with the model's "
-                         f"tokenizer")
+                         f"tokenizer" + ("" if ckpt is None else ", or start a new run with --fresh"))
     trained_with = ckpt.get("tokenizer_fingerprint") if ckpt is not None else None
     if trained_with and data.fingerprint not in (None, trained_with):
         raise ValueError(f"{ckpt_path}: trained on ids of tokenizer fingerprint {trained_with}, but the data in "
@@ -315,12 +351,10 @@ class RunState:
 
 def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused, lr_of, log):
     """Load a checkpoint into this run -- weights, optimizer, the loader's position, every RNG -- after checking
-    that it continues the same run (the same training files, the same number of processes); returns its
-    RunState. Says what a resume changes in the learning-rate schedule."""
-    if ckpt["train_files"] != data.train_files:   # names and sizes, in the sampler's order
-        raise ValueError(f"{ckpt_path}: its run trained on other token files than {c.data_dir} holds now "
-                         f"({files_summary(ckpt['train_files'])} then, {files_summary(data.train_files)} now): "
-                         f"resume with the same data, or start over with --fresh")
+    that it continues the same run (the same number of processes, but for an FSDP run's); returns its RunState. On
+    other training files (--resume=true) the loader starts at their beginning. Says what a resume changes in the
+    learning-rate schedule."""
+    same_data = ckpt["train_files"] == data.train_files   # names and sizes, in the sampler's order
     if "shards" in ckpt:   # an FSDP run's (train.py --fsdp): sharded, and resumable on any number of processes
         position, rng = restore_shards(ckpt, ckpt_path, raw, optimizer, loader, fused, world, rank, log)
     else:
@@ -329,13 +363,14 @@ def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused
         model_lib.unwrap(raw).load_state_dict(model_lib.unwrapped_state_dict(ckpt["model"]))
         optimizer.load_state_dict(ckpt["optimizer"])
         saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
-        if saved_world != world:
+        if same_data and saved_world != world:
             raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
                              f"(this run has {world}) so every rank continues its own data stream")
-        position = ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"]
+        position = ckpt["loader"][rank] if isinstance(ckpt["loader"], list) and same_data else ckpt["loader"]
         rng = ckpt["rng"]
     try:
-        loader.load_state_dict(position)
+        if same_data:
+            loader.load_state_dict(position)
     except (IndexError, KeyError, TypeError, ValueError):   # e.g. a shard that is no longer there
         raise ValueError(f"{ckpt_path}: its data position does not exist in {c.data_dir} ({len(data.train)} "
                          f"training file(s)): the data changed since the checkpoint; resume with the same data, "
@@ -343,6 +378,12 @@ def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused
     set_rng_state(rng)
     state = RunState(int(ckpt["iteration"]), ckpt["elapsed"], ckpt["val_loss"], ckpt["val_step"])
     log(f"resumed {ckpt_path} at step {state.step}")
+    if not same_data:   # --resume=true on other token files (check_same_run stops --resume=auto): the model, the
+        # optimizer and the schedule go on; the loader starts at the new files' beginning, and their validation loss
+        # is measured anew (the checkpoint's was on other text)
+        state.val_loss = state.val_step = None
+        log(f"train.py: {ckpt_path} continues on other data: {c.data_dir} holds {files_summary(data.train_files)}, "
+            f"its run trained on {files_summary(ckpt['train_files'])}: reading starts at their beginning")
     budget = parse_duration(c.time_budget)
     if state.finished(c.max_iters, budget):   # nothing to train: say how to go on
         spent = (f"its --max_iters={c.max_iters}" if state.step >= c.max_iters else
@@ -509,8 +550,12 @@ class RunDir:
     def record(self, kind, **fields):
         """One line of log.jsonl (and the numbers to wandb)."""
         if self.logf is not None:
-            self.logf.write(json.dumps({"type": kind, **fields}) + "\n")
-            self.logf.flush()
+            try:
+                self.logf.write(json.dumps({"type": kind, **fields}) + "\n")
+                self.logf.flush()
+            except OSError as e:   # a full disk
+                raise ValueError(f"{self.log_path}: could not write the log ({bpe.write_error(e)}): "
+                                 f"free some space, then continue with --resume") from None
         if self.wandb is not None:
             self.wandb.log({f"{kind}/{k}": v for k, v in fields.items() if isinstance(v, (int, float))},
                            step=fields.get("step"))

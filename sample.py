@@ -250,7 +250,7 @@ def main():
                         help="cpu, cuda, cuda:1, mps")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="weights dtype for generation")
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: {message} (see --help)\n")   # one line, no usage
+    bpe.one_line_errors(parser)
     args = parser.parse_args()
 
     if args.ckpt and args.init_from:
@@ -313,8 +313,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
-        sys.exit(1)
+    bpe.run_main(main)

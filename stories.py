@@ -523,7 +523,7 @@ def main():
     p.add_argument("--num_bytes", type=int, default=4_000_000, help="size of the corpus in bytes (at least)")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same corpus")
     p.add_argument("--print", type=int, default=0, metavar="N", help="print N stories instead of writing a file")
-    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
+    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # as bpe.one_line_errors does
     args = p.parse_args()
     if args.seed < 0:   # random.Random(-5) is random.Random(5): two seeds, one corpus
         raise SystemExit(f"stories.py: --seed {args.seed}: expected a seed >= 0")
@@ -550,6 +550,6 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does
+    except BrokenPipeError:   # the reader went away (`| head`): stop quietly, as cat does (bpe.run_main's copy)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # Python's last flush then fails silently
         sys.exit(1)

@@ -114,7 +114,7 @@ def _spawn_ranks(fn, *args, nprocs=2, timeout=240):
 
 
 # ====================================================================================================================
-# bpe.py: the tokenizer: training against a brute-force trainer and tiktoken, encoding, files, the command line
+# bpe.py: the tokenizer: training against its reference trainer and tiktoken, encoding, files, the command line
 # ====================================================================================================================
 
 
@@ -151,38 +151,6 @@ def _bpe_synthetic_text(n_docs, seed=0, special=_BPE_EOT):
     return f"\n{special}\n".join(docs) + "\n"
 
 
-def _bpe_naive_train(text, vocab_size, special_tokens):
-    """Brute-force reference: pre-tokenise with the GPT-2 regex, recount every pair before every merge."""
-    docs = regex.split("|".join(regex.escape(t) for t in special_tokens), text) if special_tokens else [text]
-    words = Counter()
-    for d in docs:
-        for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d):
-            words[tuple(bytes([b]) for b in t.encode("utf-8"))] += 1
-    merges = []
-    while len(merges) < vocab_size - 256 - len(special_tokens):
-        pairs = Counter()
-        for w, c in words.items():
-            for p in zip(w, w[1:]):
-                pairs[p] += c
-        if not pairs:
-            break
-        best = max(pairs, key=lambda p: (pairs[p], p))
-        merges.append(best)
-        new_words = Counter()
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            new_words[tuple(out)] += c
-        words = new_words
-    return merges
-
-
 def _bpe_small_tokenizer(tmp_path, specials=(_BPE_EOT,), vocab_size=400):
     path = tmp_path / "small.txt"
     path.write_text(_bpe_synthetic_text(150, seed=1), encoding="utf-8")
@@ -217,9 +185,21 @@ def _bpe_chunkings(text, rng):
         yield [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
 
 
-def _bpe_cli(*args, cwd=None):
+def _bpe_cli(*args, cwd=None, preexec_fn=None):
     return subprocess.run([sys.executable, str(ROOT / "bpe.py"), *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+                          timeout=120, cwd=cwd, preexec_fn=preexec_fn)
+
+
+def _file_size_limit(n):
+    """A subprocess's preexec_fn: its files cannot grow past n bytes, so a longer write fails (EFBIG) as a full disk
+    fails it, without root or a small filesystem (Python ignores the SIGXFSZ that comes with it)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
+
+def _files(folder):
+    """Every file under folder, with its bytes: what a failed write must leave as it was."""
+    return {p: p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
 def _bpe_exit(monkeypatch, *argv):
@@ -392,7 +372,7 @@ def test_bpe_train_replaces_invalid_utf8_and_warns_how_many_bytes(tmp_path, caps
     _, merges = bpe.train_bpe(tmp_path / "bad.txt", 300, [_BPE_EOT], num_workers=1, stats=stats)
     assert stats["invalid_bytes"] == 3
     assert "3 bytes" in _bpe_warning(capsys.readouterr().err, tmp_path / "bad.txt")
-    assert merges == _bpe_naive_train(data.decode("utf-8", "replace"), 300, [_BPE_EOT])
+    assert merges == bpe.train_bpe_reference(data.decode("utf-8", "replace"), 300, [_BPE_EOT])[1]
 
 
 def test_bpe_parallel_counting_with_spawned_workers(tmp_path, monkeypatch):
@@ -489,7 +469,7 @@ def test_bpe_an_input_file_missing_empty_or_a_folder_is_refused_first(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["tok"] + ["corpus.txt"] * (kind != "missing"))
 
 
-# ---- training: the merges against hand computation and a brute-force trainer
+# ---- training: the merges against hand computation and bpe.train_bpe_reference
 
 
 def test_bpe_train_hand_computed_merges_with_tie(tmp_path):
@@ -515,18 +495,23 @@ def test_bpe_train_hand_computed_pretoken_boundaries(tmp_path):
     assert merges == [(b"t", b"h"), (b"th", b"e"), (b"c", b"a")]
 
 
-def test_bpe_train_matches_brute_force_reference(tmp_path):
-    text = _bpe_synthetic_text(120, seed=3)
-    num_merges = 60   # the synthetic text alone runs out of pairs after 64 merges
-    if DATA.is_dir():
-        text += (DATA / "webtext" / "cs336_corpus_en.txt").read_text(encoding="utf-8")[:20_000]
-        num_merges = 120
+@pytest.mark.parametrize("source", ["synthetic", "tinystories", "webtext"])
+def test_bpe_train_matches_the_reference_trainer(tmp_path, source):
+    # bpe.train_bpe_reference (recount every pair before every merge) is the specification: the fast trainer gives
+    # the same vocabulary and merges, on synthetic text with varied whitespace and on slices of real text
+    if source == "synthetic":
+        text, num_merges = _bpe_synthetic_text(120, seed=3), 60   # (it runs out of pairs after 64 merges)
+    else:
+        if not DATA.is_dir():
+            pytest.skip(f"real text: no team data at {DATA} (a fresh clone has none); the synthetic case still runs")
+        name = {"tinystories": "tinystories/tinystories_valid_first1000.txt", "webtext": "webtext/cs336_corpus_en.txt"}
+        text, num_merges = (DATA / name[source]).read_text(encoding="utf-8")[:20_000], 150
     path = tmp_path / "c.txt"
     path.write_text(text, encoding="utf-8")
     size = 256 + 1 + num_merges
     vocab, merges = bpe.train_bpe(path, size, [_BPE_EOT], num_workers=1)
-    assert merges == _bpe_naive_train(text, size, [_BPE_EOT])
-    assert len(merges) == num_merges and len(vocab) == size and len(set(vocab.values())) == size
+    assert (vocab, merges) == bpe.train_bpe_reference(text, size, [_BPE_EOT])
+    assert len(merges) == num_merges and len(set(vocab.values())) == size
 
 
 @pytest.mark.parametrize("text,num_merges", [
@@ -535,7 +520,7 @@ def test_bpe_train_matches_brute_force_reference(tmp_path):
     ("\n" * 3000 + "x yy", 8),
     ("ab" * 600 + " abab ba\n" + "=" * 999, 8),
 ], ids=["ababab", "aaaaaa", "3000_newlines", "ab_600_times"])
-def test_bpe_train_words_holding_a_pair_many_times_match_brute_force(tmp_path, text, num_merges):
+def test_bpe_train_words_holding_a_pair_many_times_match_the_reference(tmp_path, text, num_merges):
     # words with several sites of the merged pair ("ababab", "aaaaaa") take the rebuild path of the incremental
     # update: the (new, new) pairs between adjacent sites count once, and no phantom (new, a) pair is left behind
     # (too many) or taken away (too few); "aba" / " aaa" make (ab, a) / (aa, a) real pairs elsewhere. A word of
@@ -544,7 +529,7 @@ def test_bpe_train_words_holding_a_pair_many_times_match_brute_force(tmp_path, t
     path = tmp_path / "o.txt"
     path.write_text(text, encoding="utf-8")
     _, merges = bpe.train_bpe(path, 256 + num_merges, [], num_workers=1)
-    assert merges == _bpe_naive_train(text, 256 + num_merges, []) and len(merges) == num_merges
+    assert merges == bpe.train_bpe_reference(text, 256 + num_merges)[1] and len(merges) == num_merges
 
 
 def test_bpe_train_same_merges_for_any_worker_count(tmp_path):
@@ -1124,6 +1109,20 @@ def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, ca
     assert all(figure in line for figure in (f"{meta['num_tokens']:,} tokens", "uint16", "60 docs")), line
 
 
+def test_bpe_cli_default_out_is_named_by_the_vocabulary_reached(tmp_path, monkeypatch, capsys):
+    # --vocab 10000 on a text that runs out of pairs to merge sooner: the default folder and the report give the
+    # vocabulary reached, not the one asked for
+    corpus = _bpe_corpus(tmp_path / "corpus.txt", n=20)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "10000", "--workers", "1"])
+    bpe.main()
+    (out,) = Path("tokenizers").iterdir()
+    reached = bpe.load_tokenizer(out).vocab_size
+    assert reached < 10000 and out.name == f"corpus-{reached}"
+    line = _bpe_report_line(capsys.readouterr().out, "merges")
+    assert f"{reached} tokens" in line and str(out) in line and "10000" not in line
+
+
 def test_bpe_cli_an_empty_special_trains_without_special_tokens(tmp_path, monkeypatch):
     # --special "" is how --help says to train without special tokens: no empty special token is made, and
     # "<|endoftext|>" in a text is plain characters
@@ -1198,6 +1197,26 @@ def test_bpe_cli_an_encode_out_that_cannot_be_written_is_one_line_and_leaves_not
     assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "a_file").read_text() == "x"
 
 
+@pytest.mark.parametrize("job", ["train", "encode"])
+def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path, job):
+    # the output's write fails as on a full disk: exit status 1, one line naming --out, and what an earlier run wrote
+    # there is left byte for byte (no half-written tokenizer, no temp file)
+    corpus = _bpe_corpus(tmp_path / "corpus.txt")
+    if job == "train":
+        out = tmp_path / "tok"
+        _bpe_byte_tokenizer().save_dir(out)
+        argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1]
+    else:
+        out = tmp_path / "x.bin"
+        bpe.encode_file(corpus, "gpt2", out, num_workers=1)
+        argv = ["--encode", corpus, "--tokenizer", _bpe_tok_dir(tmp_path), "--out", out, "--workers", 1]
+    before = _files(tmp_path)
+    r = _bpe_cli(*argv, preexec_fn=_file_size_limit(2000))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"bpe.py: --out {out}: ")
+    assert _files(tmp_path) == before
+
+
 def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
     # the message starts on a line of its own (after the progress display) and says what was not written
     text = tmp_path / "in.txt"
@@ -1241,6 +1260,17 @@ def test_bpe_refuses_an_out_it_cannot_write_before_training(tmp_path, monkeypatc
     _one_line_naming(_bad_exit(monkeypatch, bpe, "--encode", corpus, "--out", tmp_path / "ro" / "x.bin"),
                      f"bpe.py: --out {tmp_path / 'ro' / 'x.bin'}: ", "not writable")
     assert not calls
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_bpe_refuses_an_out_under_proc_before_training(tmp_path, monkeypatch):
+    # /proc takes no new file, even from root, for whom os.access says yes: refused before any training or encoding,
+    # naming the flag (it failed after the training)
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    monkeypatch.setattr(bpe, "encode_file", _bpe_not_called)
+    corpus = _bpe_corpus(tmp_path / "c.txt")
+    for argv in (["--input", corpus, "--vocab", 300, "--out", "/proc/x"], ["--encode", corpus, "--out", "/proc/x"]):
+        _one_line_naming(_bad_exit(monkeypatch, bpe, *argv), "bpe.py: --out /proc/x: ", "/proc")
 
 
 def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, monkeypatch, capsys):
@@ -2873,6 +2903,35 @@ def test_train_checkpoint_that_is_not_a_whole_train_py_checkpoint_is_one_line(tm
     assert runs.read_train_checkpoint(good)["iteration"] == 1
 
 
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5141120 vs 5141012"),
+    OSError(28, "No space left on device")], ids=["torch-writer", "enospc"])
+def test_train_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, _train_data, monkeypatch,
+                                                                            error):
+    # the disk fills during the second checkpoint write (step 4 of 6), torch's writer raising what it raises then:
+    # one line naming the checkpoint, the step not written, the step kept and --resume; the step-2 checkpoint is
+    # kept byte for byte, no temp file is left, and --resume (the disk freed) finishes the run
+    out, real_save, kept = tmp_path / "o", torch.save, []
+
+    def save(obj, f, *a, **k):
+        if isinstance(obj, dict) and obj.get("iteration") == 4:
+            kept.append((out / "ckpt.pt").read_bytes())
+            f.write(b"PK\x03\x04 a partial write")
+            raise error
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", save)
+    args = _train_main_args(_train_data, out) + ["--max_iters=6", "--eval_interval=2"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    _one_line_naming(str(e.value), f"train.py: {out / 'ckpt.pt'}: ", "step 4", "step 2", "--resume")
+    _train_in_order(str(e.value), "step 4", "step 2", "--resume")   # not written, then kept
+    assert (out / "ckpt.pt").read_bytes() == kept[0] and {p.name for p in out.iterdir()} <= {".lock", "ckpt.pt",
+                                                                                              "log.jsonl"}
+    monkeypatch.setattr(torch, "save", real_save)
+    train.main(args + ["--resume"])
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 6
+
+
 # ---- evaluation: the validation loss and bits per byte
 
 
@@ -2907,24 +2966,58 @@ def test_train_bytes_per_token_counts_utf8_bytes_not_characters():
 # ---- device settings, batch arithmetic, the model's config
 
 
+def _settings(c, device):
+    """train.device_settings without its dtype_why phrase (a test of the choices, not of their wording)."""
+    return {k: v for k, v in train.device_settings(c, device).items() if k != "dtype_why"}
+
+
 def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
     # --tf32/--dtype/--pad_vocab/--fused/--compile=auto: all on for a CUDA device, all off elsewhere; --dtype=auto is
     # bfloat16 only on a GPU that has it natively (a V100 only emulates it: float32 there); a given value wins
     native = {True: True, False: True}   # is_bf16_supported(including_emulation=...)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native[including_emulation])
+    monkeypatch.setattr(M, "cpu_flags", lambda: {"avx2"})   # a CPU without native bf16
     on = dict(tf32=True, dtype="bfloat16", pad_vocab=64, fused=True, compile=True)
     off = dict(tf32=False, dtype="float32", pad_vocab=1, fused=False, compile=False)
     auto = dict(train.DEFAULTS)
-    assert train.device_settings(auto, torch.device("cuda", 1)) == on
-    assert train.device_settings(auto, torch.device("cpu")) == off
+    assert _settings(auto, torch.device("cuda", 1)) == on
+    assert _settings(auto, torch.device("cpu")) == off
     native[False] = False   # bf16 emulated only
-    assert train.device_settings(auto, torch.device("cuda")) == dict(on, dtype="float32")
+    assert _settings(auto, torch.device("cuda")) == dict(on, dtype="float32")
     given = dict(auto, tf32="false", dtype="bfloat16", pad_vocab="false", fused="false", compile="false")
-    assert train.device_settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
+    assert _settings(given, torch.device("cuda")) == dict(off, dtype="bfloat16")
     given = dict(auto, tf32="true", dtype="float32", pad_vocab="true", fused="true", compile="true")
-    assert train.device_settings(given, torch.device("cpu")) == dict(on, dtype="float32")
+    assert _settings(given, torch.device("cpu")) == dict(on, dtype="float32")
     muon = dict(auto, optimizer="muon")   # torch's fused kernel is AdamW's: Muon runs this file's optimizer
-    assert train.device_settings(muon, torch.device("cuda")) == dict(on, dtype="float32", fused=False)
+    assert _settings(muon, torch.device("cuda")) == dict(on, dtype="float32", fused=False)
+
+
+@pytest.mark.parametrize("flags, d_model, init_from, dtype", [
+    ({"avx2", "fma"}, 512, "scratch", "float32"),              # AVX2 only: bf16 emulated, float32 as always
+    ({"avx512f", "avx512bw"}, 512, "scratch", "float32"),      # AVX-512 without its BF16 extension: the same
+    ({"avx512f", "avx512_bf16"}, 512, "scratch", "bfloat16"),  # AMD Zen 4, Intel Cooper Lake
+    ({"amx_bf16", "amx_tile"}, 256, "scratch", "bfloat16"),    # Intel Sapphire Rapids (AMX)
+    ({"fp", "asimd", "bf16"}, 1024, "scratch", "bfloat16"),    # Arm with BF16 (Graviton 3, Neoverse V1)
+    ({"avx512f", "avx512_bf16"}, 128, "scratch", "float32"),   # native, but the main job's width: too narrow
+    ({"avx512f", "avx512_bf16"}, 128, "gpt2", "bfloat16"),     # released GPT-2 brings its 768 width
+])
+def test_train_auto_dtype_on_cpu_is_bf16_where_native_and_wide_enough(monkeypatch, flags, d_model, init_from, dtype):
+    monkeypatch.setattr(M, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    c = dict(train.DEFAULTS, d_model=d_model, init_from=init_from)
+    hw = train.device_settings(c, torch.device("cpu"))
+    assert hw["dtype"] == dtype and hw["dtype_why"].startswith("auto")
+    assert train.device_settings(dict(c, dtype="float32"), "cpu")["dtype"] == "float32"   # a given dtype wins
+    assert train.device_settings(dict(c, dtype="bfloat16"), "cpu")["dtype"] == "bfloat16"
+
+
+def test_train_auto_dtype_is_said_in_the_start_line_and_logged(monkeypatch, tmp_path, _train_data):
+    monkeypatch.setattr(M, "cpu_flags", lambda: {"avx2"})
+    lines = []
+    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1, dtype="auto"), log=lines.append)
+    config = json.loads((tmp_path / "o" / "log.jsonl").read_text().splitlines()[0])
+    assert config["used"]["dtype"] == "float32" and config["used"]["dtype_why"].startswith("auto")
+    assert any(config["used"]["dtype_why"] in line for line in lines)
 
 
 def test_train_total_batch_tokens_sets_the_accumulation_steps():
@@ -3848,39 +3941,92 @@ def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypat
     assert (tmp_path / "s.txt").stat().st_size >= 1000 and not (tmp_path / "~").exists()
 
 
-def test_train_a_config_field_added_in_model_py_needs_no_other_edit(tmp_path, _train_data, monkeypatch):
-    # the README's Hacking example, made by the test itself: a field added to TransformerLMConfig and used in
-    # norm_layer is a train.py flag (its default, help and choices), is stored in the checkpoint, is rebuilt by
-    # model_from_checkpoint and is counted by flops.py, with no edit anywhere else
+def _scripts_copy(tmp_path):
+    """A copy of the project's scripts in tmp_path/clone, nothing beside it (no ../shared): a fresh clone's files."""
+    copy = tmp_path / "clone"
+    copy.mkdir()
+    for f in ROOT.glob("*.py"):
+        shutil.copy(f, copy)
+    return copy
+
+
+# runs command lines (python SCRIPT ARGS...) one after the other in one interpreter, each as `python SCRIPT ARGS`
+# would (runpy, as __main__), and prints for each its exit code or message and its stdout, as JSON: one torch import
+_RUN_SCRIPTS = """
+import contextlib, io, json, runpy, sys
+sys.path.insert(0, "")
+done = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv, out, code = argv, io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code or 0
+    done.append([code, out.getvalue()])
+print(json.dumps(done))
+"""
+
+
+def _run_scripts(cwd, *commands):
+    """[(exit code or message, stdout)] of each command line (a list: script, args...) run in cwd, offline."""
+    r = subprocess.run([sys.executable, "-c", _RUN_SCRIPTS, json.dumps([list(map(str, c)) for c in commands])],
+                       cwd=cwd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_train_readme_hacking_diff_applies_and_its_command_trains_the_new_field(tmp_path, _train_data):
+    # the README's Hacking example as a user follows it: its diff applied with `git apply` to a copy of the scripts,
+    # then its command (made quick: a tiny model on tiny data, 2 steps): the field added to TransformerLMConfig is a
+    # train.py flag with its help and choices, is stored in the checkpoint, is Llama's only, and flops.py rebuilds
+    # the model from the checkpoint and counts the LayerNorm biases, with no edit anywhere else
+    hacking = (ROOT / "README.md").read_text().split("\n## Hacking\n", 1)[1].split("\n## ", 1)[0]
+    diff = re.search(r"```diff\n(.*?)```", hacking, re.S).group(1)
+    command = shlex.split(re.search(r"and then `python (train\.py [^`]*)`", hacking).group(1))
+    out = dict(a[2:].split("=", 1) for a in command if a.startswith("--out_dir="))["out_dir"]
+    copy = _scripts_copy(tmp_path)
+    (tmp_path / "norm.diff").write_text(diff)
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)   # git apply: paths from the copy's root
+    r = subprocess.run(["git", "apply", str(tmp_path / "norm.diff")], cwd=copy, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    quick = [a for a in _train_main_args(_train_data, "-") if not a.startswith("--out_dir")]
+    (help_code, help_text), (code, _), (flops_code, flops_json), *refused = _run_scripts(
+        copy, ["train.py", "--help"], command + quick, ["flops.py", f"--ckpt={out}/ckpt.pt", "--json"],
+        *[command + quick + ["--out_dir=out/p", bad] for bad in ("--norm=batchnorm", "--model=gpt2")])
+    assert (help_code, code, flops_code) == (0, 0, 0) and "--norm" in help_text
+    ckpt = torch.load(copy / out / "ckpt.pt", weights_only=True)
+    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm" and "ln_final.bias" in ckpt["model"]
+    counted = json.loads(flops_json)["params"]
+    assert counted["total"] == sum(t.numel() for t in ckpt["model"].values())
+    assert counted["norm"] == 2 * (2 * 1 + 1) * 32   # weight and bias of ln1 and ln2 (1 layer) and of ln_final
+    for (message, _), about, named in zip(refused, ("--norm", "--norm=layernorm"), ("'batchnorm'", "--model=llama")):
+        _one_line_naming(message, f"train.py: {about}", named)   # its choices are checked, and it is Llama's only
+    assert not (copy / "out/p").exists()
+
+
+@pytest.mark.parametrize("where", ["model", "run"])
+def test_train_a_plain_dataclass_field_is_a_flag_too(tmp_path, _train_data, monkeypatch, capsys, where):
+    # a field written as anyone writes one (`probe: bool = False`, no setting(...)) in the model's config or in
+    # TrainConfig is a flag all the same: --help lists it (its name for help), and a run given it stores it
     import dataclasses
+    module, name = (M, "TransformerLMConfig") if where == "model" else (train, "TrainConfig")
 
     @dataclasses.dataclass
-    class WithNorm(M.TransformerLMConfig):
-        norm: str = M.setting("rmsnorm", "rmsnorm | layernorm", choices=("rmsnorm", "layernorm"))
-    plain_norm = M.norm_layer
-
-    def norm_layer(config, d_model, device=None, dtype=None):
-        if config.norm == "layernorm":
-            return torch.nn.LayerNorm(d_model, device=device, dtype=dtype)
-        return plain_norm(config, d_model, device, dtype)
-    monkeypatch.setattr(M, "TransformerLMConfig", WithNorm)
-    monkeypatch.setattr(M, "norm_layer", norm_layer)
-    flag = next(a for a in train.build_parser()._actions if a.dest == "norm")
-    assert flag.default == "rmsnorm" and "layernorm" in flag.help
-    args = _train_main_args(_train_data, tmp_path / "o") + ["--norm=layernorm"]
-    train.main(args)
+    class WithProbe(getattr(module, name)):
+        probe: bool = False
+        probe_width: int = 3
+    monkeypatch.setattr(module, name, WithProbe)
+    with pytest.raises(SystemExit) as e:
+        train.build_parser().parse_args(["--help"])
+    listed = capsys.readouterr().out
+    assert e.value.code == 0 and "--probe" in listed and "--probe_width" in listed
+    train.main(_train_main_args(_train_data, tmp_path / "o") + ["--probe", "--probe_width=5"])
     ckpt = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
-    assert ckpt["model_config"]["norm"] == ckpt["config"]["norm"] == "layernorm"
-    model = M.model_from_checkpoint(ckpt)
-    assert isinstance(model.layers[0].ln1, torch.nn.LayerNorm) and isinstance(model.ln_final, torch.nn.LayerNorm)
-    counted = flops.count_params(ckpt["model_config"])
-    assert counted["total"] == sum(p.numel() for p in model.parameters())
-    assert counted["norm"] == 2 * (2 * 1 + 1) * 32   # weight and bias of ln1 and ln2 (1 layer) and of ln_final
-    for bad, about, named in (("--norm=batchnorm", "--norm", "'batchnorm'"),     # its choices are checked
-                              ("--model=gpt2", "--norm=layernorm", "--model=llama")):  # and it is Llama's only
-        with pytest.raises(SystemExit) as e:
-            train.main(_train_main_args(_train_data, tmp_path / "p") + ["--norm=layernorm", bad])
-        _one_line_naming(str(e.value), f"train.py: {about}", named)
+    assert (ckpt["config"]["probe"], ckpt["config"]["probe_width"]) == (True, 5)
+    if where == "model":
+        assert (ckpt["model_config"]["probe"], ckpt["model_config"]["probe_width"]) == (True, 5)
+        assert M.model_from_checkpoint(ckpt).config.probe_width == 5
 
 
 # ---- the command line: presets
@@ -3931,6 +4077,26 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
         cfg["optimizer"] == "muon")
 
 
+def test_train_speedrun_cpu_prepare_command_runs_on_a_fresh_clone(tmp_path, monkeypatch):
+    # the command --preset=speedrun-cpu prints when its data is missing names nothing outside the clone and runs in a
+    # copy of the scripts with nothing beside it (offline here: stories.py's text, saying so in one line; a small
+    # vocabulary keeps it quick); the preset then trains on what it made
+    command = train.PREPARE_COMMANDS["speedrun-cpu"]
+    assert "shared" not in command and ".." not in command and "--vocab 4096" in command
+    copy = _scripts_copy(tmp_path)
+    command = command.replace("--vocab 4096", "--vocab 300").replace("python ", f"{shlex.quote(sys.executable)} ")
+    r = subprocess.run(command, shell=True, cwd=copy, capture_output=True, text=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len([line for line in r.stdout.splitlines() if "stories.py" in line and "compare" in line]) == 1
+    monkeypatch.chdir(copy)
+    s = train.train(train.get_config(["--preset=speedrun-cpu", "--d_model=32", "--num_layers=1", "--num_heads=2",
+                                      "--d_ff=64", "--context_length=16", "--batch_size=4", "--eval_tokens=128",
+                                      "--max_iters=2", "--warmup_iters=1", "--time_budget=", "--compile=false",
+                                      "--num_samples=0", "--device=cpu"])[0], log=_train_quiet)
+    assert s["step"] == 2 and math.isfinite(s["val_loss"]) and (copy / "out/speedrun-cpu/ckpt.pt").is_file()
+
+
 def test_train_tinystories_presets_use_the_reference_peak_lr():
     # SPEC: the TinyStories baseline reaches 1.564 at lr_max 1e-3 (batch 32, 5,000 steps), 1.48 at batch 128
     for name, batch in (("tinystories-cpu", 32), ("tinystories", 128)):
@@ -3977,6 +4143,18 @@ def test_train_main_output_paths_that_cannot_be_written_give_one_line(tmp_path, 
         train.main(_train_main_args(_train_data, tmp_path / out))
     _one_line_naming(str(e.value), "train.py: ", str(tmp_path / named))
     assert (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_train_out_dir_under_proc_names_the_flag_before_the_data_is_prepared(tmp_path, monkeypatch):
+    # the main job with --out_dir=/proc/x (which root's os.access calls writable): one line naming --out_dir, before
+    # its data is prepared (it was a bare [Errno 2] after the preparation)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fineweb, "prepare_tinystories", _bpe_not_called)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--out_dir=/proc/x"])
+    _one_line_naming(str(e.value), "train.py: --out_dir /proc/x: ", "/proc")
+    assert not any(tmp_path.iterdir())
 
 
 def test_train_next_commands_quote_a_path_with_a_space(tmp_path, _train_data, capsys):
@@ -4350,10 +4528,12 @@ def test_train_resume_with_fused_adamw_is_fused(tmp_path, _train_data, monkeypat
     assert seen == [[True, True]]
 
 
-def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_path, _train_data):
+def test_train_resumes_a_moved_copy_of_its_data_and_continues_on_other_data_only_when_asked(tmp_path, _train_data,
+                                                                                           capsys):
     # the checkpoint records its token files (names and sizes, in order): a resume with --data_dir at a moved copy
-    # ends as the uninterrupted run does; other files under the same names are refused in one line, naming the
-    # checkpoint, the folder and both sizes
+    # ends as the uninterrupted run does; other files under the same names are another run's data: --resume=auto
+    # stops before any work, in one line naming the checkpoint, both sizes and the three ways on, every file left as
+    # it was; --resume=true continues the model on them, reading them from their beginning, and says so
     train.main(_train_main_args(_train_data, tmp_path / "straight") + ["--max_iters=4"])
     train.main(_train_main_args(_train_data, tmp_path / "o"))
     moved = tmp_path / "moved"
@@ -4366,11 +4546,22 @@ def test_train_resumes_from_a_moved_copy_of_its_data_and_refuses_other_data(tmp_
         f.write(np.zeros(100, np.uint16).tobytes())
     meta = json.loads((moved / "train.bin.json").read_text())
     (moved / "train.bin.json").write_text(json.dumps(dict(meta, num_tokens=meta["num_tokens"] + 100)))
+    files = [*moved.iterdir(), *(tmp_path / "o").iterdir()]
+    before = {p: p.read_bytes() for p in files}
     with pytest.raises(SystemExit) as e:
-        train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
-    _one_line_naming(str(e.value), f"train.py: {tmp_path / 'o' / 'ckpt.pt'}: ", str(moved), "30,000", "30,100")
+        train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6"])
+    _one_line_naming(str(e.value), f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", str(moved), "30,000", "30,100",
+                     "--out_dir", "--fresh", "--resume=true")
     _train_in_order(str(e.value), "30,000", "30,100")   # the checkpoint's files, then the folder's
-    assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 4
+    assert {p: p.read_bytes() for p in files} == before
+    capsys.readouterr()
+    train.main(_train_main_args(moved, tmp_path / "o") + ["--max_iters=6", "--resume=true"])
+    (note,) = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("train.py: ") and "30,100" in line]
+    _one_line_naming(note, f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", str(moved), "30,000")
+    ck = torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)
+    assert ck["iteration"] == 6 and ck["train_files"] == [["train.bin", 30100]]
+    assert ck["loader"]["pos"] == 2 * 4 * 16   # the 2 steps since: read from the new files' start
 
 
 # ---- resume: the log and the last evaluation
@@ -4600,6 +4791,31 @@ def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
     assert ck["iteration"] == 3 and ck["config"]["prepare_data"] is True
 
 
+def test_train_a_folder_named_on_the_command_line_is_never_written_whatever_out_dir_holds(tmp_path, monkeypatch):
+    # the main job's out/ckpt.pt (its settings: prepare_data on), then the user's own folder prepared at another
+    # vocabulary: `train.py --data_dir=data/x` neither prepares data/x again nor resumes the main job's run on it:
+    # it stops before any work naming the ways on (not --resume=true: that model cannot read this data, and
+    # --resume=true says so too); --fresh trains on data/x and the next run resumes that run, data/x unchanged
+    monkeypatch.chdir(tmp_path)
+    small = ["--download=false", "--corpus_bytes=60000", "--vocab_size=300", "--d_model=32", "--num_layers=1",
+             "--num_heads=2", "--context_length=32", "--batch_size=4", "--max_iters=2", "--eval_iters=2",
+             "--num_samples=0", "--time_budget=", "--num_threads=1"]
+    train.main(small)
+    assert torch.load("out/ckpt.pt", weights_only=True)["config"]["prepare_data"] is True
+    fineweb.prepare_tinystories("data/x", vocab_size=280, allow_download=False, corpus_bytes=50000, log=_train_quiet)
+    mine, run = _files("data/x"), _files("out")
+    for resume in ([], ["--resume=true"]):
+        with pytest.raises(SystemExit) as e:
+            train.main(["--data_dir=data/x", *resume])
+        _one_line_naming(str(e.value), f"train.py: {Path('out/ckpt.pt')}", "data/x", "300", "280")
+        assert ("--fresh" in str(e.value)) and ("--resume=true" not in str(e.value))
+        assert _files("data/x") == mine and _files("out") == run
+    train.main(["--data_dir=data/x", "--fresh", *small])
+    train.main(["--data_dir=data/x", "--max_iters=3"])
+    assert [r["resumed_at_step"] for r in _train_records(Path("out"), "config")] == [None, 2]
+    assert torch.load("out/ckpt.pt", weights_only=True)["iteration"] == 3 and _files("data/x") == mine
+
+
 @pytest.mark.parametrize("name, old, new", [("batch_size", 4, 8), ("total_batch_tokens", 0, 128)])
 def test_train_resume_with_another_batch_size_or_accumulation_is_refused(tmp_path, _train_data, name, old, new):
     # the batch is not among the settings a resume may change: another --batch_size or --total_batch_tokens would
@@ -4788,6 +5004,31 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
     (summary,) = [line for line in out.splitlines() if "max_iters" in line and "step 6" in line]
     assert re.findall(r"\bstep (\d+)", summary) == ["6"]
     assert not any("--resume" in cmd for cmd in _train_next_commands(out))
+
+
+def test_train_summary_after_a_stop_gives_no_stale_figures_or_sample(tmp_path, monkeypatch, capsys):
+    # Ctrl-C at step 2, last evaluated at step 0 (the untrained model): the summary says the last evaluation was at
+    # step 0 and gives neither its validation loss nor its sample as the run's result (log.jsonl keeps them); the
+    # resumed run ends evaluated, and gives both
+    d, _ = _train_byte_data(tmp_path)
+    real_train = train.train
+    monkeypatch.setattr(train, "train", lambda cfg, **kw: real_train(cfg, on_step=lambda step: step == 2 and
+                                                                     runs.Stop.handler(None, None), **kw))
+    args = [a for a in _train_main_args(d, tmp_path / "o") if a != "--num_samples=0"] + [
+        "--max_iters=6", "--num_samples=1", "--sample_tokens=4"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    summary = capsys.readouterr().out.split("\ndone in ")[-1].splitlines()
+    (step0,) = _train_records(tmp_path / "o", "eval")
+    assert e.value.code == 130 and step0["step"] == 0 and step0["samples"]
+    assert re.findall(r"\bstep (\d+)", summary[0]) == ["2", "0"]
+    assert f"{step0['val_loss']:.4f}" not in summary[0] and not any(line.startswith("sample:") for line in summary)
+    monkeypatch.setattr(train, "train", real_train)
+    train.main(args + ["--resume"])
+    summary = capsys.readouterr().out.split("\ndone in ")[-1]
+    last = _train_records(tmp_path / "o", "eval")[-1]
+    assert last["step"] == 6 and f"{last['val_loss']:.4f}" in summary.splitlines()[0]
+    assert summary.count("\nsample: ") == 1 and f"\nsample: {last['samples'][0]}\n" in summary
 
 
 def test_train_main_ctrl_c_before_the_loop_is_one_line(tmp_path, _train_data, monkeypatch, capsys):
@@ -5056,23 +5297,26 @@ _TRAIN_WIDE = dict(d_model=256, num_layers=2, num_heads=4, context_length=64, ba
                    warmup_iters=2, eval_interval=3, ckpt_interval=3, num_threads=0)
 
 
-def test_train_two_identical_runs_at_the_default_thread_count_are_bit_for_bit_equal(tmp_path, _train_data):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_two_identical_runs_at_the_default_thread_count_are_bit_for_bit_equal(tmp_path, _train_data, dtype):
     # d_model 256 and torch's default threads reach the multi-threaded kernels (the embedding's backward once summed
-    # in a thread-timing order there): two runs of the same settings end with the same weights and the same log
+    # in a thread-timing order there): two runs of the same settings end with the same weights and the same log,
+    # under CPU bf16 autocast too (oneDNN's bf16 kernels on a CPU that has them)
     assert torch.get_num_threads() >= 2 or pytest.skip("one CPU thread: nothing multi-threaded to check")
     for out in ("a", "b"):
-        train.train(_train_cfg(_train_data, tmp_path / out, **_TRAIN_WIDE), log=_train_quiet)
+        train.train(_train_cfg(_train_data, tmp_path / out, **_TRAIN_WIDE, dtype=dtype), log=_train_quiet)
     a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["loss"] for r in _train_records(tmp_path / "a", "train")] == [
         r["loss"] for r in _train_records(tmp_path / "b", "train")]
 
 
-def test_train_killed_with_sigkill_resumes_to_the_uninterrupted_runs_weights(tmp_path, _train_data):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_train_killed_with_sigkill_resumes_to_the_uninterrupted_runs_weights(tmp_path, _train_data, dtype):
     # a real kill -9 after step 4 (no handler runs, the last checkpoint is step 3's), then --resume: the same weights
-    # as the run that was never interrupted, at the default thread count and a multi-threaded width
-    train.train(_train_cfg(_train_data, tmp_path / "straight", **_TRAIN_WIDE), log=_train_quiet)
-    cfg = _train_cfg(_train_data, tmp_path / "killed", **_TRAIN_WIDE)
+    # as the run that was never interrupted, at the default thread count and a multi-threaded width, in bf16 too
+    train.train(_train_cfg(_train_data, tmp_path / "straight", **_TRAIN_WIDE, dtype=dtype), log=_train_quiet)
+    cfg = _train_cfg(_train_data, tmp_path / "killed", **_TRAIN_WIDE, dtype=dtype)
     code = (f"import os, signal, train\n"
             f"train.train({cfg!r}, log=lambda *a, **k: None, on_step=lambda s: s == 4 and os.kill(os.getpid(), "
             f"signal.SIGKILL))\n")
@@ -6083,6 +6327,21 @@ def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp
     assert steps == ["tokenizer", "tokens", "tokens"]
 
 
+def test_fineweb_says_the_vocabulary_reached_not_the_one_asked_for(tmp_path):
+    # --vocab_size 10000 on a text that runs out of pairs to merge sooner: the tokenizer lines (trained, reused, and
+    # the shards' own tokenizer) give the vocabulary the tokenizer has
+    said = []
+    for _ in range(2):   # trained, then reused
+        fineweb.prepare_tinystories(tmp_path / "d", vocab_size=10000, allow_download=False, corpus_bytes=3000,
+                                    log=said.append)
+    path, _ = _fw_corpus(tmp_path, n=10)
+    fineweb.train_tokenizer_on_docs(fineweb.file_docs(path), 10000, tmp_path / "t", log=said.append)
+    reached = [bpe.load_tokenizer(tmp_path / d).vocab_size for d in ("d/tokenizer", "d/tokenizer", "t")]
+    lines = [line for line in said if line.startswith("tokenizer: ")]
+    assert len(lines) == 3 and all(n < 10000 for n in reached) and not any("10000" in line for line in lines)
+    assert all(f"vocab {n}" in line for n, line in zip(reached, lines)), lines
+
+
 def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
     with pytest.raises(ValueError) as e:
         fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
@@ -6156,6 +6415,57 @@ def test_fw_prepare_tinystories_download_stops_at_the_first_story_that_reaches_e
         assert text == "".join(d + "\n" + _FW_EOT + "\n" for d in rows[split][:n])   # each story, then the separator
         last = len(rows[split][n - 1]) + len(_FW_EOT) + 2
         assert limit <= len(text.encode()) < limit + last, (split, len(text))
+
+
+# ---- fineweb.py: the speedrun's and experiments.py's text (tinystories_head)
+
+
+def test_fw_tinystories_head_is_the_head_of_each_split_fetched_once(tmp_path, monkeypatch):
+    # through `datasets` (local rows here): train.txt is the first train_bytes of the train split's stories, each
+    # followed by the separator, cut there mid-story (less a character the cut would split); valid.txt is the first
+    # val_stories validation stories; a second call reuses both without a download, an edited file is fetched again
+    calls, logs = [], []
+    rows = {"train": [f"Train story {i}.\n\nIts second paragraph, \u00fcber {i}." for i in range(400)],
+            "validation": [f"Val story {i}." for i in range(50)]}
+    _fw_fake_datasets(monkeypatch, rows, calls)
+    stream = "".join(d + "\n" + _FW_EOT + "\n" for d in rows["train"]).encode()
+    cut = stream.index("\u00fc".encode(), 5000) + 1   # inside a two-byte character
+    train_txt, valid_txt = fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append)
+    assert train_txt.read_bytes() == stream[:cut - 1]
+    assert valid_txt.read_text() == "".join(d + "\n" + _FW_EOT + "\n" for d in rows["validation"][:20])
+    assert {(c["path"], c["split"], c["streaming"]) for c in calls} == {
+        ("roneneldan/TinyStories", "train", True), ("roneneldan/TinyStories", "validation", True)}
+    calls.clear()
+    assert fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append) == (
+        train_txt, valid_txt) and calls == []
+    valid_txt.write_text("edited")
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=cut, val_stories=20, log=logs.append)
+    assert len(calls) == 2 and valid_txt.read_text().startswith("Val story 0.")
+
+
+def test_fw_tinystories_head_offline_says_in_one_line_that_its_figures_do_not_compare(tmp_path, monkeypatch, capsys):
+    # offline: stories.py's stories of the same sizes, and one line saying so; again offline: the same stories
+    # reused, the line again; online later: TinyStories replaces them. The command line does the same
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    logs = []
+    train_txt, valid_txt = fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    (said,) = [line for line in logs if "compare" in line]
+    _one_line_naming(said, "TinyStories ", "cannot reach huggingface.co", "stories.py", "published")
+    assert train_txt.stat().st_size == 6000 and len(list(fineweb.file_docs(valid_txt))) == 12
+    generated, logs[:] = train_txt.read_bytes(), []
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    assert train_txt.read_bytes() == generated and [line for line in logs if "compare" in line] == [said]
+    _fw_fake_datasets(monkeypatch, {"train": ["A real story."] * 1000, "validation": ["A real one."] * 20}, [])
+    fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
+    assert train_txt.read_text().startswith("A real story.") and train_txt.stat().st_size == 6000
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["fineweb.py", "--tinystories_head", "--out_dir=cli"])
+    capsys.readouterr()
+    fineweb.main()
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if "compare" in line]) == 1 and (tmp_path / "cli/valid.txt").is_file()
+    assert (tmp_path / "cli/train.txt").stat().st_size == fineweb.HEAD_TRAIN_BYTES
 
 
 # ---- fineweb.py: a tokenizer trained on the corpus first (train_tokenizer_on_docs)
@@ -6324,6 +6634,35 @@ def test_fineweb_out_dir_that_is_a_file_gives_one_line(tmp_path, monkeypatch, _f
         msg = _fw_exit(monkeypatch, fineweb, *flags, f"--out_dir={tmp_path / 'a_file'}", "--num_workers=1")
         _one_line_naming(msg, "fineweb.py: ", tmp_path / "a_file")
     assert (tmp_path / "a_file").read_text() == "x"
+
+
+@pytest.mark.parametrize("content, named", [(b"\x00\x01 a model file" * 100, "not a text file"), (b"", "empty"),
+                                           (b"\n \n<|endoftext|>  \n", "empty input")],
+                         ids=["binary", "empty", "no-document"])
+@pytest.mark.parametrize("vocab", [[], ["--vocab_size=300"]], ids=["tokenizer", "train-a-tokenizer"])
+def test_fineweb_a_bad_input_is_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch, _fw_bpe_dir, content,
+                                                                   named, vocab):
+    # a binary, empty or document-less input, sharded with a tokenizer or training one first: one line, and no
+    # --out_dir, meta.json or temp file left behind to make the next run refuse or resume
+    (tmp_path / "in.txt").write_bytes(content)
+    out = tmp_path / "out"
+    msg = _fw_exit(monkeypatch, fineweb, f"--input={tmp_path / 'in.txt'}", f"--tokenizer={_fw_bpe_dir}",
+                   f"--out_dir={out}", "--num_workers=1", *vocab)
+    _one_line_naming(msg, "fineweb.py: ", "in.txt", named)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_fineweb_a_full_disk_is_one_line_naming_the_shard_and_leaves_nothing_half_written(tmp_path, _fw_bpe_dir):
+    # the first shard's write fails as on a full disk (files of at most 1,500 bytes, a shard is 2,000): exit status
+    # 1, one line naming --out_dir and the shard, and neither a partial shard nor a meta.json claiming the folder
+    path, _ = _fw_corpus(tmp_path)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), f"--input={path}", f"--tokenizer={_fw_bpe_dir}",
+                        f"--out_dir={out}", "--shard_size=1000", "--num_workers=1"], capture_output=True, text=True,
+                       timeout=120, preexec_fn=_file_size_limit(1500))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"fineweb.py: --out_dir {out}: ", out / "val_000000.bin")
+    assert not out.exists()
 
 
 # ---- stories.py: seeded stories, and the corpus file of them
@@ -7194,6 +7533,88 @@ def test_flops_max_batch_size_uses_decimal_gigabytes():
     assert flops.max_batch_size(_FLOPS_XL, 1024, 40) == 0 and flops.max_batch_size(_FLOPS_XL, 1024, 80) == 3
 
 
+# ---- memory per GPU under FSDP and activation checkpointing: the terms by hand, the shards of a real FSDP2 run
+
+
+def test_flops_checkpointing_keeps_block_inputs_and_one_block():
+    # _FLOPS_TINY with 3 layers: a layer keeps 8*T*d + 4*T*d_ff + 2*h*T^2 = 256 + 192 + 256 = 704 floats, the head
+    # T*d + 2*T*V = 32 + 160; checkpointed, each block keeps only its input (T*d = 32) and one block's 704 are
+    # recomputed at a time
+    cfg = dict(_FLOPS_TINY, num_layers=3)
+    assert flops.activation_terms(cfg, 8) == dict(blocks=3 * 704, head=192)
+    assert flops.activation_terms(cfg, 8, checkpointing=True) == dict(block_inputs=3 * 32, recomputed_block=704,
+                                                                     head=192)
+    assert flops.activation_floats(cfg, 8, checkpointing=True) == 96 + 704 + 192
+    _, a = flops.memory_terms(cfg, 8, checkpointing=True)
+    assert a == dict(block_inputs=4 * 96, recomputed_block=4 * 704, head=4 * 192)   # fp32
+
+
+def test_flops_fsdp_shards_are_torch_chunks_of_dim_0_and_two_blocks_are_gathered():
+    # _FLOPS_TINY (V=10, d=4, d_ff=6) over 4 ranks: ceil(rows / 4) rows a rank, the last ranks fewer or none.
+    # embedding, head (10 rows): 3, 3, 3, 1 rows of 4; Q, K, V, O and w2 (4 rows): 1 row each; w1, w3 (6 rows):
+    # 2, 2, 2, 0 rows of 4; the three gains (4): 1 element each
+    rank0 = 12 + 12 + 4 * 4 + 6 + 8 + 8 + 3
+    rank3 = 4 + 4 + 4 * 4 + 6 + 0 + 0 + 3
+    assert [flops.shard_numel(_FLOPS_TINY, 4, r) for r in range(4)] == [rank0, rank0, rank0, rank3]
+    assert 3 * rank0 + rank3 == flops.shard_numel(_FLOPS_TINY) == flops.count_params(_FLOPS_TINY)["total"] == 228
+    # gathered whole: the root group (embedding 40, final norm 4, head 40) and 2 of the 3 blocks (144 each)
+    cfg = dict(_FLOPS_TINY, num_layers=3)
+    assert flops.gathered_numel(cfg) == 84 + 2 * 144
+    b, _ = flops.memory_terms(cfg, 8, world_size=4, fsdp=True)
+    assert b == dict(state=16 * flops.shard_numel(cfg, 4), gathered=2 * (84 + 2 * 144))   # fp32 x 4; bf16
+    assert flops.memory_terms(cfg, 8, world_size=4)[0] == dict(state=16 * (84 + 3 * 144))   # DDP: all on every rank
+    # GPT-2: the root group is wte (the tied lm_head, once) 40, wpe 32 and ln_f 8; its only block holds 244
+    # (c_attn 60, attn c_proj 20, c_fc 80, mlp c_proj 68, two LayerNorms 16)
+    assert flops.gathered_numel(_FLOPS_TINY_GPT) == 40 + 32 + 8 + 244
+
+
+# tiny shapes whose dim 0 does not split evenly over 2 ranks (37 rows, 27 = 3 * 9), so rank 0 holds more
+_FLOPS_FSDP_CFGS = [
+    dict(arch="llama", vocab_size=37, context_length=8, d_model=12, num_layers=2, num_heads=2, d_ff=20),
+    dict(arch="llama", vocab_size=37, context_length=8, d_model=12, num_layers=2, num_heads=2, d_ff=20,
+         tie_embeddings=True),
+    dict(arch="gpt2", vocab_size=37, block_size=8, n_layer=2, n_head=3, n_embd=9),
+]
+
+
+def _flops_fsdp_worker(rank, world, port, out_dir):
+    """FSDP2 as train.py applies it (fully_shard on each block, then the root), one AdamW step, then the bytes of
+    the parameters, gradients and AdamW m and v this rank holds (its DTensors' local shards)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    held = []
+    for cfg in _FLOPS_FSDP_CFGS:
+        torch.manual_seed(0)
+        m = M.build_model(cfg)
+        for block in flops._blocks(m):
+            fully_shard(block)
+        fully_shard(m)
+        opt = train.AdamW(m.parameters(), lr=1e-3)
+        x = torch.randint(0, cfg["vocab_size"], (2, 8))
+        M.lm_loss(m, x, x, arch=cfg["arch"]).backward()
+        opt.step()
+        tensors = [t for p in m.parameters() for t in (p, p.grad, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])]
+        assert all(isinstance(t, DTensor) for t in tensors)
+        held.append(sum(t.to_local().numel() * t.to_local().element_size() for t in tensors))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(held))
+    dist.destroy_process_group()
+
+
+def test_flops_fsdp_state_term_is_the_summed_shards_of_a_real_fsdp2_run(tmp_path):
+    # the accounting's sharded term, per rank, against the local shards that FSDP2 over 2 gloo processes holds after
+    # an AdamW step: equal to the byte, on each rank (rank 0's, the largest, is the figure per GPU)
+    _spawn_ranks(_flops_fsdp_worker, str(tmp_path))
+    held = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for i, cfg in enumerate(_FLOPS_FSDP_CFGS):
+        assert [held[r][i] for r in range(2)] == [16 * flops.shard_numel(cfg, 2, r) for r in range(2)], cfg
+        assert held[0][i] == flops.memory_terms(cfg, 8, world_size=2, fsdp=True)[0]["state"]
+        assert held[0][i] > held[1][i]   # the uneven rows are on rank 0
+        assert held[0][i] + held[1][i] == 16 * flops.count_params(cfg)["total"]   # nothing held twice
+
+
 # ---- the reference figures
 
 
@@ -7384,8 +7805,14 @@ def _flops_table(monkeypatch, capsys, *argv):
 
 
 def _flops_shape(table):
-    """The key=value pairs of the shape line that opens the tables."""
-    return dict(kv.split("=") for kv in table.splitlines()[0].split() if "=" in kv)
+    """The key=value pairs of the shape line (arch=...) under the first line's title."""
+    return dict(kv.split("=") for kv in _flops_shape_line(table).split() if "=" in kv)
+
+
+def _flops_shape_line(table):
+    lines = table.splitlines()
+    assert lines[1].startswith("arch="), table
+    return lines[1]
 
 
 @pytest.mark.usefixtures("_model_single_thread")
@@ -7443,7 +7870,7 @@ def test_flops_cli_the_models_own_context_is_the_default_context(capsys, monkeyp
     shape = _flops_shape(out)
     assert (shape["layers"], shape["d_model"], shape["heads"], shape["d_ff"], shape["vocab"],
             shape["context"]) == ("4", "512", "16", "1344", "10000", "256")
-    assert "swiglu" in out.splitlines()[0]
+    assert "swiglu" in _flops_shape_line(out)
     r = _flops_json(monkeypatch, capsys, "--model=tinystories", "--context_length=512")
     assert r["config"]["context_length"] == 512 and list(r["contexts"]) == ["512"]
     out = _flops_table(monkeypatch, capsys, "--model=tinystories", "--context_length=512", "--train_tokens=1e9")
@@ -7517,6 +7944,99 @@ def test_flops_flags_of_the_other_architecture_are_refused(monkeypatch, flags, n
     # each would be ignored in silence (a GPT-2 MLP is 4*d GELU; the Llama model's vocabulary is not padded); the
     # error names the flag and the architecture in force, saying when it is the default
     _one_line_naming(_bad_exit(monkeypatch, flops, "--model=gpt2", *flags), f"flops.py: {named[0]}", *named[1:])
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--d_model=100", "--num_heads=3"], ("--d_model=100", "--num_heads=3")),
+    (["--num_heads=7"], ("--d_model=1600", "--model=gpt2-xl", "--num_heads=7")),   # the preset's width, said so
+    (["--arch=gpt2", "--num_heads=7"], ("--d_model=1600", "--num_heads=7")),
+    (["--d_model=30", "--num_heads=6"], ("--d_model=30", "--num_heads=6", "RoPE")),   # 5 dimensions a head
+])
+def test_flops_refuses_a_shape_the_model_cannot_have(flags, named):
+    # each ended in the model config's traceback: now one line naming the flags, as train.py gives it, exit 1
+    r = subprocess.run([sys.executable, "flops.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == "", r
+    _one_line_naming(r.stderr.strip(), "flops.py: ", *named)
+
+
+def test_flops_an_odd_head_width_is_fine_for_gpt2():
+    assert "arch=gpt2" in subprocess.run([sys.executable, "flops.py", "--arch=gpt2", "--d_model=30", "--num_heads=6"],
+                                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("flags, facts", [
+    # the default: GPT-2 XL's shape as a Llama model, 1.64B, is not OpenAI's GPT-2 XL, 1.56B
+    ([], ("GPT-2 XL", "Llama", "SwiGLU", "1.64B", "1.56B", "--arch=gpt2")),
+    (["--model=gpt2-xl", "--arch=gpt2"], ("GPT-2 XL", "OpenAI", "1.56B", "1.64B", "--arch=llama")),
+    (["--model=gpt2", "--arch=gpt2"], ("GPT-2 124M", "OpenAI", "124.44M")),
+    (["--model=gpt2-xl", "--num_layers=2"], ("--num_layers=2", "Llama", "with --arch=gpt2")),
+])
+def test_flops_first_line_says_which_model_the_figures_are_for(capsys, monkeypatch, flags, facts):
+    out = _flops_table(monkeypatch, capsys, *flags)
+    _named_in_order(out.splitlines()[0], *facts)   # its own count first, the other architecture's after
+    assert _flops_json(monkeypatch, capsys, *flags)["title"] == out.splitlines()[0]
+    if "--num_layers=2" in flags:   # a changed shape is no longer OpenAI's model
+        assert "OpenAI's GPT-2 XL" not in out.splitlines()[0]
+
+
+def _flops_figure(line, before):
+    """The number just before `before` in a report line ("1.07 * batch" -> 1.07 for "* batch")."""
+    return float(re.search(rf"([\d.]+) {re.escape(before)}", line).group(1))
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+def test_flops_cli_fsdp_and_checkpointing_give_memory_per_gpu_as_terms(capsys, monkeypatch):
+    # the issue's command: GPT-2 XL's shape over 8 GPUs, sharded, checkpointed. By hand: every dim 0 but the
+    # vocabulary's (50,257 rows: 6,283 on rank 0) splits evenly in 8; the root group (embedding, final norm, head)
+    # and 2 blocks are gathered in bf16; 48 block inputs, one block's activations and the head's, in fp32
+    argv = ("--model=gpt2-xl", "--gpus=8", "--fsdp", "--activation_checkpointing", "--gpu_mem=80")
+    out, r = _flops_table(monkeypatch, capsys, *argv), _flops_json(monkeypatch, capsys, *argv)
+    N, V, d, T, L, d_ff = _FLOPS_XL_N, _FLOPS_XL_V, _FLOPS_XL_D, 1024, 48, 4288
+    block = 4 * d * d + 3 * d * d_ff + 2 * d
+    state = 16 * ((N - 2 * V * d) // 8 + 2 * 6283 * d)
+    gathered = 2 * (2 * V * d + d + 2 * block)
+    per_layer = 8 * T * d + 4 * T * d_ff + 2 * 25 * T * T
+    acts = dict(block_inputs=4 * L * T * d, recomputed_block=4 * per_layer, head=4 * (T * d + 2 * T * V))
+    record = r["contexts"]["1024"]
+    assert record["memory_fixed_terms"] == dict(state=state, gathered=gathered)
+    assert record["memory_per_sequence_terms"] == acts
+    fixed, per_seq = state + gathered, sum(acts.values())
+    assert record["max_batch_size"] == int((80e9 - fixed) // per_seq) == 71
+    assert r["parallelism"] == dict(world_size=8, fsdp=True, checkpointing=True)
+    # the table: a * batch + b, each term on its line (a and b), the precision assumed, the largest batch
+    line = _flops_line(out, "memory")
+    assert "FSDP over 8 GPUs" in line and "checkpointing" in line
+    assert (_flops_figure(line, "* batch"), _flops_figure(line, "GB")) == (round(per_seq / 1e9, 2),
+                                                                           round(fixed / 1e9, 2))
+    for letter, terms in (("b", (state, gathered)), ("a", acts.values())):
+        printed = [float(x) for x in re.findall(rf"^  {letter}  .*?([\d.]+) GB$", out, re.M)]
+        assert printed == [round(v / 1e9, 2) for v in terms], out
+    assert f"{16 * N / 8 / 1e9:.2f}" in _flops_line(out, "unpadded")
+    _flops_line(out, "precision:", "fp32")
+    _flops_line(out, "bf16 mixed-precision")
+    assert re.findall(r"\d+", _flops_line(out, "largest batch")) == ["80", "71"]
+    # 8 GPUs train in an eighth of the time
+    hours = 3 * _FLOPS_XL_FWD * 20 * N / (0.5 * 989.4e12 * 8) / 3600
+    assert f"{hours:.1f} h" in _flops_line(out, "8 x H100", "MFU")
+
+
+@pytest.mark.usefixtures("_model_single_thread")
+@pytest.mark.parametrize("flags", [["--activation_checkpointing=false"], ["--gpus=8", "--fsdp=false"], ["--gpus=8"]])
+def test_flops_cli_without_fsdp_and_checkpointing_the_memory_is_the_reference(capsys, monkeypatch, flags):
+    # DDP (or one GPU): every GPU holds the whole model, 16.37 * batch + 26.25 GB as the reference says
+    out = _flops_table(monkeypatch, capsys, "--model=gpt2-xl", *flags)
+    _named_in_order(_flops_line(out, "memory"), "16.37", "26.25")
+    assert re.findall(r"\d+", _flops_line(out, "largest batch")) == ["80", "3"]
+    assert "precision" not in out
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--fsdp"], ("--fsdp", "--gpus")), (["--fsdp", "--gpus=1"], ("--fsdp", "--gpus")),
+    (["--gpus=0"], ("--gpus", "'0'")), (["--gpus=8,4"], ("--gpus", "'8,4'")), (["--gpus=8,Z80"], ("--gpus", "'Z80'")),
+])
+def test_flops_refuses_a_world_size_it_cannot_shard_over(monkeypatch, flags, named):
+    _one_line_naming(_bad_exit(monkeypatch, flops, *flags), "flops.py: ", *named)
 
 
 # ====================================================================================================================
@@ -8698,8 +9218,9 @@ def test_lambada_cli_on_a_checkpoint(tmp_path, monkeypatch, capsys):
 def test_eval_bad_flags_are_one_line_before_any_work(monkeypatch, script, argv, flag, named):
     batch = {hellaswag: "--batch_examples", lambada: "--batch_size"}[script]
     flag, argv = flag.replace("--batch", batch), [a.replace("--batch=", f"{batch}=") for a in argv]
-    monkeypatch.setattr(script, "setup_device", lambda *a, **k: pytest.fail("went on to pick a device"))
-    monkeypatch.setattr(script, "load_model", lambda *a, **k: pytest.fail("went on to load a model"))
+    # (both scripts' command line is hellaswag.eval_main)
+    monkeypatch.setattr(hellaswag, "setup_device", lambda *a, **k: pytest.fail("went on to pick a device"))
+    monkeypatch.setattr(hellaswag, "load_model", lambda *a, **k: pytest.fail("went on to load a model"))
     _bad_says(_bad_exit(monkeypatch, script, *argv), f"{script.__name__}.py: {flag}", *named)
 
 
@@ -9039,6 +9560,31 @@ def test_export_refuses_llama_ablations_hf_cannot_express(tmp_path, monkeypatch,
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("arch, plain", [("llama", False), ("llama", True), ("gpt2", True)])
+def test_export_refuses_a_config_field_it_does_not_translate(tmp_path, monkeypatch, own_tok, arch, plain):
+    # a field added to model.py's config (the README's Hacking example: norm, with setting(...) or as a plain
+    # dataclass field) is refused away from its default, naming it and its value, until export.py is taught it;
+    # at its default the model is the target class's and exports with the same logits
+    import dataclasses
+    name = {"llama": "TransformerLMConfig", "gpt2": "GPTConfig"}[arch]
+
+    @dataclasses.dataclass
+    class WithNorm(getattr(M, name)):
+        norm: str = "rmsnorm" if plain else M.setting("rmsnorm", "rmsnorm | layernorm",
+                                                      choices=("rmsnorm", "layernorm"))
+    monkeypatch.setattr(M, name, WithNorm)
+    ckpt, _ = _checkpoint(tmp_path / "ln.pt", arch, own_tok[0], own_tok[1].vocab_size, norm="layernorm")
+    message = _exits(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
+    _one_line(message, "export.py: --ckpt", ckpt, "norm='layernorm'", export.TARGETS[arch])
+    assert not (tmp_path / "hf").exists()
+    ckpt, ours = _checkpoint(tmp_path / "rms.pt", arch, own_tok[0], own_tok[1].vocab_size, norm="rmsnorm")
+    _run(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, ours.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, M.logits(ours, idx), atol=1e-5, rtol=0)
+
+
 def test_export_refuses_an_unknown_architecture(tmp_path, monkeypatch, exported):
     ckpt = torch.load(exported["llama"][0], weights_only=True)
     ckpt["model_config"]["arch"] = "mamba"
@@ -9055,6 +9601,26 @@ def test_export_refuses_a_folder_with_files_unless_forced(tmp_path, monkeypatch,
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["notes.txt"]
     _run(export, monkeypatch, "--ckpt", ckpt, "--out", tmp_path / "hf", "--force")
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_export_an_out_under_proc_is_refused_before_loading(monkeypatch, exported):
+    monkeypatch.setattr(export, "load_model_and_tokenizer", _bpe_not_called)
+    _one_line(_exits(export, monkeypatch, "--ckpt", exported["gpt2"][0], "--out", "/proc/hf"), "export.py: --out",
+              "/proc/hf")
+
+
+def test_export_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, exported):
+    # --force over an earlier export, whose weights' write fails as on a full disk (files of at most 20,000 bytes):
+    # exit status 1, one line naming --out and the file, and the earlier export left byte for byte
+    shutil.copytree(exported["llama"][2], tmp_path / "hf")
+    before = _files(tmp_path / "hf")
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--ckpt", str(exported["gpt2"][0]), "--out",
+                        str(tmp_path / "hf"), "--force"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=_file_size_limit(20000))
+    assert r.returncode == 1
+    _one_line_naming(r.stderr.strip().splitlines()[-1], f"export.py: --out {tmp_path / 'hf'}: ", "model.safetensors")
+    assert _files(tmp_path / "hf") == before and sorted(os.listdir(tmp_path / "hf")) == sorted(p.name for p in before)
 
 
 def test_export_a_tokenizer_that_does_not_match_is_refused_by_its_fingerprint(tmp_path, monkeypatch, exported,
@@ -9335,6 +9901,14 @@ def test_eval_cli_prints_lm_evals_table_and_writes_its_json(tmp_path, monkeypatc
 
 
 @needs_lm_eval
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
+def test_eval_an_output_it_cannot_write_is_refused_before_the_evaluation(monkeypatch, exported):
+    monkeypatch.setattr(harness, "load_model_and_tokenizer", _bpe_not_called)
+    _one_line(_exits(harness, monkeypatch, "--ckpt", exported["gpt2"][0], "--tasks", "hs_nanogpt", "--output",
+                     "/proc/r.json"), "eval.py: --output /proc/r.json")
+
+
+@needs_lm_eval
 def test_eval_default_output_is_beside_the_checkpoint(tmp_path, monkeypatch, capsys, exported, tasks):
     ckpt = tmp_path / "run" / "ckpt.pt"
     ckpt.parent.mkdir()
@@ -9564,6 +10138,21 @@ def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_
     side.write_text(json.dumps(dict(json.loads(side.read_text()), tokenizer_fingerprint="stale")))
     experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None)
     assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
+
+
+def test_experiments_cpu_text_is_the_fetched_tinystories_head_unless_given(tmp_path, _experiments_results,
+                                                                           _experiments_tiny_preset, monkeypatch):
+    # the preset's text when it names none: fineweb.tinystories_head's files (fetched once under data/); texts given
+    # (--train / --valid) win
+    head = experiments.PRESETS[_experiments_tiny_preset]
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda log=print: (head["train_text"], head["val_text"]))
+    monkeypatch.setitem(experiments.PRESETS, "tiny", dict(head, train_text=None, val_text=None))
+    experiments.prepare_data("tiny", tmp_path / "s", log=lambda *a: None)
+    setup = json.loads((_experiments_results / "setup.json").read_text())
+    assert (setup["train_text"], setup["val_text"]) == ("train.txt", "val.txt")
+    other = _bpe_corpus(tmp_path / "other.txt", 60, 9)
+    experiments.prepare_data("tiny", tmp_path / "s", log=lambda *a: None, texts=(other, head["val_text"]))
+    assert json.loads((_experiments_results / "setup.json").read_text())["train_text"] == "other.txt"
 
 
 def test_experiments_unigram_loss_is_train_frequencies_scored_on_val(tmp_path, _experiments_results):
@@ -9921,7 +10510,11 @@ def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _experiments_re
 @pytest.mark.parametrize("argv, prefix, named", [
     (["--steps=-5"], "experiments.py: --steps ", [-5]),
     (["--only=,"], "experiments.py: --only ", ["','"]),
-    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"])], ids=["negative-steps", "no-names", "unknown"])
+    (["--only=baseline,bogus"], "experiments.py: --only", ["'bogus'"]),
+    (["--train=/no/such.txt", "--valid=/no/such.txt"], "experiments.py: --train ", ["/no/such.txt"]),
+    ([f"--train={ROOT / 'README.md'}"], "experiments.py: --valid", []),
+    ([f"--train={ROOT / 'README.md'}", f"--valid={ROOT / 'README.md'}", "--preset=cs336"], "experiments.py: --train",
+     ["--preset=cs336"])], ids=["negative-steps", "no-names", "unknown", "no-text", "train-alone", "not-cpu"])
 def test_experiments_bad_flags_are_one_line_before_anything_runs(tmp_path, _experiments_results, argv, prefix, named):
     with pytest.raises(SystemExit) as e:
         experiments.main(["run", *argv, f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
@@ -10079,7 +10672,10 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
                                                                          "/nonexistent-dir"]),
     (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"]),
     (["memory", "--num_layers", "0"], "--num_layers", ["0", "1"]),
-    (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"])])
+    (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"]),
+    (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
+    (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
+    (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"])])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
     for section in ("tokenizer", "model", "train", "gpu", "sample", "memory"):
@@ -10112,6 +10708,20 @@ def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
     bench.main()
     assert ran == [str(tmp_path / "mix.txt")]
+
+
+def test_bench_tokenizer_texts_default_to_the_fetched_tinystories_and_make_the_mix_from_them(tmp_path, monkeypatch):
+    # no --texts: the speedrun's TinyStories text at vocab 10,000; an absent --mix20 is made from the texts: each
+    # stripped and followed by the separator, repeated to the size, cut at a newline (the team's make_mix20.py rule)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("  one\ntwo \n")
+    b.write_text("three")
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda: (a, b))
+    assert bench._tok_texts(argparse.Namespace(texts="")) == [(a, 10000)]
+    assert bench._tok_texts(argparse.Namespace(texts=f"{a}:500,{b}:300")) == [(a, 500), (b, 300)]
+    bench._tok_make_mix(tmp_path / "mix.txt", [a, b], size=100)
+    head = ("one\ntwo\n<|endoftext|>\nthree\n<|endoftext|>\n" * 4)[:100]
+    assert (tmp_path / "mix.txt").read_text() == head[:head.rindex("\n") + 1]
 
 
 def _bench_rows(text, first):
@@ -10163,13 +10773,15 @@ def _bench_speedrun_args(tmp_path, **kw):
     return argparse.Namespace(**{**dict(
         minutes=0.01, seeds="0", peer_lr="3e-3", ours="", train=str(tmp_path / "train.txt"),
         valid=str(tmp_path / "val.txt"), vocab_size=300, d_model=16, num_layers=1, num_heads=2, d_ff=32,
-        context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192), **kw})
+        context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192, peer_dtype="float32"), **kw})
 
 
-def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys):
+def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys, monkeypatch):
     # a tiny shape on a tiny budget: both sides train and are scored on the whole validation text, and the last
-    # line's ratio is ours over the peer's median
-    bench.bench_speedrun(_bench_speedrun_args(tmp_path))
+    # line's ratio is ours over the peer's median; with no --train / --valid, the text is the fetched TinyStories head
+    args = _bench_speedrun_args(tmp_path)
+    monkeypatch.setattr(fineweb, "tinystories_head", lambda: (Path(args.train), Path(args.valid)))
+    bench.bench_speedrun(argparse.Namespace(**{**vars(args), "train": "", "valid": ""}))
     out = capsys.readouterr().out
     rows = {r[0]: r for r in _bench_rows(out, "run") if r[0] in ("ours", "peer")}
     assert set(rows) == {"ours", "peer"} and all(int(r[-3]) >= 1 for r in rows.values())
@@ -10205,6 +10817,24 @@ def test_bench_speedrun_curve_scores_both_sides_every_few_steps_into_a_png(tmp_p
     assert r["curve"][-1][1] == pytest.approx(r["bpb"], rel=3e-3)
 
 
+def test_bench_speedrun_peer_runs_under_bf16_autocast_when_asked_and_auto_follows_train_py(tmp_path, monkeypatch):
+    seen, made = [], []
+    real, real_autocast = torch.nn.functional.cross_entropy, torch.autocast
+    monkeypatch.setattr(bench.F, "cross_entropy", lambda logits, *a, **k: (seen.append(logits.dtype),
+                                                                           real(logits, *a, **k))[1])
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: (made.append((a, k)), real_autocast(*a, **k))[1])
+    args = _bench_speedrun_args(tmp_path, peer_dtype="bfloat16")
+    val = Path(args.valid).read_text()
+    r = bench._speedrun_peer(args, 3e-3, 0, Path(args.train).read_text(), val, len(val.encode("utf-8")))
+    assert made == [(("cpu",), dict(dtype=torch.bfloat16, enabled=True))]   # the peer's forwards under autocast
+    assert r["steps"] >= 1 and 0 < r["bpb"] < 20 and seen and set(seen) == {torch.float32}   # the loss in float32
+    for flags, d_model, dtype in (({"avx2"}, 512, "float32"), ({"avx512_bf16"}, 512, "bfloat16"),
+                                  ({"avx512_bf16"}, 16, "float32")):
+        monkeypatch.setattr(M, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+        assert bench._speedrun_peer_dtype(_bench_speedrun_args(tmp_path, peer_dtype="auto", d_model=d_model)) == dtype
+
+
 def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeypatch):
     # --ours="--preset=..." runs the preset's settings, not the peer's shape and schedule (bench.py passes only its
     # data, budget and quiet-logging flags then); the flags after the preset still win
@@ -10226,6 +10856,7 @@ def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeyp
     (["--minutes", "0"], "--minutes", ["0"]), (["--seeds", "a"], "--seeds", ["'a'"]),
     (["--curve_every", "0"], "--curve_every", ["0"]),
     (["--peer_lr", "0"], "--peer_lr", ["'0'"]), (["--train", "/no/such.txt"], "--train", ["/no/such.txt"]),
+    (["--valid", str(ROOT / "README.md")], "--train", []),
     (["--num_heads", "3"], "--num_heads", ["3", "256"]), (["--vocab_size", "100"], "--vocab_size", ["100", "257"])])
 def test_bench_speedrun_bad_flags_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", "speedrun", *argv])
@@ -10350,6 +10981,19 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     assert p.wait(timeout=120) == 1 and "Traceback" not in err and err.count("\n") <= 1, err
 
 
+def test_no_script_or_readme_reads_the_teams_data_and_docs_mark_it():
+    # a fresh clone has no ../shared beside it: no script reads it and the README names it nowhere; a docs paragraph
+    # that names it gives the team's own command lines and says they are the team's data
+    for script in ROOT.glob("*.py"):
+        if script.name != "test_all.py":
+            text = script.read_text()
+            assert "../shared" not in text and '"shared"' not in text, script.name
+    assert "../shared" not in (ROOT / "README.md").read_text()
+    for doc in (ROOT / "docs").glob("*.md"):
+        for paragraph in doc.read_text().split("\n\n"):
+            assert "../shared" not in paragraph or "team's" in paragraph, (doc.name, paragraph)
+
+
 # ---- the scripts that load a checkpoint (sample.py, flops.py, hellaswag.py, lambada.py): files and devices they
 # cannot use
 
@@ -10450,3 +11094,25 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     with pytest.raises(ValueError) as e:
         train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
     _bad_says(str(e.value), f"{ckpt}: ", old, new, "--fresh")
+
+
+# ---- CI: .ci/run lints before it tests
+
+
+def test_ci_run_lints_with_ruff_before_the_tests(tmp_path):
+    # .ci/run with a `python` that only records its arguments: the dev requirements installed (ruff among them),
+    # then `ruff check .`, then the suite; a lint failure stops it before the tests (set -e)
+    shim = tmp_path / "bin" / "python"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / "calls"}\n[ "$2" != ruff ] || exit "${{RUFF_RC:-0}}"\n')
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert [c.split()[1] for c in calls] == ["pip", "ruff", "pytest"] and calls[1] == "-m ruff check ."
+    assert "ruff" in re.findall(r"(?m)^([\w.-]+)", (ROOT / "requirements-dev.txt").read_text())
+    (tmp_path / "calls").unlink()
+    r = subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=dict(env, RUFF_RC="1"), capture_output=True)
+    assert r.returncode == 1 and [c.split()[1] for c in (tmp_path / "calls").read_text().splitlines()] == [
+        "pip", "ruff"]

@@ -46,6 +46,7 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint
 
+import bpe
 import flops
 import hellaswag
 import lambada
@@ -55,9 +56,10 @@ from model import setting
 from sample import generate
 
 # -----------------------------------------------------------------------------
-# settings: each field is a flag with its default and --help, checked by its `check` / `choices`. The model's
-# own settings are the fields of model.py's configs (see model_settings). "auto": on where the hardware supports
-# it (CUDA), off elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
+# settings: each field is a flag with its default and --help, checked by its `check` / `choices` (a plain dataclass
+# field, without setting(...), is a flag too: its help is its name, unchecked). The model's own settings are the
+# fields of model.py's configs (see model_settings). "auto": on where the hardware supports it (CUDA), off
+# elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
 
 
 @dataclass
@@ -76,8 +78,9 @@ class TrainConfig:
                              "stories", resumable=True)
     preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | gpt2-xl | speedrun-cpu | "
                           "speedrun-gpu (sets the documented values; flags still override)", resumable=True)
-    resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it exists (one from other settings stops the "
-                          "run: use --fresh), true = must, false = never", auto=True, resumable=True)
+    resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it holds this run (another run's, of other "
+                          "settings or data, stops this one before any work), true = must (on other data too, when "
+                          "its model can read it), false = never", auto=True, resumable=True)
     fresh: bool = setting(False, "start over: replace out_dir's checkpoint and log (and re-prepare the data of the "
                           "main job)", resumable=True)
     init_from: str = setting("scratch", "scratch, or gpt2 | gpt2-medium | gpt2-large | gpt2-xl (released weights) or "
@@ -255,15 +258,15 @@ PREPARE_COMMANDS = {
 }
 PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
 PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
-# the speedrun's data: a 4096 BPE trained on the 2 MiB TinyStories head, which it encodes with the 1,000 validation
-# stories (the files of ../shared/data/tinystories/, whose SOURCES.md says how they were cut)
-_TS = "../shared/data/tinystories/tinystories"
+# the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
+# split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
+# text encodes both, as bench.py speedrun does
+_HEAD, _SR = "data/tinystories-head", "data/speedrun-4k"
 PREPARE_COMMANDS["speedrun-cpu"] = (
-    f"python bpe.py --input {_TS}_train_head_2MiB.txt --vocab 4096 --out data/speedrun-4k/tokenizer && "
-    f"python bpe.py --encode {_TS}_train_head_2MiB.txt --tokenizer data/speedrun-4k/tokenizer "
-    f"--out data/speedrun-4k/train.bin && "
-    f"python bpe.py --encode {_TS}_valid_first1000.txt --tokenizer data/speedrun-4k/tokenizer "
-    f"--out data/speedrun-4k/val.bin")
+    f"python fineweb.py --tinystories_head && "
+    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer && "
+    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin && "
+    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin")
 for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
     _preset.setdefault("out_dir", f"out/{_name}")
 
@@ -656,11 +659,14 @@ def save_run(path, raw, optimizer, loader, state, c, data, world):
             torch.distributed.all_gather_object(rngs, runs.rng_state())
     run = dict(config=dict(c), tokenizer=data.tokenizer_ref or "", tokenizer_fingerprint=data.fingerprint,
                train_files=data.train_files, val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
-    if c.fsdp:
-        save_sharded(path, raw, optimizer, state.step, world, rng=rngs, loader=loaders, **run)
-    elif int(os.environ.get("RANK", "0")) == 0:
-        save_checkpoint(raw, optimizer, state.step, path, rng=rngs[0], loader=loaders if world > 1 else loaders[0],
-                        **run)
+    try:
+        if c.fsdp:
+            save_sharded(path, raw, optimizer, state.step, world, rng=rngs, loader=loaders, **run)
+        elif int(os.environ.get("RANK", "0")) == 0:
+            save_checkpoint(raw, optimizer, state.step, path, rng=rngs[0],
+                            loader=loaders if world > 1 else loaders[0], **run)
+    except (OSError, RuntimeError) as e:   # a full disk: ENOSPC, or torch's writer's "unexpected pos"
+        raise runs.checkpoint_not_written(path, state.step, e) from None
 
 
 # -----------------------------------------------------------------------------
@@ -860,9 +866,12 @@ def save_sharded(path, raw, optimizer, iteration, world, **run):
     if optimizer.state:   # (an optimizer that has not stepped has no state yet; DCP would make one up)
         opt = get_optimizer_state_dict(raw, optimizer)
         shards["optimizer"], groups = opt["state"], opt["param_groups"]   # tensors only: the rest in path
-    with warnings.catch_warnings():   # (that one process writes alone, as meant)
-        warnings.filterwarnings("ignore", "torch.distributed is")
-        dcp.save(shards, checkpoint_id=path.parent / name[0], no_dist=world == 1)
+    try:
+        with warnings.catch_warnings():   # (that one process writes alone, as meant)
+            warnings.filterwarnings("ignore", "torch.distributed is")
+            dcp.save(shards, checkpoint_id=path.parent / name[0], no_dist=world == 1)
+    except dcp.api.CheckpointException as e:   # (a BaseException, on every rank: the first rank's error, a full disk
+        raise next(iter(e.failures.values()))[0] from None   # say, is what save_run reports)
     if int(os.environ.get("RANK", "0")) == 0:
         save_atomically(dict(shards=name[0], model_config=raw.model_config(), iteration=int(iteration),
                              optimizer_groups=groups, **run), path)
@@ -904,16 +913,32 @@ def _auto(value, when_auto):
     return when_auto if value == "auto" else value
 
 
+# --dtype=auto on a CPU with native bf16: bfloat16 from this width on; below it the casts autocast adds cost more
+# than the narrow matmuls save (measured on AVX512-BF16: docs/BENCHMARKS.md, "bf16 on CPU")
+CPU_BF16_MIN_D_MODEL = 256
+
+
+def auto_dtype(c, device):
+    """(dtype, why) that --dtype=auto comes to: bfloat16 on a GPU with native bf16, and on a CPU with native bf16
+    for a model at least CPU_BF16_MIN_D_MODEL wide; float32 elsewhere (bf16 emulated is slower, not faster)."""
+    kind = "GPU" if device.type == "cuda" else "CPU"
+    if not model_lib.native_bf16(device):
+        return "float32", f"auto: no native bf16 on this {kind}"
+    width = model_lib.HUB_SHAPES.get(c.init_from, (c.d_model,))[-1]   # released GPT-2 weights bring their own
+    if device.type == "cpu" and width < CPU_BF16_MIN_D_MODEL:
+        return "float32", f"auto: d_model {width} < {CPU_BF16_MIN_D_MODEL}, too narrow for CPU bf16 to pay"
+    return "bfloat16", f"auto: native bf16 on this {kind}"
+
+
 def device_settings(c, device):
     """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
-    device and off elsewhere; --dtype=auto is bfloat16 only on a GPU that has it natively (not emulated, as on a V100).
-    Returns dict(tf32, dtype (a name), pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so
-    never with --optimizer=muon."""
+    device and off elsewhere; --dtype=auto is auto_dtype's choice. Returns dict(tf32, dtype (a name), dtype_why,
+    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon."""
     c = Settings(c)
-    cuda = torch.device(device).type == "cuda"
-    bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
-    dtype = c.dtype if c.dtype != "auto" else ("bfloat16" if bf16 else "float32")
-    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    dtype, why = auto_dtype(c, device) if c.dtype == "auto" else (c.dtype, "given")
+    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, dtype_why=why, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
                 fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
 
 
@@ -995,6 +1020,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     if c.prepare_data:
         runs.prepare_main_job(c, ddp, master, say)
     data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, say)
+    if resume_from is not None:   # --resume=auto: out_dir must hold this run, trained on this data
+        runs.check_same_run(resume_from, data, c, Path(c.out_dir) / "ckpt.pt")
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
     tokens_per_step = B * T * accum * world
@@ -1041,8 +1068,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {c.data_dir}: "
         f"{sum(len(a) for _, a, _ in data.train):,} train / {sum(len(a) for _, a, _ in data.val):,} val tokens | "
         f"{tokens_per_step:,} tokens/step = {B} x {T} x {accum} accum x {world} procs | {device} {hw['dtype']}"
-        f"{' | compiled' if hw['compile'] else ''}{' | FSDP' if c.fsdp and ddp else ''}"
-        f"{' | activation checkpointing' if c.activation_checkpointing else ''}")
+        + (f" ({hw['dtype_why']})" if c.dtype == "auto" else "") + (" | compiled" if hw["compile"] else "")
+        + (" | FSDP" if c.fsdp and ddp else "") + (" | activation checkpointing" if c.activation_checkpointing else ""))
     run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
                resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
 
@@ -1161,14 +1188,15 @@ def build_parser():
     own = {f.name for f in fields(TrainConfig)}
     for name, (f, archs) in settings().items():
         g = groups["run" if name in own else "model"]
-        help_text = f.metadata["help"] + ("" if archs == set(model_lib.ARCHS) else f" [--model={'/'.join(archs)}]")
+        help_text = (f.metadata.get("help", f.name)   # a plain dataclass field (no setting(...)): its name
+                     + ("" if archs == set(model_lib.ARCHS) else f" [--model={'/'.join(archs)}]"))
         if isinstance(f.default, bool) or f.metadata.get("auto"):
             g.add_argument(f"--{name}", type=_parse_bool if f.metadata.get("auto") else _parse_switch, nargs="?",
                            const=True, default=f.default, help=help_text)
         else:   # a path's ~ is expanded here: the shell leaves --out_dir=~/runs as it is
             g.add_argument(f"--{name}", type=os.path.expanduser if f.metadata.get("path") else type(f.default),
                            default=f.default, help=help_text)
-    p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # one line, no usage block
+    bpe.one_line_errors(p)
     return p
 
 
@@ -1258,12 +1286,16 @@ def print_summary(s, wall, main_job):
     """The run's last lines: what it reached, where it is, the commands to go on with."""
     print()
     total = "" if s["elapsed_this_run"] == s["elapsed"] else f", {runs.fmt_time(s['elapsed'])} in all"
+    # a stopped run is not evaluated at its stop (see DECISIONS.md): its last figures and sample are of an earlier
+    # model (the untrained one, stopped before the first evaluation step), so they are not given as its result
+    now = s["val_loss"] is not None and s["val_step"] == s["step"]
     print(f"done in {runs.fmt_time(wall)} (training {runs.fmt_time(s['elapsed_this_run'])}{total}), step {s['step']}"
           f" (stopped by {s['stopped_by']})"
-          + (f" | val loss {s['val_loss']:.4f} nats/token" if s["val_loss"] is not None else "")
-          + (f" | {s['val_bpb']:.4f} bits/byte" if s["val_bpb"] else "")
-          + (f" (at step {s['val_step']})" if s["val_loss"] is not None and s["val_step"] != s["step"] else ""))
-    if s["samples"]:
+          + (f" | val loss {s['val_loss']:.4f} nats/token" if now else "")
+          + (f" | {s['val_bpb']:.4f} bits/byte" if now and s["val_bpb"] else "")
+          + (f" | last evaluated at step {s['val_step']} (its figures are in the log)"
+             if s["val_loss"] is not None and not now else ""))
+    if s["samples"] and now:
         print(f"sample: {s['samples'][0]}")
     print(f"checkpoint: {s['ckpt']}   log: {s['log']}")
     out_dir, q = Path(s["ckpt"]).parent, shlex.quote   # (quoted: a path with a space pastes as one argument)
