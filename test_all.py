@@ -2932,6 +2932,29 @@ def test_train_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_
     assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 6
 
 
+def test_train_full_disk_at_a_sharded_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, _train_data,
+                                                                                      monkeypatch):
+    # --fsdp (one process: the same sharded write): the disk fills while the shards of step 4 are written, which
+    # DCP reports as its CheckpointException (a BaseException) holding each failed rank's error: the same one line as
+    # for ckpt.pt, step 2's checkpoint still the one named, and --resume finishes the run
+    import torch.distributed.checkpoint as dcp
+    out, real_save = tmp_path / "o", dcp.save
+
+    def save(state, checkpoint_id, **k):
+        if ".shards-4-" in str(checkpoint_id):
+            raise dcp.api.CheckpointException("save failed", {0: (OSError(28, "No space left on device"), None)})
+        return real_save(state, checkpoint_id=checkpoint_id, **k)
+    monkeypatch.setattr(dcp, "save", save)
+    args = _train_main_args(_train_data, out) + ["--max_iters=6", "--eval_interval=2", "--fsdp"]
+    with pytest.raises(SystemExit) as e:
+        train.main(args)
+    _one_line_naming(str(e.value), f"train.py: {out / 'ckpt.pt'}: ", "step 4", "step 2", "--resume")
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 2
+    monkeypatch.setattr(dcp, "save", real_save)
+    train.main(args + ["--resume"])
+    assert M.read_checkpoint(out / "ckpt.pt")["iteration"] == 6 and len(list(out.glob("ckpt.pt.shards-*"))) == 1
+
+
 # ---- evaluation: the validation loss and bits per byte
 
 
