@@ -863,7 +863,8 @@ def rank_gpu(local_rank):
 
 def read_checkpoint(src, map_location="cpu"):
     """torch.load with weights_only=True (nothing in the file is executed) -> the checkpoint dict, with one clear
-    line (ValueError) for a directory or a truncated, corrupt or foreign file; FileNotFoundError when missing."""
+    line (ValueError) for a directory or a truncated, corrupt or foreign file; FileNotFoundError when missing. An
+    FSDP run's checkpoint gets its "model" from the folder of shards it names (read_shards)."""
     name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
     if isinstance(src, (str, os.PathLike)) and os.path.isdir(src):
         raise ValueError(f"{name}: is a directory; expected a checkpoint file")
