@@ -4,6 +4,7 @@ repeats, medians), and prints the ratio. Never run it while tests or another ben
     python bench.py tokenizer        # bpe.py vs HF tokenizers (training) and tiktoken (encoding)
     python bench.py model            # train step (fp32, bf16) and generation vs transformers
     python bench.py train            # whole loop vs model-only step; the data loader alone
+    python bench.py memory           # what --fsdp and --activation_checkpointing save (CPU, 2 gloo processes)
     python bench.py sample           # sample.generate vs transformers generate
     python bench.py gpu              # on a GPU: every CUDA path checked, then tokens/s and MFU
     python bench.py speedrun         # 5-minute training runs: ours vs HF tokenizers + LlamaForCausalLM + AdamW
@@ -525,6 +526,136 @@ def bench_train(args):
         print(f"{'  loop overhead (loop / model step - 1)':<42} {100 * (t_loop / t_step - 1):>11.1f}%")
         # the part of the overhead that is data loading, measured alone (robust to a busy machine)
         print(f"{'  loader time / model step time':<42} {100 * tokens / loader_tps['sequential'] / t_step:>11.3f}%")
+
+
+# -----------------------------------------------------------------------------
+# memory: what train.py's --fsdp and --activation_checkpointing save, on CPU
+#
+#     python bench.py memory     # Llama d256 x 8 layers, context 1024: per-rank bytes of parameters, gradients and
+#                                # AdamW state, DDP against FSDP on 2 gloo processes; then the memory and time of a
+#                                # training step with and without activation checkpointing (one process)
+#
+# A step's memory is the growth of the process's resident memory over the step, from after a first step (gradients
+# and AdamW's state exist; the gradients are freed again) to the peak (Linux's VmHWM, reset by /proc/self/clear_refs);
+# glibc is made to return every freed block of 64 KiB or more at once, so resident memory follows live tensors.
+# Each variant runs in a fresh process, interleaved (off, on, off, on, ...), medians reported.
+
+_MEMORY_STEP = r"""
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, model as M, train
+cfg, batch, steps, checkpointing, threads = json.loads(sys.argv[2])
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+raw = M.build_model(cfg)
+train.parallelize(raw, train.Settings(activation_checkpointing=checkpointing, fsdp=False), 1, "cpu", {})
+model, opt = train.LossOf(raw, cfg["arch"]), train.AdamW(M.param_groups(raw, 0.1), lr=1e-3)
+x = torch.randint(0, cfg["vocab_size"], (batch, cfg["context_length"] + 1), generator=torch.Generator().manual_seed(0))
+def step():
+    model(x[:, :-1], x[:, 1:]).backward()
+    train.gradient_clipping(raw.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+def rss(field):
+    return int(next(l for l in open("/proc/self/status") if l.startswith(field)).split()[1]) * 1024
+step()
+base = rss("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+times = []
+for _ in range(steps):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+print(json.dumps(dict(memory=rss("VmHWM:") - base, step=statistics.median(times))))
+"""
+
+
+def _memory_cfg(args):
+    return dict(arch="llama", vocab_size=args.vocab_size, context_length=args.context_length, d_model=args.d_model,
+                num_layers=args.num_layers, num_heads=args.num_heads)
+
+
+def _memory_state_rank(rank, world, port, cfg, mode, out):
+    """One rank of one DDP or FSDP training step (train.py's own pieces): the bytes of the parameters, gradients and
+    AdamW state it holds after it, into out/MODE{rank}.json."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        raw = M.build_model(cfg)
+        train.parallelize(raw, train.Settings(fsdp=mode == "fsdp", activation_checkpointing=False), world, "cpu", {})
+        model = train.LossOf(raw, cfg["arch"])
+        if mode == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = train.AdamW(M.param_groups(raw, 0.1), lr=1e-3)
+        x = torch.randint(0, cfg["vocab_size"], (1, min(16, cfg["context_length"]) + 1))   # (no batch term here)
+        model(x[:, :-1], x[:, 1:]).backward()
+        opt.step()
+
+        def size(tensors):
+            return sum(train.local(t).numel() * t.element_size() for t in tensors)
+        Path(out, f"{mode}{rank}.json").write_text(json.dumps(dict(
+            parameters=size(raw.parameters()), gradients=size(p.grad for p in raw.parameters()),
+            optimizer=size(t for state in opt.state.values() for t in state.values()))))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _memory_state(cfg, world=2):
+    """{"ddp": [per-rank bytes], "fsdp": [...]}: each rank's parameters, gradients and optimizer state after a step."""
+    import socket
+    out = Path(tempfile.mkdtemp(prefix="bench_memory_"))
+    try:
+        for mode in ("ddp", "fsdp"):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            torch.multiprocessing.spawn(_memory_state_rank, args=(world, port, cfg, mode, str(out)), nprocs=world)
+        return {mode: [json.loads((out / f"{mode}{r}.json").read_text()) for r in range(world)]
+                for mode in ("ddp", "fsdp")}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _memory_step(cfg, batch, steps, checkpointing, threads):
+    """dict(memory (bytes), step (seconds, median)) of training steps in a fresh process (see the section's head)."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    r = subprocess.run([sys.executable, "-c", _MEMORY_STEP, str(ROOT),
+                        json.dumps([cfg, batch, steps, checkpointing, threads])],
+                       capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(f"bench.py memory: the step process failed: {(r.stderr.strip().splitlines() or [''])[-1]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def bench_memory(args):
+    cfg = _memory_cfg(args)
+    mib = 2 ** 20
+    print(f"memory bench: llama d{args.d_model} x {args.num_layers} layers x {args.num_heads} heads, context "
+          f"{args.context_length}, vocab {args.vocab_size}; AdamW (this file's), float32, CPU")
+    state = _memory_state(cfg)
+    print(f"\n{'per rank, 2 gloo processes':<28} {'parameters':>12} {'gradients':>12} {'optimizer':>12} {'total':>12} "
+          f"{'ratio':>7}")
+    ddp_total = sum(state["ddp"][0].values())
+    for mode, rows in state.items():
+        for rank, row in enumerate(rows):
+            total = sum(row.values())
+            print(f"{mode.upper() + ' rank ' + str(rank):<28} " + " ".join(f"{row[k] / mib:>8.2f} MiB" for k in row)
+                  + f" {total / mib:>8.2f} MiB {total / ddp_total:>7.3f}")
+    print(f"\n{'activation checkpointing':<28} {'step memory':>12} {'ratio':>7} {'step time':>11} {'ratio':>7}   "
+          f"(1 process, batch {args.batch_size}, {args.threads} threads, medians of {args.repeats} x {args.steps})")
+    results = {False: [], True: []}
+    for _ in range(args.repeats):   # interleaved: off, on, off, on, ...
+        for checkpointing in results:
+            results[checkpointing].append(_memory_step(cfg, args.batch_size, args.steps, checkpointing, args.threads))
+    medians = {k: {m: statistics.median(r[m] for r in v) for m in ("memory", "step")} for k, v in results.items()}
+    for checkpointing, m in medians.items():
+        print(f"{'on' if checkpointing else 'off':<28} {m['memory'] / mib:>8.1f} MiB "
+              f"{m['memory'] / max(1, medians[False]['memory']):>7.3f} {m['step']:>9.3f} s "
+              f"{m['step'] / medians[False]['step']:>7.3f}")
+    return state, medians
 
 
 # -----------------------------------------------------------------------------
@@ -1074,6 +1205,19 @@ def main():
     p.add_argument("--procs", type=int, default=0, help="processes of the DDP check, one per GPU (0: every visible "
                    "GPU; on the CPU 2 gloo processes); fewer than 2: no DDP check")
 
+    p = sections.add_parser("memory", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="per-rank bytes, DDP vs FSDP; step memory and time with activation checkpointing")
+    p.set_defaults(run=bench_memory)
+    p.add_argument("--d_model", type=int, default=256, help="model width")
+    p.add_argument("--num_layers", type=int, default=8, help="layers")
+    p.add_argument("--num_heads", type=int, default=4, help="attention heads")
+    p.add_argument("--context_length", type=int, default=1024, help="tokens per sequence")
+    p.add_argument("--vocab_size", type=int, default=4096, help="vocabulary")
+    p.add_argument("--batch_size", type=int, default=8, help="sequences per step (activation checkpointing)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per process")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved processes per variant (medians reported)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+
     p = sections.add_parser("sample", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="sample.generate vs transformers generate(use_cache=True)")
     p.set_defaults(run=bench_sample)
@@ -1115,7 +1259,7 @@ def main():
     gpu_steps = 2 if args.run is bench_gpu else 1  # the gpu section times the second half of its steps
     for name, least in (("repeats", 1), ("steps", gpu_steps), ("procs", 0), ("threads", 1), ("max_new_tokens", 1),
                         ("prompt_len", 1), ("batch_size", 1), ("d_model", 1), ("num_layers", 1), ("num_heads", 1),
-                        ("d_ff", 1), ("context_length", 1)):
+                        ("d_ff", 1), ("context_length", 1), ("vocab_size", 1)):
         value = getattr(args, name, None)  # checked before any model is built
         if value is not None and value < least:
             raise SystemExit(f"bench.py: --{name} {value}: expected at least {least}")

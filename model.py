@@ -13,14 +13,19 @@ field and its use, both in this file (README: Hacking).
 
 Both models share one small surface so train.py, sample.py and the evaluators treat them alike:
     model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict), load_model(),
-    get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), lm_loss(), unwrap().
+    get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), blocks(), lm_loss(), unwrap().
+read_checkpoint() reads any train.py checkpoint, an FSDP run's sharded one included, into one state dict.
 
     python -c "import model; m = model.GPT.from_pretrained('gpt2'); print(m.get_num_params())"
 """
+import dataclasses
+import enum
 import json
 import math
 import os
+import pickle
 import socket
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from urllib.parse import urlparse
 
@@ -785,6 +790,13 @@ def unwrap(model):
     return model
 
 
+def blocks(model):
+    """The Transformer blocks of either model, in order (train.py's --fsdp shards them one by one, and
+    --activation_checkpointing recomputes them one by one)."""
+    model = unwrap(model)
+    return model.layers if isinstance(model, TransformerLM) else model.transformer.h
+
+
 def param_groups(model, weight_decay, muon=False):
     """AdamW groups: every matrix (>= 2-D: linear weights AND embeddings) is decayed; biases and norm gains
     are not. Embeddings are decayed because GPT-2's wte is also its output matrix (tied), and one rule for
@@ -851,7 +863,8 @@ def rank_gpu(local_rank):
 
 def read_checkpoint(src, map_location="cpu"):
     """torch.load with weights_only=True (nothing in the file is executed) -> the checkpoint dict, with one clear
-    line (ValueError) for a directory or a truncated, corrupt or foreign file; FileNotFoundError when missing."""
+    line (ValueError) for a directory or a truncated, corrupt or foreign file; FileNotFoundError when missing. An
+    FSDP run's checkpoint gets its "model" from the folder of shards it names (read_shards)."""
     name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
     if isinstance(src, (str, os.PathLike)) and os.path.isdir(src):
         raise ValueError(f"{name}: is a directory; expected a checkpoint file")
@@ -865,7 +878,66 @@ def read_checkpoint(src, map_location="cpu"):
                          f"{': ' + first if first else ''}") from None
     if not isinstance(ckpt, dict):
         raise ValueError(f"{name}: not a checkpoint (expected a dict, found {type(ckpt).__name__})")
+    if "shards" in ckpt:   # train.py --fsdp's: the weights are in the folder beside the file that it names
+        if not isinstance(src, (str, os.PathLike)):
+            raise ValueError(f"{name}: an FSDP checkpoint keeps its weights in a folder beside it: pass its path")
+        ckpt["model"] = read_shards(os.path.join(os.path.dirname(os.fspath(src)), str(ckpt["shards"])))
     return ckpt
+
+
+def read_shards(folder):
+    """The whole weights, as a state dict on the CPU, of an FSDP run's checkpoint folder: the shards its ranks wrote
+    with torch.distributed.checkpoint (DCP), read by this process alone (no process group), whatever the number of
+    ranks that wrote them. Nothing in the folder is executed (check_shards_metadata)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    try:
+        check_shards_metadata(folder)
+        reader = dcp.FileSystemReader(folder)
+        entries = reader.read_metadata().state_dict_metadata
+        state = {key: torch.empty(m.size, dtype=m.properties.dtype) for key, m in entries.items()
+                 if key.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+        with warnings.catch_warnings():   # (that it reads in one process, as asked)
+            warnings.filterwarnings("ignore", "torch.distributed is")
+            dcp.load(state, storage_reader=reader, no_dist=True)
+    except FileNotFoundError:
+        raise ValueError(f"{folder}: missing: the folder of this FSDP checkpoint's weights") from None
+    except ValueError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]
+        raise ValueError(f"{folder}: not readable FSDP shards (truncated or corrupt?): {type(e).__name__}"
+                         f"{': ' + first if first else ''}") from None
+    return {key[len("model."):]: value for key, value in state.items()}
+
+
+class _ShardsMetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata file is a pickle (torch.load's weights_only does not read it): this unpickler builds only the
+    records DCP writes there -- its own dataclasses and enums, torch.Size, dtypes, layouts, paths -- and refuses any
+    other callable before importing or calling it."""
+    DCP = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+
+    def find_class(self, module, name):
+        if module in self.DCP or (module, name) in (("torch", "Size"), ("torch.serialization", "_get_layout"),
+                                                      ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")):
+            obj = super().find_class(module, name)
+            if module not in self.DCP or dataclasses.is_dataclass(obj) or (
+                    isinstance(obj, type) and issubclass(obj, enum.Enum)):
+                return obj
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} has no place in a checkpoint's metadata")
+
+
+def check_shards_metadata(folder):
+    """Read a DCP folder's .metadata with _ShardsMetadataUnpickler, so that DCP's own reader (pickle.load) meets only
+    what it let through, and check that it lists tensors only: DCP unpickles any other entry it loads in full
+    (train.py writes none)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    with open(os.path.join(folder, ".metadata"), "rb") as f:
+        entries = getattr(_ShardsMetadataUnpickler(f).load(), "state_dict_metadata", None)
+    if not isinstance(entries, dict) or not all(isinstance(m, TensorStorageMetadata) for m in entries.values()):
+        raise ValueError(f"{folder}: its .metadata lists other entries than tensors, which train.py never writes")
 
 
 def model_from_checkpoint(ckpt, device="cpu"):

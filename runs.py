@@ -6,8 +6,9 @@ each by name, so that it reads as set-up, then the loop; a student reading the l
   and prepare the main job's data first (fineweb.prepare_tinystories);
 * resume: resume_settings (main: the checkpoint's settings, refusing a change that would not continue the same
   run), check_model_fits (a checkpoint or released weights against this data) and restore (optimizer, loader
-  position, RNGs, clock, with the schedule changes a resume makes said);
-* RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb;
+  position, RNGs, clock, with the schedule changes a resume makes said; an FSDP run's shards: restore_shards);
+* RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb, and what a killed
+  checkpoint write left (remove_stale_shards);
 * agree: under torchrun, what each rank found on its own disk (checkpoint, token files, tokenizer, task files)
   compared across the ranks before the first collective, so that none waits alone in one;
 * Pace and Stop: when the loop reads the clock (CUDA events) and agrees on it and on stop requests; Ctrl-C /
@@ -23,9 +24,11 @@ import math
 import os
 import random
 import shlex
+import shutil
 import signal
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -394,25 +397,31 @@ class RunState:
 
 def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused, lr_of, log):
     """Load a checkpoint into this run -- weights, optimizer, the loader's position, every RNG -- after checking
-    that it continues the same run (the same number of processes); returns its RunState. On other training files
-    (--resume=true) the loader starts at their beginning. Says what a resume changes in the learning-rate schedule."""
-    for group in ckpt["optimizer"]["param_groups"]:   # torch places each state's "step" by the loaded groups'
-        group["fused"] = fused   # flags: on the device for fused AdamW, on the CPU (no sync per .item()) for ours
+    that it continues the same run (the same number of processes, but for an FSDP run's); returns its RunState. On
+    other training files (--resume=true) the loader starts at their beginning. Says what a resume changes in the
+    learning-rate schedule."""
     same_data = ckpt["train_files"] == data.train_files   # names and sizes, in the sampler's order
-    model_lib.unwrap(raw).load_state_dict(model_lib.unwrapped_state_dict(ckpt["model"]))
-    optimizer.load_state_dict(ckpt["optimizer"])
-    saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
-    if same_data and saved_world != world:
-        raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
-                         f"(this run has {world}) so every rank continues its own data stream")
+    if "shards" in ckpt:   # an FSDP run's (train.py --fsdp): sharded, and resumable on any number of processes
+        position, rng = restore_shards(ckpt, ckpt_path, raw, optimizer, loader, fused, world, rank, log)
+    else:
+        for group in ckpt["optimizer"]["param_groups"]:   # torch places each state's "step" by the loaded groups'
+            group["fused"] = fused   # flags: on the device for fused AdamW, on the CPU (no sync per .item()) for ours
+        model_lib.unwrap(raw).load_state_dict(model_lib.unwrapped_state_dict(ckpt["model"]))
+        optimizer.load_state_dict(ckpt["optimizer"])
+        saved_world = len(ckpt["loader"]) if isinstance(ckpt["loader"], list) else 1
+        if same_data and saved_world != world:
+            raise ValueError(f"{ckpt_path} was written by {saved_world} process(es): resume it with the same number "
+                             f"(this run has {world}) so every rank continues its own data stream")
+        position = ckpt["loader"][rank] if isinstance(ckpt["loader"], list) and same_data else ckpt["loader"]
+        rng = ckpt["rng"]
     try:
         if same_data:
-            loader.load_state_dict(ckpt["loader"][rank] if isinstance(ckpt["loader"], list) else ckpt["loader"])
+            loader.load_state_dict(position)
     except (IndexError, KeyError, TypeError, ValueError):   # e.g. a shard that is no longer there
         raise ValueError(f"{ckpt_path}: its data position does not exist in {c.data_dir} ({len(data.train)} "
                          f"training file(s)): the data changed since the checkpoint; resume with the same data, "
                          f"or start over with --fresh") from None
-    set_rng_state(ckpt["rng"])
+    set_rng_state(rng)
     state = RunState(int(ckpt["iteration"]), ckpt["elapsed"], ckpt["val_loss"], ckpt["val_step"])
     log(f"resumed {ckpt_path} at step {state.step}")
     if not same_data:   # --resume=true on other token files (check_same_run stops --resume=auto): the model, the
@@ -445,6 +454,56 @@ def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused
                 f"{', '.join(changed)} the learning rate at step {state.step:,} is {now:.3g}, not {was:.3g} as in "
                 f"the checkpoint's run")
     return state
+
+
+def restore_shards(ckpt, ckpt_path, raw, optimizer, loader, fused, world, rank, log):
+    """An FSDP checkpoint's weights and optimizer state, loaded with torch.distributed.checkpoint, which reshards
+    them to this run's processes; returns (this rank's loader position, its RNG states).
+    On another number of processes, the data: the sequential sampler's position is the stream's (the same on every
+    rank), and each rank reads every world-th window from it, so the run goes on from the first window not read;
+    with the same --total_batch_tokens each step takes the windows the run would have taken (to the end of the
+    shard being read, where a step's last windows may be cut another way). The random sampler: rank r continues
+    rank r's stream, and a rank the checkpoint has none for starts its own. A rank it has no RNGs for takes rank
+    0's (the same on every rank after the seed, and only sampling draws from them)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    folder = Path(ckpt_path).parent / ckpt["shards"]
+    model_lib.check_shards_metadata(folder)   # nothing in the folder is executed
+    shards = {"model": get_model_state_dict(raw)}
+    if ckpt["optimizer_groups"] is not None:   # (None: written before the optimizer's first step)
+        opt = get_optimizer_state_dict(raw, optimizer)
+        shards["optimizer"] = opt["state"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is")
+        dcp.load(shards, checkpoint_id=folder, no_dist=world == 1)
+    set_model_state_dict(raw, shards["model"])
+    if "optimizer" in shards:
+        groups = [dict(group, fused=fused) for group in ckpt["optimizer_groups"]]   # (see restore)
+        set_optimizer_state_dict(raw, optimizer, dict(state=shards["optimizer"], param_groups=groups))
+    saved = len(ckpt["loader"])
+    if saved != world:
+        log(f"train.py: {ckpt_path} was written by {saved} process(es), this run has {world}: the weights and the "
+            f"optimizer state are resharded, and the data continues at its position (README: Past one GPU)")
+    if rank < saved:
+        return ckpt["loader"][rank], ckpt["rng"][rank]
+    mine = ckpt["loader"][0] if ckpt["loader"][0]["kind"] == "sequential" else loader.state_dict()
+    return mine, ckpt["rng"][0]
+
+
+def remove_stale_shards(ckpt_path):
+    """Remove the folders of FSDP shards beside ckpt_path (ckpt.pt.shards-*) that it does not name: a checkpoint
+    replaced since, or one whose write a crash cut short (GBs at scale). An unreadable ckpt_path keeps them all."""
+    ckpt_path = Path(ckpt_path)
+    keep = None
+    if ckpt_path.is_file():
+        try:   # (mmap: a whole-model checkpoint's tensors are not read)
+            keep = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True).get("shards")
+        except Exception:
+            return
+    for folder in ckpt_path.parent.glob(f"{ckpt_path.name}.shards-*"):
+        if folder.name != keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def rng_state():
@@ -526,6 +585,7 @@ class RunDir:
                 self.ckpt_path.unlink()
                 log(f"train.py: starting over in {self.out_dir}: removed the previous run's checkpoint")
             self.logf = open(self.log_path, "w")
+        remove_stale_shards(self.ckpt_path)   # (FSDP's: those of a replaced checkpoint, or of a write cut short)
         if c.wandb:
             try:
                 import wandb

@@ -9,6 +9,7 @@ one loop that runs from a laptop CPU to torchrun on a GPU node.
     python train.py --preset=tinystories               # the same model, 327.68M tokens (one GPU)
     python train.py --preset=owt                       # OpenWebText, 32k tokenizer, same model
     torchrun --standalone --nproc_per_node=8 train.py --preset=gpt2-124m     # GPT-2 124M on FineWeb-Edu 10B
+    torchrun --standalone --nproc_per_node=8 train.py --preset=gpt2-xl       # GPT-2 XL (1.56B): FSDP, checkpointing
     python train.py --preset=speedrun-cpu              # the best model 5 minutes of 2 CPU cores train (Muon, ...)
     python train.py --model=gpt2 --init_from=gpt2 --data_dir=data/mydata --out_dir=out/ft   # fine-tune GPT-2
     python train.py --preset=owt --time_budget=45m     # a fixed wall-clock run: the schedule follows the clock
@@ -23,26 +24,29 @@ the first step, and any difference stops them all in one line):
 
 Every field of TrainConfig below, and of model.py's TransformerLMConfig / GPTConfig, is a flag (`--name=value`);
 a preset changes a few of them (and writes to out/PRESET) and any flag still overrides it. Only rank 0 prints,
-logs and writes checkpoints. Ctrl-C or SIGTERM (a scheduler's preemption notice; under torchrun, to any rank)
-finishes the current step (under torchrun the step at which the ranks next agree, within --log_interval steps),
-writes a checkpoint and stops; `--resume` then continues bit for bit
-(on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
+logs and writes checkpoints (under --fsdp each rank writes its shards beside them). Ctrl-C or SIGTERM (a
+scheduler's preemption notice; under torchrun, to any rank) finishes the current step (under torchrun the step at
+which the ranks next agree, within --log_interval steps), writes a checkpoint and stops; `--resume` then continues
+bit for bit (on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
 compatibility, the out_dir lock and log, stop signals, plots) is in runs.py, called by name.
 """
 import argparse
 import contextlib
+import functools
 import math
 import os
 import random
 import shlex
 import sys
 import time
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 import bpe
 import flops
@@ -74,8 +78,8 @@ class TrainConfig:
                                 "prepare", resumable=True)
     download: bool = setting(True, "with --prepare_data: try TinyStories from the Hugging Face hub before generating "
                              "stories", resumable=True)
-    preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | speedrun-cpu | speedrun-gpu (sets "
-                          "the documented values; flags still override)", resumable=True)
+    preset: str = setting("", "tinystories | tinystories-cpu | owt | gpt2-124m | gpt2-xl | speedrun-cpu | "
+                          "speedrun-gpu (sets the documented values; flags still override)", resumable=True)
     resume: str = setting("auto", "continue out_dir/ckpt.pt: auto = when it holds this run (another run's, of other "
                           "settings or data, stops this one before any work), true = must (on other data too, when "
                           "its model can read it), false = never", auto=True, resumable=True)
@@ -153,8 +157,9 @@ class TrainConfig:
                                 resumable=True)
     # system
     device: str = setting("auto", "auto | cpu | cuda | cuda:N", resumable=True)
-    dtype: str = setting("auto", "autocast dtype: auto (bfloat16 on a CUDA GPU with native bf16, else float32) | "
-                         "float32 | bfloat16", choices=("auto", "float32", "bfloat16"))
+    dtype: str = setting("auto", "autocast dtype: auto (bfloat16 on a GPU with native bf16, and on a CPU with native "
+                         "bf16 for d_model >= 256; else float32) | float32 | bfloat16",
+                         choices=("auto", "float32", "bfloat16"))
     compile: str = setting("auto", "torch.compile the training module (auto = on CUDA); eval and sampling use the "
                            "plain module", auto=True, resumable=True)
     compile_backend: str = setting("inductor", "torch.compile backend", resumable=True)
@@ -162,6 +167,14 @@ class TrainConfig:
     deterministic: bool = setting(False, "bit-exact CUDA runs: torch.use_deterministic_algorithms and cuBLAS's fixed "
                                   "workspace, at some speed (CPU runs are bit-exact without it)", resumable=True)
     num_threads: int = setting(0, "torch CPU threads (0 = torch's default)", check=">= 0", resumable=True)
+    # past one GPU's memory (see the section "FSDP, activation checkpointing, sharded checkpoints" below)
+    fsdp: bool = setting(False, "under torchrun: shard the weights, gradients and optimizer state over the processes "
+                         "(PyTorch's FSDP2) instead of DDP's whole copy on each; checkpoints are then sharded "
+                         "(torch.distributed.checkpoint) and resume on any number of processes. One process trains as "
+                         "without it (nothing to shard) and writes the same sharded checkpoint")
+    activation_checkpointing: bool = setting(False, "keep only each block's input and recompute its activations in "
+                                             "the backward: far less memory for about one more forward; changes no "
+                                             "number", resumable=True)
     seed: int = setting(1337, "seed for init, data order and sampling", check="in [0, 2**32)")
 
 
@@ -224,6 +237,19 @@ PRESETS = {
                       ckpt_interval=5000, hellaswag=True, lambada=True, sampler="sequential",
                       shuffle_first_epoch=False, sample_prompt="Hello, I'm a language model,", sample_tokens=32,
                       num_samples=4),
+    # GPT-2 XL (1.56B, OpenAI's shape: --model=gpt2, 48 x 1600, 25 heads, context 1024) on FineWeb-Edu 10B, past one
+    # GPU's memory: FSDP and activation checkpointing on one 8-GPU node. Batch and learning rate from GPT-3's
+    # Table 2.1 (Brown et al. 2020), the row nearest in size, GPT-3 XL at 1.3B (2.7B: the same batch, lr 1.6e-4):
+    # 2^20 = 1,048,576 tokens a step (32 x 1024 x 4 accum x 8 GPUs), lr 2e-4; its warmup of 375M tokens (357 steps)
+    # and 10B tokens (9,536 steps), decayed to 10%; a checkpoint every 1,000 steps (~50 min of 8 GPUs; each ~25 GB)
+    # predicted memory per GPU at batch 32: 1.05 * 32 + 3.40 = 37.0 GB (largest batch 73 on 80 GB): `python flops.py
+    # --model=gpt2-xl --arch=gpt2 --gpus=8 --fsdp --activation_checkpointing`
+    "gpt2-xl": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48,
+                    num_heads=25, data_dir="data/edu_fineweb10B", batch_size=32, total_batch_tokens=1048576,
+                    learning_rate=2e-4, min_lr_ratio=0.1, warmup_iters=357, max_iters=9536, weight_decay=0.1,
+                    beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, ckpt_interval=1000,
+                    hellaswag=True, lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
+                    sample_tokens=32, num_samples=4, fsdp=True, activation_checkpointing=True),
     # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
     # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
     # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
@@ -244,6 +270,7 @@ PREPARE_COMMANDS = {
     "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
 }
 PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
+PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
 # the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
 # split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
 # text encodes both, as bench.py speedrun does
@@ -285,13 +312,12 @@ class AdamW(torch.optim.Optimizer):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            g = p.grad
             state = self.state[p]
             if not state:
                 state["step"] = torch.tensor(0.0)   # a tensor, like torch's, so state dicts interchange
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            m, v = state["exp_avg"], state["exp_avg_sq"]
+            p, g, m, v = (local(t) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
             state["step"] += 1
             t = state["step"].item()
             p.mul_(1 - lr * wd)                          # decoupled weight decay, before the Adam update
@@ -301,6 +327,37 @@ class AdamW(torch.optim.Optimizer):
             bias2 = 1 - beta2 ** t
             denom = (v.sqrt() / bias2 ** 0.5).add_(eps)
             p.addcdiv_(m, denom, value=-lr / bias1)
+
+
+# Under --fsdp every parameter, gradient and optimizer state is a DTensor: each rank holds a shard (rows) of it.
+# Elementwise updates (AdamW, clipping's scaling) run on the local shards; the global gradient norm sums the shards'
+# squares over the ranks; Muon all-gathers each matrix (see README: Past one GPU).
+
+def sharded(t):
+    """Whether t is a DTensor (FSDP's shards). Its module loads only in runs that shard (importing it takes ~1.7 s)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
+def local(t):
+    """This rank's shard of a DTensor, which in-place updates change; any other tensor as it is. (DTensor's own
+    elementwise ops give the same numbers at a dispatch cost per op.)"""
+    return t.to_local() if sharded(t) else t
+
+
+def whole(t):
+    """The whole of a DTensor, all-gathered from the ranks' shards; any other tensor as it is."""
+    return t.full_tensor() if sharded(t) else t
+
+
+def shard_like(t, p):
+    """This rank's shard of a whole tensor t laid out as the DTensor p is (a slice: no communication); t for a
+    plain p."""
+    if not sharded(p):
+        return t
+    from torch.distributed.tensor import DTensor, Replicate
+    return DTensor.from_local(t, p.device_mesh, [Replicate()], run_check=False).redistribute(p.device_mesh,
+                                                                                           p.placements)
 
 
 def orthogonalise(G, steps=5):
@@ -341,7 +398,7 @@ class Muon(AdamW):
             buf.lerp_(p.grad, 1 - mu)          # buf = mu buf + (1 - mu) g
             g = p.grad.lerp(buf, mu)           # Nesterov: the gradient moved toward the momentum
             p.mul_(1 - lr * wd)
-            p.add_(orthogonalise(g, group["ns_steps"]), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
+            p.add_(shard_like(orthogonalise(whole(g), group["ns_steps"]), p), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
 
 
 def get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters):
@@ -392,9 +449,13 @@ def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
         return torch.tensor(0.0)
     # multi-tensor kernels (torch._foreach_*): on CUDA a few launches for all the gradients, not one norm and one
     # multiply per tensor; on the CPU they loop over the tensors with the same per-tensor ops, so the same numbers
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([local(g) for g in grads], 2, dtype=torch.float32)))
+    if sharded(grads[0]):   # FSDP: this rank's norm is its shards'; the global norm's square sums theirs
+        square = norm.square()
+        torch.distributed.all_reduce(square, group=grads[0].device_mesh.get_group())
+        norm = square.sqrt()
     scale = torch.clamp(max_l2_norm / (norm + eps), max=1.0)   # no .item(): no GPU sync on the hot path
-    torch._foreach_mul_(grads, scale)
+    torch._foreach_mul_([local(g) for g in grads], scale)
     return norm
 
 
@@ -568,6 +629,16 @@ class LossOf(nn.Module):
         super().__init__()
         self.module, self.arch, self.z_loss = model, arch, z_loss
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Under FSDP (DDP wraps this module and brings its own): the gradients of the micro-steps inside are kept
+        whole and summed, and the first backward outside reduce-scatters the sum, once per optimizer step."""
+        self.module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.module.set_requires_gradient_sync(True)
+
     def forward(self, x, y):
         if not self.z_loss:
             return model_lib.lm_loss(self.module, x, y, arch=self.arch)
@@ -588,19 +659,24 @@ def save_checkpoint(model, optimizer, iteration, out, **extra):
         obj["model_config"] = raw.model_config()
     obj.update(extra)
     if isinstance(out, (str, os.PathLike)):
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(obj, f)
-                f.flush()
-                os.fsync(f.fileno())  # on disk before the rename: after a power cut ckpt.pt is the old or the new one
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)  # a failed (disk full) or interrupted write leaves no partial file
+        save_atomically(obj, out)
     else:
         torch.save(obj, out)
+
+
+def save_atomically(obj, out):
+    """torch.save to the path out through a temporary file, fsynced, then renamed over it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: after a power cut ckpt.pt is the old or the new one
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed (disk full) or interrupted write leaves no partial file
 
 
 def load_checkpoint(src, model, optimizer=None):
@@ -613,20 +689,26 @@ def load_checkpoint(src, model, optimizer=None):
 
 
 def save_run(path, raw, optimizer, loader, state, c, data, world):
-    """The run's checkpoint (rank 0 writes it): with every RNG, every rank's loader position and the RunState, all
-    an exact resume needs, and the settings and data it checks that a resume continues the same run with."""
-    loaders = [loader.state_dict()]
+    """The run's checkpoint (rank 0 writes it; under --fsdp every rank writes its shards): with every RNG, every
+    rank's loader position and the RunState, all an exact resume needs, and the settings and data it checks that a
+    resume continues the same run with."""
+    loaders, rngs = [loader.state_dict()], [runs.rng_state()]
     if world > 1:
         loaders = [None] * world
         torch.distributed.all_gather_object(loaders, loader.state_dict())
-    if int(os.environ.get("RANK", "0")) == 0:
-        try:
-            save_checkpoint(raw, optimizer, state.step, path, config=dict(c), tokenizer=data.tokenizer_ref or "",
-                            tokenizer_fingerprint=data.fingerprint, rng=runs.rng_state(),
-                            loader=loaders if world > 1 else loaders[0], train_files=data.train_files,
-                            val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
-        except (OSError, RuntimeError) as e:   # a full disk: ENOSPC, or torch's writer's "unexpected pos"
-            raise runs.checkpoint_not_written(path, state.step, e) from None
+        if c.fsdp:   # (every rank's RNGs, its GPU's included; DDP keeps rank 0's)
+            rngs = [None] * world
+            torch.distributed.all_gather_object(rngs, runs.rng_state())
+    run = dict(config=dict(c), tokenizer=data.tokenizer_ref or "", tokenizer_fingerprint=data.fingerprint,
+               train_files=data.train_files, val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
+    try:
+        if c.fsdp:
+            save_sharded(path, raw, optimizer, state.step, world, rng=rngs, loader=loaders, **run)
+        elif int(os.environ.get("RANK", "0")) == 0:
+            save_checkpoint(raw, optimizer, state.step, path, rng=rngs[0],
+                            loader=loaders if world > 1 else loaders[0], **run)
+    except (OSError, RuntimeError) as e:   # a full disk: ENOSPC, or torch's writer's "unexpected pos"
+        raise runs.checkpoint_not_written(path, state.step, e) from None
 
 
 # -----------------------------------------------------------------------------
@@ -719,6 +801,10 @@ class Evaluator:
 
     def __call__(self, step, elapsed):
         """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0)."""
+        with whole_model(self.raw):
+            return self._evaluate(step, elapsed)
+
+    def _evaluate(self, step, elapsed):
         c, raw = self.c, self.raw
         val_loss = estimate_val_loss(raw, self.data.val, c, raw.model_config()["arch"], self.device, self.autocast,
                                      self.rank, self.world, self.iters)
@@ -753,6 +839,88 @@ class Evaluator:
                      f"{res['num_skipped'] + res['num_total']} examples do not fit the model's context "
                      f"({self.raw.context_length} tokens): {scored}")
         return res if res["num_total"] else None
+
+
+# -----------------------------------------------------------------------------
+# past one GPU's memory: FSDP, activation checkpointing, sharded checkpoints. What --fsdp and
+# --activation_checkpointing add, in a few functions that a reader of the loop can skip, as DDP's lines
+
+def parallelize(raw, c, world, device, hw):
+    """--activation_checkpointing and --fsdp, applied in place to the bare model before its optimizer is made.
+    Checkpointing: each block's forward runs under torch.utils.checkpoint (non-reentrant), which keeps the block's
+    input and recomputes the rest in the backward: the same ops on the same values, so the same numbers. FSDP2
+    (PyTorch's fully_shard, torchtitan's engine): each block is a unit whose weights are all-gathered just before its
+    forward and its backward and freed after them, and whose gradients are reduce-scattered; then the model itself
+    (embeddings, final norm, head: GPT-2's tied wte/lm_head is one Parameter, sharded once there). On a GPU in
+    bfloat16, FSDP's mixed-precision policy replaces autocast: bfloat16 weights in the forward and backward, float32
+    master weights, optimizer and gradient reduction."""
+    if c.activation_checkpointing:
+        for block in model_lib.blocks(raw):
+            block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+    if c.fsdp and world > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        bf16 = fsdp_casts(c, device, world) and hw["dtype"] == "bfloat16"
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else
+                  MixedPrecisionPolicy())
+        for block in model_lib.blocks(raw):
+            fully_shard(block, mp_policy=policy)
+        fully_shard(raw, mp_policy=policy)
+        # GPT returns logits[..., :vocab_size], a view, which FSDP warns an in-place edit would break: none is made
+        warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
+
+
+def fsdp_casts(c, device, world):
+    """Whether FSDP's mixed-precision policy, not autocast, gives this run its bfloat16: FSDP on CUDA."""
+    return c.fsdp and world > 1 and torch.device(device).type == "cuda"
+
+
+@contextlib.contextmanager
+def whole_model(raw):
+    """Under FSDP, an evaluation's weights: every rank all-gathers the whole model and keeps it through the
+    evaluation, whose forwards then need no collectives (rank 0 samples alone; each rank scores its own share of a
+    task's examples), and frees it after: DDP's memory for that time. Without FSDP, nothing."""
+    if not sharded(next(raw.parameters())):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+    units = [m for m in raw.modules() if isinstance(m, FSDPModule)]
+    raw.set_reshard_after_forward(False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:   # every unit resharded, and the evaluation's forwards forgotten: FSDP orders the next backward's
+        raw.reset_iter_state()   # all-gathers by the forwards before it, which differed between the ranks here
+        raw.set_reshard_after_forward(True)                   # FSDP's defaults: the blocks free their weights after
+        raw.set_reshard_after_forward(False, recurse=False)   # each forward, the root keeps its own for the backward
+
+
+def save_sharded(path, raw, optimizer, iteration, world, **run):
+    """--fsdp's checkpoint. Every rank writes its shards of the weights and of the optimizer state with
+    torch.distributed.checkpoint (DCP) into a new folder beside path; then rank 0 writes path itself, the run's
+    state (the rest of what save_checkpoint stores, with every rank's RNGs and loader) naming that folder, through a
+    temporary file renamed over path. That rename commits the checkpoint: a crash before it leaves the last one
+    whole (RunDir removes the unnamed folder); after it, the folder of the last one is removed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    name = [f"{path.name}.shards-{iteration}-{time.time_ns()}"]
+    if world > 1:
+        torch.distributed.broadcast_object_list(name)   # one folder for every rank: rank 0's name
+    shards = {"model": get_model_state_dict(raw)}
+    groups = None
+    if optimizer.state:   # (an optimizer that has not stepped has no state yet; DCP would make one up)
+        opt = get_optimizer_state_dict(raw, optimizer)
+        shards["optimizer"], groups = opt["state"], opt["param_groups"]   # tensors only: the rest in path
+    try:
+        with warnings.catch_warnings():   # (that one process writes alone, as meant)
+            warnings.filterwarnings("ignore", "torch.distributed is")
+            dcp.save(shards, checkpoint_id=path.parent / name[0], no_dist=world == 1)
+    except dcp.api.CheckpointException as e:   # (a BaseException, on every rank: the first rank's error, a full disk
+        raise next(iter(e.failures.values()))[0] from None   # say, is what save_run reports)
+    if int(os.environ.get("RANK", "0")) == 0:
+        save_atomically(dict(shards=name[0], model_config=raw.model_config(), iteration=int(iteration),
+                             optimizer_groups=groups, **run), path)
+        runs.remove_stale_shards(path)
 
 
 # -----------------------------------------------------------------------------
@@ -819,15 +987,16 @@ def device_settings(c, device):
                 fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
 
 
-def precision(c, device):
-    """The run's numerics, decided in one place: (device_settings, the autocast context for the forwards)."""
+def precision(c, device, world=1):
+    """The run's numerics, decided in one place: (device_settings, the autocast context for the forwards). Under
+    FSDP on a GPU, bfloat16 is FSDP's mixed-precision policy instead of autocast (see parallelize)."""
     hw = device_settings(c, device)
     if hw["tf32"]:
         torch.set_float32_matmul_precision("high")
     if c.deterministic:   # (cuBLAS reads its workspace setting at its first call: before any matmul)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    bf16 = hw["dtype"] == "bfloat16"
+    bf16 = hw["dtype"] == "bfloat16" and not fsdp_casts(c, device, world)
     return hw, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
@@ -932,7 +1101,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     rank, world, device = init_processes(c)
     ddp, master = world > 1, rank == 0
     say = log if master else runs.quiet
-    hw, autocast = precision(c, device)
+    hw, autocast = precision(c, device, world)
     random.seed(c.seed)
     np.random.seed(c.seed)
     torch.manual_seed(c.seed)   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
@@ -959,6 +1128,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     runs.check_model_fits(raw, data, c, ckpt, ckpt_path)
     raw.to(device)
     arch, mcfg = raw.model_config()["arch"], raw.model_config()
+    parallelize(raw, c, world, device, hw)   # --activation_checkpointing, --fsdp: before the optimizer sees the weights
     optimizer = make_optimizer(raw, c, hw["fused"])
     decay_iters = c.lr_decay_iters or c.max_iters
     if c.warmup_iters >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
@@ -972,8 +1142,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     model = LossOf(raw, arch, c.z_loss)   # (x, y) -> loss: compiled, the loss is in the graph with the model
     if hw["compile"]:
         model = torch.compile(model, backend=c.compile_backend)
-    if ddp:   # (it broadcasts Llama's constant RoPE buffers every forward: small. The switch against that,
-        # broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
+    if ddp and not c.fsdp:   # (DDP broadcasts Llama's constant RoPE buffers every forward: small. The switch against
+        # that, broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say, tasks)
     flops_per_token = flops.train_flops_per_token(mcfg, T)
@@ -984,7 +1154,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {c.data_dir}: "
         f"{sum(len(a) for _, a, _ in data.train):,} train / {sum(len(a) for _, a, _ in data.val):,} val tokens | "
         f"{tokens_per_step:,} tokens/step = {B} x {T} x {accum} accum x {world} procs | {device} {hw['dtype']}"
-        + (f" ({hw['dtype_why']})" if c.dtype == "auto" else "") + (" | compiled" if hw["compile"] else ""))
+        + (f" ({hw['dtype_why']})" if c.dtype == "auto" else "") + (" | compiled" if hw["compile"] else "")
+        + (" | FSDP" if c.fsdp and ddp else "") + (" | activation checkpointing" if c.activation_checkpointing else ""))
     run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
                resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
 
