@@ -4,6 +4,7 @@ repeats, medians), and prints the ratio. Never run it while tests or another ben
     python bench.py tokenizer        # bpe.py vs HF tokenizers (training) and tiktoken (encoding)
     python bench.py model            # train step (fp32, bf16) and generation vs transformers
     python bench.py train            # whole loop vs model-only step; the data loader alone
+    python bench.py dtype            # the loop at float32 vs bfloat16 on this CPU: what --dtype=auto should pick
     python bench.py memory           # what --fsdp and --activation_checkpointing save (CPU, 2 gloo processes)
     python bench.py sample           # sample.generate vs transformers generate
     python bench.py gpu              # on a GPU: every CUDA path checked, then tokens/s and MFU
@@ -469,8 +470,8 @@ def _model_step_times(cfg, steps, dtype):
 
 def _loop_step_times(cfg, steps, dtype, data_dir, out_dir):
     """The real train() loop (sampler, accumulation, clipping, schedule, logging); per-step dt from its log."""
-    c = dict(train.DEFAULTS, **cfg, data_dir=str(data_dir), out_dir=str(out_dir), prepare_data=False, resume=False,
-             max_iters=steps, eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0, compile=False,
+    c = dict(train.DEFAULTS, compile=False, **cfg, data_dir=str(data_dir), out_dir=str(out_dir), prepare_data=False,
+             resume=False, max_iters=steps, eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0,
              device="cpu", dtype=dtype, sampler="sequential", time_budget="")
     train.train(c, log=lambda *a, **k: None)
     rows = [json.loads(l) for l in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
@@ -526,6 +527,56 @@ def bench_train(args):
         print(f"{'  loop overhead (loop / model step - 1)':<42} {100 * (t_loop / t_step - 1):>11.1f}%")
         # the part of the overhead that is data loading, measured alone (robust to a busy machine)
         print(f"{'  loader time / model step time':<42} {100 * tokens / loader_tps['sequential'] / t_step:>11.3f}%")
+
+
+# -----------------------------------------------------------------------------
+# dtype: what --dtype=auto should pick on this CPU, at the shapes it picks for
+
+DTYPE_KEYS = ("model", "vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "batch_size",
+              "optimizer", "compile")
+
+
+def _dtype_shapes():
+    """The main job's shape, the CPU presets' (their optimizer and compilation too), and the main job's at other
+    widths, around the edge of auto's rule (train.CPU_BF16_MIN_D_MODEL)."""
+    main = {k: train.DEFAULTS[k] for k in DTYPE_KEYS}
+    shapes = {"main job": main}
+    for name in ("speedrun-cpu", "tinystories-cpu"):
+        shapes[f"--preset={name}"] = dict(main, **{k: v for k, v in train.PRESETS[name].items() if k in DTYPE_KEYS})
+    for d in (64, 192, 256):
+        shapes[f"main job at d_model {d}"] = dict(main, d_model=d)
+    return shapes
+
+
+def bench_dtype(args):
+    import model as model_lib
+    torch.set_num_threads(args.threads)
+    cpu = torch.device("cpu")
+    print(f"dtype bench: train.train's steps at float32 and bfloat16 (autocast), interleaved, medians of "
+          f"{args.repeats} x {args.steps} steps a side; {args.threads} threads; native bf16 on this CPU: "
+          f"{'yes' if model_lib.native_bf16(cpu) else 'no (bfloat16 is emulated)'}")
+    tmp = Path(tempfile.mkdtemp(prefix="bench_dtype_"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    print(f"| {'shape':<46} | fp32 tok/s | bf16 tok/s | bf16 / fp32 | auto picks |")
+    print(f"|{'-' * 48}|-----------:|-----------:|------------:|------------|")
+    for name, cfg in _dtype_shapes().items():
+        if args.only and args.only not in name:
+            continue
+        data = tmp / f"data{cfg['vocab_size']}"
+        if not data.exists():
+            data.mkdir()
+            _write_tokens(data / "train.bin", 2_000_000, cfg["vocab_size"], 0)
+            _write_tokens(data / "val.bin", 100_000, cfg["vocab_size"], 1)
+        times = {"float32": [], "bfloat16": []}
+        for r in range(args.repeats):   # (a compiled shape compiles in each run: its first 2 steps are dropped)
+            for dtype in times:
+                times[dtype] += _loop_step_times(cfg, args.steps + 2, dtype, data, tmp / f"{dtype}{r}")[1:]
+        tf, tb = statistics.median(times["float32"]), statistics.median(times["bfloat16"])
+        tokens = cfg["batch_size"] * cfg["context_length"]
+        shape = f"{name}: d{cfg['d_model']} x {cfg['num_layers']}, {cfg['batch_size']} x {cfg['context_length']}"
+        auto, _ = train.auto_dtype(train.Settings(dict(train.DEFAULTS, **cfg)), cpu)
+        print(f"| {shape:<46} | {tokens / tf:>10,.0f} | {tokens / tb:>10,.0f} | {tf / tb:>10.2f}x | {auto:<10} |",
+              flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -1193,6 +1244,15 @@ def main():
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--dtypes", default="float32", help="comma list: float32,bfloat16 (CPU autocast)")
+
+    p = sections.add_parser("dtype", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="train.py's loop at float32 and bfloat16 on this CPU, at the main job's and the CPU "
+                            "presets' shapes: the measurement behind --dtype=auto's rule")
+    p.set_defaults(run=bench_dtype)
+    p.add_argument("--steps", type=int, default=12, help="measured steps per run")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved runs per dtype (medians reported)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--only", default="", help="run only the shapes whose name contains this text, e.g. preset")
 
     p = sections.add_parser("gpu", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="every CUDA path checked against a reference, then train.py's tokens/s and MFU")

@@ -3117,8 +3117,10 @@ def test_train_auto_precision_switches_are_on_for_cuda_only(monkeypatch):
     ({"avx512f", "avx512_bf16"}, 512, "scratch", "bfloat16"),  # AMD Zen 4, Intel Cooper Lake
     ({"amx_bf16", "amx_tile"}, 256, "scratch", "bfloat16"),    # Intel Sapphire Rapids (AMX)
     ({"fp", "asimd", "bf16"}, 1024, "scratch", "bfloat16"),    # Arm with BF16 (Graviton 3, Neoverse V1)
-    ({"avx512f", "avx512_bf16"}, 128, "scratch", "float32"),   # native, but the main job's width: too narrow
-    ({"avx512f", "avx512_bf16"}, 128, "gpt2", "bfloat16"),     # released GPT-2 brings its 768 width
+    ({"avx512f", "avx512_bf16"}, 128, "scratch", "bfloat16"),  # the main job's width: measured to pay
+    ({"avx512f", "avx512_bf16"}, train.CPU_BF16_MIN_D_MODEL, "scratch", "bfloat16"),   # the speedrun's: the edge
+    ({"avx512f", "avx512_bf16"}, 64, "scratch", "float32"),    # native, but too narrow: the casts cost more
+    ({"avx512f", "avx512_bf16"}, 64, "gpt2", "bfloat16"),      # released GPT-2 brings its 768 width
 ])
 def test_train_auto_dtype_on_cpu_is_bf16_where_native_and_wide_enough(monkeypatch, flags, d_model, init_from, dtype):
     monkeypatch.setattr(M, "cpu_flags", lambda: flags)
@@ -10957,13 +10959,14 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["gpu", "--compile_backend", "nope", "--tiny"], "--compile_backend", ["'nope'"]),
     (["gpu", "--procs", "-1", "--tiny"], "--procs", ["-1", "0"]),
     (["memory", "--num_layers", "0"], "--num_layers", ["0", "1"]),
+    (["dtype", "--repeats", "0"], "--repeats", ["0", "1"]),
     (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"]),
     (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
     (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
     (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"])])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    for section in ("tokenizer", "model", "train", "gpu", "sample", "memory"):
+    for section in ("tokenizer", "model", "train", "gpu", "sample", "memory", "dtype"):
         monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
     with pytest.raises(SystemExit) as e:
         bench.main()
@@ -10973,6 +10976,7 @@ def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, 
 @pytest.mark.parametrize("argv,section", [
     (["sample", "--repeats", "1", "--threads", "1", "--max_new_tokens", "1", "--prompt_len", "1"], "bench_sample"),
     (["train", "--steps", "1", "--batch_size", "1", "--repeats", "1", "--threads", "1"], "bench_train"),
+    (["dtype", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_dtype"),
     (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu"),
     (["memory", "--d_model", "1", "--num_layers", "1", "--num_heads", "1", "--context_length", "1", "--vocab_size",
       "1", "--batch_size", "1", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_memory")])
@@ -11044,6 +11048,27 @@ def test_bench_train_times_the_loop_beside_the_bare_step(capsys):
     out = capsys.readouterr().out
     assert re.search(r"^whole loop \(train\.train\), float32\s+[\d,]+\s+\d", out, re.M), out
     assert re.search(r"^model-only step .*float32\s+[\d,]+\s+1\.000", out, re.M), out
+
+
+def test_bench_dtype_times_both_dtypes_at_the_presets_shapes_and_says_what_auto_picks(capsys, monkeypatch):
+    # the shapes are the presets' own (a preset retuned is benchmarked as it now is); each row gives both dtypes'
+    # tok/s and the choice of train.py's rule at that shape, on this CPU and on a faked native-bf16 one
+    shapes = bench._dtype_shapes()
+    for name in ("speedrun-cpu", "tinystories-cpu"):
+        assert {k: shapes[f"--preset={name}"][k] for k in ("d_model", "batch_size", "compile")} == \
+            {k: train.PRESETS[name].get(k, train.DEFAULTS[k]) for k in ("d_model", "batch_size", "compile")}
+    assert shapes["main job"]["d_model"] == train.DEFAULTS["d_model"]
+    # timed here by a fake loop (bfloat16 steps take half as long): the real one is test_bench_train's, and
+    # bfloat16 on a CPU without it natively (CI's may be one) is ~20x slower
+    monkeypatch.setattr(bench, "_loop_step_times", lambda cfg, steps, dtype, data, out: [
+        0.5 if dtype == "bfloat16" else 1.0] * (steps - 1))
+    for native, picks in ((False, "float32"), (True, "bfloat16")):
+        monkeypatch.setattr(M, "native_bf16", lambda device, native=native: native)
+        bench.bench_dtype(argparse.Namespace(steps=1, repeats=1, threads=1, only="d_model"))
+        out = capsys.readouterr().out.splitlines()
+        rows = {w: line for line in out for w in ("64", "192") if f"d_model {w}" in line}
+        assert re.search(r"\| +4,096 \| +8,192 \| +2.00x \| float32", rows["64"]), rows   # narrower than the edge
+        assert re.search(rf"\| +2.00x \| {picks}", rows["192"]), rows
 
 
 def test_bench_memory_shards_every_byte_of_the_state_and_times_checkpointing(capsys):

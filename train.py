@@ -959,8 +959,9 @@ def _auto(value, when_auto):
 
 
 # --dtype=auto on a CPU with native bf16: bfloat16 from this width on; below it the casts autocast adds cost more
-# than the narrow matmuls save (measured on AVX512-BF16: docs/BENCHMARKS.md, "bf16 on CPU")
-CPU_BF16_MIN_D_MODEL = 256
+# than the narrow matmuls save (AVX512-BF16, 2 cores: 1.07x at d128 (the main job), 1.2-1.4x at d96, 0.77x at d64;
+# docs/BENCHMARKS.md, "bf16 on CPU")
+CPU_BF16_MIN_D_MODEL = 96
 
 
 def auto_dtype(c, device):
