@@ -178,110 +178,9 @@ class TrainConfig:
     seed: int = setting(1337, "seed for init, data order and sampling", check="in [0, 2**32)")
 
 
-def model_settings():
-    """The model's flags: {flag: (field, architectures that have it)}, from model.py's config dataclasses (a field
-    names its flag when it differs, e.g. GPTConfig.n_embd is --d_model; flag=None: set by train.py itself)."""
-    out = {}
-    for arch in model_lib.ARCHS:
-        for f in fields(model_lib.config_class(arch)):
-            flag = f.metadata.get("flag", f.name)
-            if flag:
-                out.setdefault(flag, (f, set()))[1].add(arch)
-    return out
-
-
-def settings():
-    """Every flag: {name: (field, architectures it applies to)}, read when asked (a test may add a field)."""
-    own = {f.name: (f, {f.metadata["arch"]} if "arch" in f.metadata else set(model_lib.ARCHS))
-           for f in fields(TrainConfig)}
-    return {**own, **model_settings()}
-
-
-DEFAULTS = {name: f.default for name, (f, _) in settings().items()}
-
-
 class Settings(dict):
     """A run's settings: the dict that checkpoints and logs store, whose keys also read as attributes (c.batch_size)."""
     __getattr__ = dict.__getitem__
-
-
-# Presets: the documented runs. Each value can still be overridden on the command line.
-TINYSTORIES_MODEL = dict(model="llama", vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
-                         d_ff=1344, rope_theta=10000.0)
-RUN = dict(prepare_data=False, time_budget="")   # presets are step-counted runs on prepared data
-SPEEDRUN = dict(model="llama", vocab_size=4096, context_length=256, d_model=96, num_layers=4, num_heads=3, d_ff=256,
-                prepare_data=False, time_budget="5m", max_iters=1_000_000, warmup_iters=50_000, optimizer="muon",
-                learning_rate=1e-2, min_lr_ratio=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95,
-                eval_interval=50, eval_tokens=16384, log_interval=10)
-PRESETS = {
-    # CS336 baseline at 327,680,000 tokens = 128 x 10,000 x 256 (one GPU)
-    "tinystories": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=128,
-                        max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
-                        beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random"),
-    # the same shape at 40,960,000 tokens = 32 x 5,000 x 256 (a laptop CPU; the reference reaches ~1.80)
-    "tinystories-cpu": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=32,
-                            max_iters=5000, warmup_iters=100, learning_rate=1e-3, min_lr_ratio=0.1,
-                            weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50,
-                            sampler="random"),
-    # OpenWebText with a 32k tokenizer, the same model
-    "owt": dict(TINYSTORIES_MODEL, **RUN, vocab_size=32000, data_dir="data/owt-32k", batch_size=128,
-                max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
-                beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random", sample_prompt="The"),
-    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step), on
-    # its token stream (the first epoch in stream order: fineweb.py keeps the documents as given), with its warmup
-    # (step 0 at lr/715) and its checkpoints every 5,000 steps (~1.5 GB each; a stop signal writes one as well)
-    "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12,
-                      num_heads=12, data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
-                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, warmup_from_one=True, max_iters=19073,
-                      weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20,
-                      ckpt_interval=5000, hellaswag=True, lambada=True, sampler="sequential",
-                      shuffle_first_epoch=False, sample_prompt="Hello, I'm a language model,", sample_tokens=32,
-                      num_samples=4),
-    # GPT-2 XL (1.56B, OpenAI's shape: --model=gpt2, 48 x 1600, 25 heads, context 1024) on FineWeb-Edu 10B, past one
-    # GPU's memory: FSDP and activation checkpointing on one 8-GPU node. Batch and learning rate from GPT-3's
-    # Table 2.1 (Brown et al. 2020), the row nearest in size, GPT-3 XL at 1.3B (2.7B: the same batch, lr 1.6e-4):
-    # 2^20 = 1,048,576 tokens a step (32 x 1024 x 4 accum x 8 GPUs), lr 2e-4; its warmup of 375M tokens (357 steps)
-    # and 10B tokens (9,536 steps), decayed to 10%; a checkpoint every 1,000 steps (~50 min of 8 GPUs; each ~25 GB)
-    # predicted memory per GPU at batch 32: 1.05 * 32 + 3.40 = 37.0 GB (largest batch 73 on 80 GB): `python flops.py
-    # --model=gpt2-xl --arch=gpt2 --gpus=8 --fsdp --activation_checkpointing`
-    "gpt2-xl": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48,
-                    num_heads=25, data_dir="data/edu_fineweb10B", batch_size=32, total_batch_tokens=1048576,
-                    learning_rate=2e-4, min_lr_ratio=0.1, warmup_iters=357, max_iters=9536, weight_decay=0.1,
-                    beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, ckpt_interval=1000,
-                    hellaswag=True, lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
-                    sample_tokens=32, num_samples=4, fsdp=True, activation_checkpointing=True),
-    # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
-    # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
-    # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
-    # compiled run's first step always is); the schedule is on the clock (max_iters only bounds it: 5% warmup)
-    "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true"),
-    # the same recipe on one GPU, all of TinyStories (not timed yet)
-    "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
-                         d_ff=1344, batch_size=64),
-}
-# the command that prepares each preset's data (printed when it is missing)
-PREPARE_COMMANDS = {
-    # all of TinyStories (official validation split kept apart), a 10k BPE trained on it, train.bin / val.bin
-    "tinystories": "python fineweb.py --prepare_tinystories --corpus_bytes=0 --vocab_size=10000 "
-                   "--out_dir=data/tinystories-10k",
-    # OpenWebText streamed into shards, with a 32k BPE trained on its first 100 MB
-    "owt": "python fineweb.py --dataset=openwebtext --vocab_size=32000 --out_dir=data/owt-32k",
-    # FineWeb-Edu sample-10BT, GPT-2 tokenizer, 100M-token shards (build-nanogpt's layout)
-    "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
-}
-PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
-PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
-# the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
-# split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
-# text encodes both, as bench.py speedrun does
-_HEAD, _SR = "data/tinystories-head", "data/speedrun-4k"
-PREPARE_COMMANDS["speedrun-cpu"] = (
-    f"python fineweb.py --tinystories_head && "
-    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer && "
-    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin && "
-    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin")
-for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
-    _preset.setdefault("out_dir", f"out/{_name}")
 
 
 # -----------------------------------------------------------------------------
@@ -399,6 +298,16 @@ class Muon(AdamW):
             g = p.grad.lerp(buf, mu)           # Nesterov: the gradient moved toward the momentum
             p.mul_(1 - lr * wd)
             p.add_(shard_like(orthogonalise(whole(g), group["ns_steps"]), p), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
+
+
+def make_optimizer(raw, c, fused):
+    if c.optimizer == "muon":
+        groups = model_lib.param_groups(raw, c.weight_decay, muon=True)
+        return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
+    groups = model_lib.param_groups(raw, c.weight_decay)
+    if fused:
+        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps, fused=True)
+    return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
 
 
 def get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters):
@@ -618,6 +527,28 @@ class ReadAhead:
         self.sampler.load_state_dict(state)
 
 
+def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size):
+    per_step = batch_size * context_length * world_size
+    if total_batch_tokens == 0:
+        return 1
+    if total_batch_tokens % per_step:
+        raise ValueError(f"--total_batch_tokens={total_batch_tokens:,} is not divisible by batch_size*context_length"
+                         f"*world_size = {batch_size}*{context_length}*{world_size} = {per_step:,}; pick a multiple")
+    return total_batch_tokens // per_step
+
+
+def make_loader(data, c, rank, world, log):
+    B, T = c.batch_size, c.context_length
+    if c.sampler == "random":
+        return RandomSampler(data.train, B, T, seed=c.seed, rank=rank)
+    short = [str(p) for p, a, _ in data.train if len(a) < B * T * world + 1]
+    if short:   # the reader skips them: say so rather than train on less data in silence
+        log(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
+            f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
+    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id,
+                             shuffle_first_epoch=c.shuffle_first_epoch)
+
+
 class LossOf(nn.Module):
     """The module train.py compiles and wraps in DDP: (x, y) -> mean next-token loss, so the loss is inside the
     compiled graph for both models. TransformerLM.forward returns logits: compiling it alone left Llama's
@@ -752,22 +683,6 @@ def generate_samples(model, tokenizer, c, device, autocast, seed):
     return [tokenizer.decode(prompt + list(o)) for o in outs]
 
 
-def task_examples(c, data, log):
-    """{name: (module, examples)} of the downstream tasks asked for (--hellaswag, --lambada), scored with the data's
-    tokenizer: none without one."""
-    if data.tokenizer is None and (c.hellaswag or c.lambada):
-        log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
-    tasks = {}
-    for name, lib in (("hellaswag", hellaswag), ("lambada", lambada)):
-        if c[name] and data.tokenizer is not None:
-            path = c[f"{name}_path"]
-            try:
-                tasks[name] = lib, lib.load_examples(path or None)
-            except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
-                raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
-    return tasks
-
-
 class Evaluator:
     """The periodic evaluation: validation loss and bits/byte on a fixed stretch of the validation data, HellaSwag
     and LAMBADA when asked (tasks: task_examples'), samples. Everything it needs is checked when it is made, before
@@ -839,251 +754,6 @@ class Evaluator:
                      f"{res['num_skipped'] + res['num_total']} examples do not fit the model's context "
                      f"({self.raw.context_length} tokens): {scored}")
         return res if res["num_total"] else None
-
-
-# -----------------------------------------------------------------------------
-# past one GPU's memory: FSDP, activation checkpointing, sharded checkpoints. What --fsdp and
-# --activation_checkpointing add, in a few functions that a reader of the loop can skip, as DDP's lines
-
-def parallelize(raw, c, world, device, hw):
-    """--activation_checkpointing and --fsdp, applied in place to the bare model before its optimizer is made.
-    Checkpointing: each block's forward runs under torch.utils.checkpoint (non-reentrant), which keeps the block's
-    input and recomputes the rest in the backward: the same ops on the same values, so the same numbers. FSDP2
-    (PyTorch's fully_shard, torchtitan's engine): each block is a unit whose weights are all-gathered just before its
-    forward and its backward and freed after them, and whose gradients are reduce-scattered; then the model itself
-    (embeddings, final norm, head: GPT-2's tied wte/lm_head is one Parameter, sharded once there). On a GPU in
-    bfloat16, FSDP's mixed-precision policy replaces autocast: bfloat16 weights in the forward and backward, float32
-    master weights, optimizer and gradient reduction."""
-    if c.activation_checkpointing:
-        for block in model_lib.blocks(raw):
-            block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
-    if c.fsdp and world > 1:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        bf16 = fsdp_casts(c, device, world) and hw["dtype"] == "bfloat16"
-        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else
-                  MixedPrecisionPolicy())
-        for block in model_lib.blocks(raw):
-            fully_shard(block, mp_policy=policy)
-        fully_shard(raw, mp_policy=policy)
-        # GPT returns logits[..., :vocab_size], a view, which FSDP warns an in-place edit would break: none is made
-        warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
-
-
-def fsdp_casts(c, device, world):
-    """Whether FSDP's mixed-precision policy, not autocast, gives this run its bfloat16: FSDP on CUDA."""
-    return c.fsdp and world > 1 and torch.device(device).type == "cuda"
-
-
-@contextlib.contextmanager
-def whole_model(raw):
-    """Under FSDP, an evaluation's weights: every rank all-gathers the whole model and keeps it through the
-    evaluation, whose forwards then need no collectives (rank 0 samples alone; each rank scores its own share of a
-    task's examples), and frees it after: DDP's memory for that time. Without FSDP, nothing."""
-    if not sharded(next(raw.parameters())):
-        yield
-        return
-    from torch.distributed.fsdp import FSDPModule
-    units = [m for m in raw.modules() if isinstance(m, FSDPModule)]
-    raw.set_reshard_after_forward(False)
-    for unit in units:
-        unit.unshard()
-    try:
-        yield
-    finally:   # every unit resharded, and the evaluation's forwards forgotten: FSDP orders the next backward's
-        raw.reset_iter_state()   # all-gathers by the forwards before it, which differed between the ranks here
-        raw.set_reshard_after_forward(True)                   # FSDP's defaults: the blocks free their weights after
-        raw.set_reshard_after_forward(False, recurse=False)   # each forward, the root keeps its own for the backward
-
-
-def save_sharded(path, raw, optimizer, iteration, world, **run):
-    """--fsdp's checkpoint. Every rank writes its shards of the weights and of the optimizer state with
-    torch.distributed.checkpoint (DCP) into a new folder beside path; then rank 0 writes path itself, the run's
-    state (the rest of what save_checkpoint stores, with every rank's RNGs and loader) naming that folder, through a
-    temporary file renamed over path. That rename commits the checkpoint: a crash before it leaves the last one
-    whole (RunDir removes the unnamed folder); after it, the folder of the last one is removed."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    name = [f"{path.name}.shards-{iteration}-{time.time_ns()}"]
-    if world > 1:
-        torch.distributed.broadcast_object_list(name)   # one folder for every rank: rank 0's name
-    shards = {"model": get_model_state_dict(raw)}
-    groups = None
-    if optimizer.state:   # (an optimizer that has not stepped has no state yet; DCP would make one up)
-        opt = get_optimizer_state_dict(raw, optimizer)
-        shards["optimizer"], groups = opt["state"], opt["param_groups"]   # tensors only: the rest in path
-    try:
-        with warnings.catch_warnings():   # (that one process writes alone, as meant)
-            warnings.filterwarnings("ignore", "torch.distributed is")
-            dcp.save(shards, checkpoint_id=path.parent / name[0], no_dist=world == 1)
-    except dcp.api.CheckpointException as e:   # (a BaseException, on every rank: the first rank's error, a full disk
-        raise next(iter(e.failures.values()))[0] from None   # say, is what save_run reports)
-    if int(os.environ.get("RANK", "0")) == 0:
-        save_atomically(dict(shards=name[0], model_config=raw.model_config(), iteration=int(iteration),
-                             optimizer_groups=groups, **run), path)
-        runs.remove_stale_shards(path)
-
-
-# -----------------------------------------------------------------------------
-# processes, device, precision
-
-def torchrun_rank(device):
-    """(rank, local_rank, world_size, device, backend) of a process torchrun started, from its RANK, LOCAL_RANK and
-    WORLD_SIZE: on CUDA the process takes the GPU of its LOCAL_RANK (model.rank_gpu: on a second node of 8 GPUs RANK 9
-    is LOCAL_RANK 1, cuda:1) and NCCL; elsewhere gloo."""
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device(device)
-    if device.type == "cuda":
-        device = model_lib.rank_gpu(local_rank)
-    return rank, local_rank, world, device, "nccl" if device.type == "cuda" else "gloo"
-
-
-def init_processes(c):
-    """(rank, world_size, device): one process, or this rank of torchrun's (its process group started)."""
-    device = model_lib.resolve_device(c.device)
-    if c.num_threads:
-        torch.set_num_threads(c.num_threads)
-    rank, world = 0, 1
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        rank, _, world, device, backend = torchrun_rank(device)
-        if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group(backend=backend)
-    if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
-        torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
-    return rank, world, device
-
-
-def _auto(value, when_auto):
-    """Resolve a true/false/auto setting."""
-    value = _parse_bool(value)
-    return when_auto if value == "auto" else value
-
-
-# --dtype=auto on a CPU with native bf16: bfloat16 from this width on; below it the casts autocast adds cost more
-# than the narrow matmuls save (measured on AVX512-BF16: docs/BENCHMARKS.md, "bf16 on CPU")
-CPU_BF16_MIN_D_MODEL = 256
-
-
-def auto_dtype(c, device):
-    """(dtype, why) that --dtype=auto comes to: bfloat16 on a GPU with native bf16, and on a CPU with native bf16
-    for a model at least CPU_BF16_MIN_D_MODEL wide; float32 elsewhere (bf16 emulated is slower, not faster)."""
-    kind = "GPU" if device.type == "cuda" else "CPU"
-    if not model_lib.native_bf16(device):
-        return "float32", f"auto: no native bf16 on this {kind}"
-    width = model_lib.HUB_SHAPES.get(c.init_from, (c.d_model,))[-1]   # released GPT-2 weights bring their own
-    if device.type == "cpu" and width < CPU_BF16_MIN_D_MODEL:
-        return "float32", f"auto: d_model {width} < {CPU_BF16_MIN_D_MODEL}, too narrow for CPU bf16 to pay"
-    return "bfloat16", f"auto: native bf16 on this {kind}"
-
-
-def device_settings(c, device):
-    """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
-    device and off elsewhere; --dtype=auto is auto_dtype's choice. Returns dict(tf32, dtype (a name), dtype_why,
-    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon."""
-    c = Settings(c)
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-    dtype, why = auto_dtype(c, device) if c.dtype == "auto" else (c.dtype, "given")
-    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, dtype_why=why, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
-                fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
-
-
-def precision(c, device, world=1):
-    """The run's numerics, decided in one place: (device_settings, the autocast context for the forwards). Under
-    FSDP on a GPU, bfloat16 is FSDP's mixed-precision policy instead of autocast (see parallelize)."""
-    hw = device_settings(c, device)
-    if hw["tf32"]:
-        torch.set_float32_matmul_precision("high")
-    if c.deterministic:   # (cuBLAS reads its workspace setting at its first call: before any matmul)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    bf16 = hw["dtype"] == "bfloat16" and not fsdp_casts(c, device, world)
-    return hw, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-
-
-def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size):
-    per_step = batch_size * context_length * world_size
-    if total_batch_tokens == 0:
-        return 1
-    if total_batch_tokens % per_step:
-        raise ValueError(f"--total_batch_tokens={total_batch_tokens:,} is not divisible by batch_size*context_length"
-                         f"*world_size = {batch_size}*{context_length}*{world_size} = {per_step:,}; pick a multiple")
-    return total_batch_tokens // per_step
-
-
-def model_config(c, vocab_size, pad_vocab=1):
-    """The model_config() dict of this run: every field of the architecture's config from its flag (the data's
-    vocabulary; GPT-2's padding from --pad_vocab, resolved by device_settings)."""
-    cls = model_lib.config_class(c["model"])
-    kw = {f.name: c.get(f.metadata.get("flag", f.name), f.default) for f in fields(cls) if f.metadata.get("flag", 1)}
-    kw["vocab_size"] = vocab_size
-    if c["model"] == "gpt2":
-        kw["pad_vocab_to_multiple_of"] = pad_vocab
-    return {"arch": c["model"], **vars(cls(**kw))}
-
-
-def make_optimizer(raw, c, fused):
-    if c.optimizer == "muon":
-        groups = model_lib.param_groups(raw, c.weight_decay, muon=True)
-        return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
-    groups = model_lib.param_groups(raw, c.weight_decay)
-    if fused:
-        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps, fused=True)
-    return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
-
-
-def resume_checkpoint(resume_from, c, ckpt_path, world):
-    """The checkpoint this run continues (None: a new run), the same on every rank. main() read it for --resume=auto
-    (under torchrun its error comes here instead, to be said by every rank), or --resume=true reads it now. Each
-    rank reads its own --out_dir, so under torchrun the ranks agree (runs.agree) on whether they resume, at which
-    step, and on their settings, before any other work: two nodes without a shared --out_dir would otherwise resume
-    at step N on node 0 and start at step 0 on node 1, their evaluations and checkpoints never lining up."""
-    ckpt, error = (None, resume_from) if isinstance(resume_from, Exception) else (resume_from, None)
-    if ckpt is None and error is None and _parse_bool(c.resume) is True and not c.fresh:
-        try:
-            ckpt = runs.read_train_checkpoint(ckpt_path)
-        except ValueError as e:
-            error = e
-    flags = settings()   # (a path may differ between nodes: a copy of the data elsewhere)
-    runs.agree(world, error, {"the checkpoint resumed":
-                              None if ckpt is None else f"step {ckpt['iteration']}, {ckpt['elapsed']:.6g} s trained",
-                              **{f"--{k}": v for k, v in c.items() if k in flags and
-                                 not flags[k][0].metadata.get("path")}})
-    return ckpt
-
-
-def open_inputs(c, ckpt, ckpt_path, world, log):
-    """The token files and their tokenizer (runs.open_data), checked against the checkpoint resumed (--resume=auto
-    continues only the same run), and the downstream tasks' examples: what each rank reads from its own disk or the
-    network, agreed by the ranks (runs.agree) before any collective, so that a rank whose tokenizer or task file
-    did not load never skips an evaluation that the others wait in. Returns (data, tasks)."""
-    data = tasks = error = None
-    try:
-        data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, log)
-        if ckpt is not None:   # --resume=auto: out_dir must hold this run, trained on this data
-            runs.check_same_run(ckpt, data, c, ckpt_path)
-        tasks = task_examples(c, data, log)
-    except (ValueError, OSError) as e:
-        error = e
-    tokenizer = ("loaded" if data is None or data.tokenizer is not None else
-                 f"not loaded ({data.tokenizer_error})" if data.tokenizer_error else "none named")
-    runs.agree(world, error, None if error else {
-        "the training files": data.train_files,
-        "the validation files": [[Path(p).name, len(a)] for p, a, _ in data.val],
-        "the tokenizer": f"{tokenizer}, fingerprint {data.fingerprint}",
-        "the downstream tasks' examples": {name: len(examples) for name, (_, examples) in tasks.items()}})
-    return data, tasks
-
-
-def make_loader(data, c, rank, world, log):
-    B, T = c.batch_size, c.context_length
-    if c.sampler == "random":
-        return RandomSampler(data.train, B, T, seed=c.seed, rank=rank)
-    short = [str(p) for p, a, _ in data.train if len(a) < B * T * world + 1]
-    if short:   # the reader skips them: say so rather than train on less data in silence
-        log(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
-            f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
-    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id,
-                             shuffle_first_epoch=c.shuffle_first_epoch)
 
 
 # -----------------------------------------------------------------------------
@@ -1247,7 +917,339 @@ def _mfu(flops_per_token, tokens_per_sec, device, dtype):
 
 
 # -----------------------------------------------------------------------------
+# set-up that train() calls by name: what the run reads, resume, processes, device, precision
+
+def resume_checkpoint(resume_from, c, ckpt_path, world):
+    """The checkpoint this run continues (None: a new run), the same on every rank. main() read it for --resume=auto
+    (under torchrun its error comes here instead, to be said by every rank), or --resume=true reads it now. Each
+    rank reads its own --out_dir, so under torchrun the ranks agree (runs.agree) on whether they resume, at which
+    step, and on their settings, before any other work: two nodes without a shared --out_dir would otherwise resume
+    at step N on node 0 and start at step 0 on node 1, their evaluations and checkpoints never lining up."""
+    ckpt, error = (None, resume_from) if isinstance(resume_from, Exception) else (resume_from, None)
+    if ckpt is None and error is None and _parse_bool(c.resume) is True and not c.fresh:
+        try:
+            ckpt = runs.read_train_checkpoint(ckpt_path)
+        except ValueError as e:
+            error = e
+    flags = settings()   # (a path may differ between nodes: a copy of the data elsewhere)
+    runs.agree(world, error, {"the checkpoint resumed":
+                              None if ckpt is None else f"step {ckpt['iteration']}, {ckpt['elapsed']:.6g} s trained",
+                              **{f"--{k}": v for k, v in c.items() if k in flags and
+                                 not flags[k][0].metadata.get("path")}})
+    return ckpt
+
+
+def open_inputs(c, ckpt, ckpt_path, world, log):
+    """The token files and their tokenizer (runs.open_data), checked against the checkpoint resumed (--resume=auto
+    continues only the same run), and the downstream tasks' examples: what each rank reads from its own disk or the
+    network, agreed by the ranks (runs.agree) before any collective, so that a rank whose tokenizer or task file
+    did not load never skips an evaluation that the others wait in. Returns (data, tasks)."""
+    data = tasks = error = None
+    try:
+        data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, log)
+        if ckpt is not None:   # --resume=auto: out_dir must hold this run, trained on this data
+            runs.check_same_run(ckpt, data, c, ckpt_path)
+        tasks = task_examples(c, data, log)
+    except (ValueError, OSError) as e:
+        error = e
+    tokenizer = ("loaded" if data is None or data.tokenizer is not None else
+                 f"not loaded ({data.tokenizer_error})" if data.tokenizer_error else "none named")
+    runs.agree(world, error, None if error else {
+        "the training files": data.train_files,
+        "the validation files": [[Path(p).name, len(a)] for p, a, _ in data.val],
+        "the tokenizer": f"{tokenizer}, fingerprint {data.fingerprint}",
+        "the downstream tasks' examples": {name: len(examples) for name, (_, examples) in tasks.items()}})
+    return data, tasks
+
+
+def task_examples(c, data, log):
+    """{name: (module, examples)} of the downstream tasks asked for (--hellaswag, --lambada), scored with the data's
+    tokenizer: none without one."""
+    if data.tokenizer is None and (c.hellaswag or c.lambada):
+        log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
+    tasks = {}
+    for name, lib in (("hellaswag", hellaswag), ("lambada", lambada)):
+        if c[name] and data.tokenizer is not None:
+            path = c[f"{name}_path"]
+            try:
+                tasks[name] = lib, lib.load_examples(path or None)
+            except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
+                raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
+    return tasks
+
+
+# processes, device, precision
+
+def torchrun_rank(device):
+    """(rank, local_rank, world_size, device, backend) of a process torchrun started, from its RANK, LOCAL_RANK and
+    WORLD_SIZE: on CUDA the process takes the GPU of its LOCAL_RANK (model.rank_gpu: on a second node of 8 GPUs RANK 9
+    is LOCAL_RANK 1, cuda:1) and NCCL; elsewhere gloo."""
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = model_lib.rank_gpu(local_rank)
+    return rank, local_rank, world, device, "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_processes(c):
+    """(rank, world_size, device): one process, or this rank of torchrun's (its process group started)."""
+    device = model_lib.resolve_device(c.device)
+    if c.num_threads:
+        torch.set_num_threads(c.num_threads)
+    rank, world = 0, 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        rank, _, world, device, backend = torchrun_rank(device)
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group(backend=backend)
+    if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
+        torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
+    return rank, world, device
+
+
+def _auto(value, when_auto):
+    """Resolve a true/false/auto setting."""
+    value = _parse_bool(value)
+    return when_auto if value == "auto" else value
+
+
+# --dtype=auto on a CPU with native bf16: bfloat16 from this width on; below it the casts autocast adds cost more
+# than the narrow matmuls save (measured on AVX512-BF16: docs/BENCHMARKS.md, "bf16 on CPU")
+CPU_BF16_MIN_D_MODEL = 256
+
+
+def auto_dtype(c, device):
+    """(dtype, why) that --dtype=auto comes to: bfloat16 on a GPU with native bf16, and on a CPU with native bf16
+    for a model at least CPU_BF16_MIN_D_MODEL wide; float32 elsewhere (bf16 emulated is slower, not faster)."""
+    kind = "GPU" if device.type == "cuda" else "CPU"
+    if not model_lib.native_bf16(device):
+        return "float32", f"auto: no native bf16 on this {kind}"
+    width = model_lib.HUB_SHAPES.get(c.init_from, (c.d_model,))[-1]   # released GPT-2 weights bring their own
+    if device.type == "cpu" and width < CPU_BF16_MIN_D_MODEL:
+        return "float32", f"auto: d_model {width} < {CPU_BF16_MIN_D_MODEL}, too narrow for CPU bf16 to pay"
+    return "bfloat16", f"auto: native bf16 on this {kind}"
+
+
+def device_settings(c, device):
+    """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
+    device and off elsewhere; --dtype=auto is auto_dtype's choice. Returns dict(tf32, dtype (a name), dtype_why,
+    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon."""
+    c = Settings(c)
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    dtype, why = auto_dtype(c, device) if c.dtype == "auto" else (c.dtype, "given")
+    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, dtype_why=why, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
+                fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
+
+
+def precision(c, device, world=1):
+    """The run's numerics, decided in one place: (device_settings, the autocast context for the forwards). Under
+    FSDP on a GPU, bfloat16 is FSDP's mixed-precision policy instead of autocast (see parallelize)."""
+    hw = device_settings(c, device)
+    if hw["tf32"]:
+        torch.set_float32_matmul_precision("high")
+    if c.deterministic:   # (cuBLAS reads its workspace setting at its first call: before any matmul)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    bf16 = hw["dtype"] == "bfloat16" and not fsdp_casts(c, device, world)
+    return hw, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+# -----------------------------------------------------------------------------
+# past one GPU's memory: FSDP, activation checkpointing, sharded checkpoints. What --fsdp and
+# --activation_checkpointing add, in a few functions that a reader of the loop can skip, as DDP's lines
+
+def parallelize(raw, c, world, device, hw):
+    """--activation_checkpointing and --fsdp, applied in place to the bare model before its optimizer is made.
+    Checkpointing: each block's forward runs under torch.utils.checkpoint (non-reentrant), which keeps the block's
+    input and recomputes the rest in the backward: the same ops on the same values, so the same numbers. FSDP2
+    (PyTorch's fully_shard, torchtitan's engine): each block is a unit whose weights are all-gathered just before its
+    forward and its backward and freed after them, and whose gradients are reduce-scattered; then the model itself
+    (embeddings, final norm, head: GPT-2's tied wte/lm_head is one Parameter, sharded once there). On a GPU in
+    bfloat16, FSDP's mixed-precision policy replaces autocast: bfloat16 weights in the forward and backward, float32
+    master weights, optimizer and gradient reduction."""
+    if c.activation_checkpointing:
+        for block in model_lib.blocks(raw):
+            block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
+    if c.fsdp and world > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        bf16 = fsdp_casts(c, device, world) and hw["dtype"] == "bfloat16"
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else
+                  MixedPrecisionPolicy())
+        for block in model_lib.blocks(raw):
+            fully_shard(block, mp_policy=policy)
+        fully_shard(raw, mp_policy=policy)
+        # GPT returns logits[..., :vocab_size], a view, which FSDP warns an in-place edit would break: none is made
+        warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
+
+
+def fsdp_casts(c, device, world):
+    """Whether FSDP's mixed-precision policy, not autocast, gives this run its bfloat16: FSDP on CUDA."""
+    return c.fsdp and world > 1 and torch.device(device).type == "cuda"
+
+
+@contextlib.contextmanager
+def whole_model(raw):
+    """Under FSDP, an evaluation's weights: every rank all-gathers the whole model and keeps it through the
+    evaluation, whose forwards then need no collectives (rank 0 samples alone; each rank scores its own share of a
+    task's examples), and frees it after: DDP's memory for that time. Without FSDP, nothing."""
+    if not sharded(next(raw.parameters())):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+    units = [m for m in raw.modules() if isinstance(m, FSDPModule)]
+    raw.set_reshard_after_forward(False)
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:   # every unit resharded, and the evaluation's forwards forgotten: FSDP orders the next backward's
+        raw.reset_iter_state()   # all-gathers by the forwards before it, which differed between the ranks here
+        raw.set_reshard_after_forward(True)                   # FSDP's defaults: the blocks free their weights after
+        raw.set_reshard_after_forward(False, recurse=False)   # each forward, the root keeps its own for the backward
+
+
+def save_sharded(path, raw, optimizer, iteration, world, **run):
+    """--fsdp's checkpoint. Every rank writes its shards of the weights and of the optimizer state with
+    torch.distributed.checkpoint (DCP) into a new folder beside path; then rank 0 writes path itself, the run's
+    state (the rest of what save_checkpoint stores, with every rank's RNGs and loader) naming that folder, through a
+    temporary file renamed over path. That rename commits the checkpoint: a crash before it leaves the last one
+    whole (RunDir removes the unnamed folder); after it, the folder of the last one is removed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    name = [f"{path.name}.shards-{iteration}-{time.time_ns()}"]
+    if world > 1:
+        torch.distributed.broadcast_object_list(name)   # one folder for every rank: rank 0's name
+    shards = {"model": get_model_state_dict(raw)}
+    groups = None
+    if optimizer.state:   # (an optimizer that has not stepped has no state yet; DCP would make one up)
+        opt = get_optimizer_state_dict(raw, optimizer)
+        shards["optimizer"], groups = opt["state"], opt["param_groups"]   # tensors only: the rest in path
+    try:
+        with warnings.catch_warnings():   # (that one process writes alone, as meant)
+            warnings.filterwarnings("ignore", "torch.distributed is")
+            dcp.save(shards, checkpoint_id=path.parent / name[0], no_dist=world == 1)
+    except dcp.api.CheckpointException as e:   # (a BaseException, on every rank: the first rank's error, a full disk
+        raise next(iter(e.failures.values()))[0] from None   # say, is what save_run reports)
+    if int(os.environ.get("RANK", "0")) == 0:
+        save_atomically(dict(shards=name[0], model_config=raw.model_config(), iteration=int(iteration),
+                             optimizer_groups=groups, **run), path)
+        runs.remove_stale_shards(path)
+
+
+# -----------------------------------------------------------------------------
 # the command line: argparse from the settings, the checks, main()
+
+def model_settings():
+    """The model's flags: {flag: (field, architectures that have it)}, from model.py's config dataclasses (a field
+    names its flag when it differs, e.g. GPTConfig.n_embd is --d_model; flag=None: set by train.py itself)."""
+    out = {}
+    for arch in model_lib.ARCHS:
+        for f in fields(model_lib.config_class(arch)):
+            flag = f.metadata.get("flag", f.name)
+            if flag:
+                out.setdefault(flag, (f, set()))[1].add(arch)
+    return out
+
+
+def settings():
+    """Every flag: {name: (field, architectures it applies to)}, read when asked (a test may add a field)."""
+    own = {f.name: (f, {f.metadata["arch"]} if "arch" in f.metadata else set(model_lib.ARCHS))
+           for f in fields(TrainConfig)}
+    return {**own, **model_settings()}
+
+
+DEFAULTS = {name: f.default for name, (f, _) in settings().items()}
+
+
+def model_config(c, vocab_size, pad_vocab=1):
+    """The model_config() dict of this run: every field of the architecture's config from its flag (the data's
+    vocabulary; GPT-2's padding from --pad_vocab, resolved by device_settings)."""
+    cls = model_lib.config_class(c["model"])
+    kw = {f.name: c.get(f.metadata.get("flag", f.name), f.default) for f in fields(cls) if f.metadata.get("flag", 1)}
+    kw["vocab_size"] = vocab_size
+    if c["model"] == "gpt2":
+        kw["pad_vocab_to_multiple_of"] = pad_vocab
+    return {"arch": c["model"], **vars(cls(**kw))}
+
+
+# Presets: the documented runs. Each value can still be overridden on the command line.
+TINYSTORIES_MODEL = dict(model="llama", vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
+                         d_ff=1344, rope_theta=10000.0)
+RUN = dict(prepare_data=False, time_budget="")   # presets are step-counted runs on prepared data
+SPEEDRUN = dict(model="llama", vocab_size=4096, context_length=256, d_model=96, num_layers=4, num_heads=3, d_ff=256,
+                prepare_data=False, time_budget="5m", max_iters=1_000_000, warmup_iters=50_000, optimizer="muon",
+                learning_rate=1e-2, min_lr_ratio=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95,
+                eval_interval=50, eval_tokens=16384, log_interval=10)
+PRESETS = {
+    # CS336 baseline at 327,680,000 tokens = 128 x 10,000 x 256 (one GPU)
+    "tinystories": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=128,
+                        max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
+                        beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random"),
+    # the same shape at 40,960,000 tokens = 32 x 5,000 x 256 (a laptop CPU; the reference reaches ~1.80)
+    "tinystories-cpu": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=32,
+                            max_iters=5000, warmup_iters=100, learning_rate=1e-3, min_lr_ratio=0.1,
+                            weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50,
+                            sampler="random"),
+    # OpenWebText with a 32k tokenizer, the same model
+    "owt": dict(TINYSTORIES_MODEL, **RUN, vocab_size=32000, data_dir="data/owt-32k", batch_size=128,
+                max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
+                beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random", sample_prompt="The"),
+    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step), on
+    # its token stream (the first epoch in stream order: fineweb.py keeps the documents as given), with its warmup
+    # (step 0 at lr/715) and its checkpoints every 5,000 steps (~1.5 GB each; a stop signal writes one as well)
+    "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12,
+                      num_heads=12, data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
+                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, warmup_from_one=True, max_iters=19073,
+                      weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20,
+                      ckpt_interval=5000, hellaswag=True, lambada=True, sampler="sequential",
+                      shuffle_first_epoch=False, sample_prompt="Hello, I'm a language model,", sample_tokens=32,
+                      num_samples=4),
+    # GPT-2 XL (1.56B, OpenAI's shape: --model=gpt2, 48 x 1600, 25 heads, context 1024) on FineWeb-Edu 10B, past one
+    # GPU's memory: FSDP and activation checkpointing on one 8-GPU node. Batch and learning rate from GPT-3's
+    # Table 2.1 (Brown et al. 2020), the row nearest in size, GPT-3 XL at 1.3B (2.7B: the same batch, lr 1.6e-4):
+    # 2^20 = 1,048,576 tokens a step (32 x 1024 x 4 accum x 8 GPUs), lr 2e-4; its warmup of 375M tokens (357 steps)
+    # and 10B tokens (9,536 steps), decayed to 10%; a checkpoint every 1,000 steps (~50 min of 8 GPUs; each ~25 GB)
+    # predicted memory per GPU at batch 32: 1.05 * 32 + 3.40 = 37.0 GB (largest batch 73 on 80 GB): `python flops.py
+    # --model=gpt2-xl --arch=gpt2 --gpus=8 --fsdp --activation_checkpointing`
+    "gpt2-xl": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48,
+                    num_heads=25, data_dir="data/edu_fineweb10B", batch_size=32, total_batch_tokens=1048576,
+                    learning_rate=2e-4, min_lr_ratio=0.1, warmup_iters=357, max_iters=9536, weight_decay=0.1,
+                    beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, ckpt_interval=1000,
+                    hellaswag=True, lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
+                    sample_tokens=32, num_samples=4, fsdp=True, activation_checkpointing=True),
+    # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
+    # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
+    # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
+    # compiled run's first step always is); the schedule is on the clock (max_iters only bounds it: 5% warmup)
+    "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true"),
+    # the same recipe on one GPU, all of TinyStories (not timed yet)
+    "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
+                         d_ff=1344, batch_size=64),
+}
+# the command that prepares each preset's data (printed when it is missing)
+PREPARE_COMMANDS = {
+    # all of TinyStories (official validation split kept apart), a 10k BPE trained on it, train.bin / val.bin
+    "tinystories": "python fineweb.py --prepare_tinystories --corpus_bytes=0 --vocab_size=10000 "
+                   "--out_dir=data/tinystories-10k",
+    # OpenWebText streamed into shards, with a 32k BPE trained on its first 100 MB
+    "owt": "python fineweb.py --dataset=openwebtext --vocab_size=32000 --out_dir=data/owt-32k",
+    # FineWeb-Edu sample-10BT, GPT-2 tokenizer, 100M-token shards (build-nanogpt's layout)
+    "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
+}
+PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
+PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
+# the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
+# split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
+# text encodes both, as bench.py speedrun does
+_HEAD, _SR = "data/tinystories-head", "data/speedrun-4k"
+PREPARE_COMMANDS["speedrun-cpu"] = (
+    f"python fineweb.py --tinystories_head && "
+    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer && "
+    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin && "
+    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin")
+for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
+    _preset.setdefault("out_dir", f"out/{_name}")
+
 
 def _parse_bool(s, allow_auto=True):
     if isinstance(s, bool):
