@@ -29,6 +29,10 @@ scheduler's preemption notice; under torchrun, to any rank) finishes the current
 which the ranks next agree, within --log_interval steps), writes a checkpoint and stops; `--resume` then continues
 bit for bit (on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
 compatibility, the out_dir lock and log, stop signals, plots) is in runs.py, called by name.
+
+This file reads in the order of a run: its settings (TrainConfig), the optimizer, schedule, clipping, data, loss,
+checkpoint and evaluation pieces, then train(), the loop. After train() come the set-up it calls by name (the
+inputs, resume, processes, device, precision, FSDP) and the command line (flags, presets, checks, main()).
 """
 import argparse
 import contextlib
@@ -60,8 +64,8 @@ from sample import generate
 # -----------------------------------------------------------------------------
 # settings: each field is a flag with its default and --help, checked by its `check` / `choices` (a plain dataclass
 # field, without setting(...), is a flag too: its help is its name, unchecked). The model's own settings are the
-# fields of model.py's configs (see model_settings). "auto": on where the hardware supports it (CUDA), off
-# elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
+# fields of model.py's configs (TransformerLMConfig, GPTConfig), flags as well. "auto": on where the hardware supports
+# it (CUDA), off elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
 
 
 @dataclass
@@ -179,7 +183,8 @@ class TrainConfig:
 
 
 class Settings(dict):
-    """A run's settings: the dict that checkpoints and logs store, whose keys also read as attributes (c.batch_size)."""
+    """A run's settings (every flag by name: TrainConfig's and the model's), the dict that checkpoints and logs
+    store, whose keys also read as attributes (c.batch_size). train() wraps them once (check_config's result)."""
     __getattr__ = dict.__getitem__
 
 
@@ -338,16 +343,16 @@ def scheduled_lr(c, step, elapsed):
     """A run's learning rate at `step` after `elapsed` seconds of training. Under --time_budget the schedule follows
     whichever is further along, steps or the clock (elapsed time mapped onto the step axis 0..max_iters), so with
     the default lr_decay_iters (= max_iters) it ends when the budget does. --warmup_from_one shifts the warmup by
-    one step (build-nanogpt's), leaving the schedule functions CS336's."""
-    c = Settings(c)
-    budget = runs.parse_duration(c.time_budget)
-    it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c.max_iters)
-    if c.warmup_from_one and it < c.warmup_iters:   # build-nanogpt's warmup: lr*(it+1)/warmup (the schedules'
-        it = min(it + 1, c.warmup_iters)              # own contract, CS336's, is lr*it/warmup)
-    lo, length = c.learning_rate * c.min_lr_ratio, c.lr_decay_iters or c.max_iters
-    if c.lr_schedule == "wsd":
-        return get_lr_wsd_schedule(it, c.learning_rate, lo, c.warmup_iters, length, c.cooldown_frac)
-    return get_lr_cosine_schedule(it, c.learning_rate, lo, c.warmup_iters, length)
+    one step (build-nanogpt's), leaving the schedule functions CS336's. c: the settings by name (a dict)."""
+    budget = runs.parse_duration(c["time_budget"])
+    it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c["max_iters"])
+    peak, warmup = c["learning_rate"], c["warmup_iters"]
+    if c["warmup_from_one"] and it < warmup:   # build-nanogpt's warmup: lr*(it+1)/warmup (the schedules' own
+        it = min(it + 1, warmup)                 # contract, CS336's, is lr*it/warmup)
+    lo, length = peak * c["min_lr_ratio"], c["lr_decay_iters"] or c["max_iters"]
+    if c["lr_schedule"] == "wsd":
+        return get_lr_wsd_schedule(it, peak, lo, warmup, length, c["cooldown_frac"])
+    return get_lr_cosine_schedule(it, peak, lo, warmup, length)
 
 
 @torch.no_grad()
@@ -765,8 +770,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it), or
     under torchrun the error main() met reading it;
     teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it)."""
-    c = Settings(cfg)
-    check_config(c)
+    c = check_config(cfg)   # the run's settings (a Settings: c.batch_size), refused here if bad
     # ---- processes, device, precision
     rank, world, device = init_processes(c)
     ddp, master = world > 1, rank == 0
@@ -806,9 +810,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
             f"(--lr_decay_iters, else --max_iters): the learning rate never reaches --learning_rate")
     loader = ReadAhead(make_loader(data, c, rank, world, say))   # the loop fetches each batch a micro-step early
     state = runs.RunState()
-    if ckpt is not None:
-        state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"],
-                             lambda cfg, s: scheduled_lr(cfg, s.step, s.elapsed), say)
+    if ckpt is not None:   # lrs: the learning rate at its step by its run's schedule and by this run's (restore says
+        # what a resume's new --time_budget or --max_iters does to it)
+        then = {**c, **runs.schedule_length(ckpt["config"])}
+        lrs = [scheduled_lr(s, int(ckpt["iteration"]), ckpt["elapsed"]) for s in (then, c)]
+        state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"], lrs, say)
     model = LossOf(raw, arch, c.z_loss)   # (x, y) -> loss: compiled, the loss is in the graph with the model
     if hw["compile"]:
         model = torch.compile(model, backend=c.compile_backend)
@@ -831,7 +837,6 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
 
     # ---- the loop
     start_step, start_elapsed, samples, stop_at, batch = state.step, state.elapsed, [], None, None
-    evaluated = ckpt is not None and state.val_step == start_step   # the log has this evaluation already
     last_lr = scheduled_lr(c, state.step, state.elapsed)
     ckpt_every = c.ckpt_interval or c.eval_interval
     pace = runs.Pace(clock, device, ddp, c, budget, ckpt_every)   # when the clock is read: no sync at every step
@@ -843,12 +848,11 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
             last = done or stop_at is not None
             # periodic duties (not counted in the time budget): eval, samples, checkpoint; not at a stop request's
             # step unless one is due there (stopping must fit a scheduler's grace period)
-            if (state.step % c.eval_interval == 0 or done) and not (evaluated and state.step == start_step):
+            if state.evaluation_due(c.eval_interval, done):
                 fields = evaluate(state.step, state.elapsed)
                 state.val_loss, state.val_step, samples = fields["val_loss"], state.step, fields.get("samples", [])
                 run.record("eval", **fields)
-            if (state.step > start_step and state.step % ckpt_every == 0) or (
-                    last and (state.step > start_step or state.step == 0)):
+            if state.checkpoint_due(ckpt_every, last, start_step):
                 save_run(ckpt_path, raw, optimizer, loader, state, c, data, world)
             if last:
                 break
@@ -1023,7 +1027,7 @@ def auto_dtype(c, device):
     kind = "GPU" if device.type == "cuda" else "CPU"
     if not model_lib.native_bf16(device):
         return "float32", f"auto: no native bf16 on this {kind}"
-    width = model_lib.HUB_SHAPES.get(c.init_from, (c.d_model,))[-1]   # released GPT-2 weights bring their own
+    width = model_lib.HUB_SHAPES.get(c["init_from"], (c["d_model"],))[-1]   # released GPT-2 weights bring their own
     if device.type == "cpu" and width < CPU_BF16_MIN_D_MODEL:
         return "float32", f"auto: d_model {width} < {CPU_BF16_MIN_D_MODEL}, too narrow for CPU bf16 to pay"
     return "bfloat16", f"auto: native bf16 on this {kind}"
@@ -1032,13 +1036,14 @@ def auto_dtype(c, device):
 def device_settings(c, device):
     """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
     device and off elsewhere; --dtype=auto is auto_dtype's choice. Returns dict(tf32, dtype (a name), dtype_why,
-    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon."""
-    c = Settings(c)
+    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon. c: the
+    settings by name (a dict)."""
     device = torch.device(device)
     cuda = device.type == "cuda"
-    dtype, why = auto_dtype(c, device) if c.dtype == "auto" else (c.dtype, "given")
-    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, dtype_why=why, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
-                fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
+    dtype, why = auto_dtype(c, device) if c["dtype"] == "auto" else (c["dtype"], "given")
+    return dict(tf32=_auto(c["tf32"], cuda), dtype=dtype, dtype_why=why,
+                pad_vocab=64 if _auto(c["pad_vocab"], cuda) else 1,
+                fused=_auto(c["fused"], cuda) and c["optimizer"] == "adamw", compile=_auto(c["compile"], cuda))
 
 
 def precision(c, device, world=1):
@@ -1314,8 +1319,9 @@ def resolve_config(overrides):
 
 
 def check_config(cfg):
-    """Refuse bad settings before any work is done, naming the flag: each setting's own check and choices, the
-    settings of the other architecture, and the few that depend on each other."""
+    """The run's settings (cfg: every setting by name) as a Settings, once bad settings are refused before any work
+    is done, naming the flag: each setting's own check and choices, the settings of the other architecture, and
+    the few that depend on each other."""
     c = Settings(cfg)
     for name, (f, archs) in settings().items():
         model_lib.check_setting(f"--{name}", c.get(name, f.default), f)
@@ -1344,6 +1350,7 @@ def check_config(cfg):
             exclude_tags=()):
         raise ValueError(f"--compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: see "
                          f"torch.compiler.list_backends()), got {c.compile_backend!r}")
+    return c
 
 
 def main(argv=None):
