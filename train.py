@@ -221,6 +221,7 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] = torch.tensor(0.0)   # a tensor, like torch's, so state dicts interchange
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            # (local: under --fsdp this rank's shard of each, updated in place; otherwise the tensor itself)
             p, g, m, v = (local(t) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
             state["step"] += 1
             t = state["step"].item()
@@ -306,6 +307,8 @@ class Muon(AdamW):
 
 
 def make_optimizer(raw, c, fused):
+    """The run's optimizer over model.param_groups (weight decay on the 2-D weights only): this file's AdamW,
+    torch's fused AdamW (fused: --fused on CUDA), or with --optimizer=muon Muon for the blocks' matrices."""
     if c.optimizer == "muon":
         groups = model_lib.param_groups(raw, c.weight_decay, muon=True)
         return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
@@ -533,6 +536,8 @@ class ReadAhead:
 
 
 def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size):
+    """Micro-steps per optimizer step: --total_batch_tokens over the tokens one micro-step of all processes reads
+    (0: one micro-step)."""
     per_step = batch_size * context_length * world_size
     if total_batch_tokens == 0:
         return 1
@@ -543,6 +548,7 @@ def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size)
 
 
 def make_loader(data, c, rank, world, log):
+    """This rank's training sampler over the token files (data: runs.open_data's), as --sampler says."""
     B, T = c.batch_size, c.context_length
     if c.sampler == "random":
         return RandomSampler(data.train, B, T, seed=c.seed, rank=rank)
@@ -553,6 +559,9 @@ def make_loader(data, c, rank, world, log):
     return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id,
                              shuffle_first_epoch=c.shuffle_first_epoch)
 
+
+# -----------------------------------------------------------------------------
+# the loss: the module that is compiled and trained
 
 class LossOf(nn.Module):
     """The module train.py compiles and wraps in DDP: (x, y) -> mean next-token loss, so the loss is inside the
@@ -690,8 +699,8 @@ def generate_samples(model, tokenizer, c, device, autocast, seed):
 
 class Evaluator:
     """The periodic evaluation: validation loss and bits/byte on a fixed stretch of the validation data, HellaSwag
-    and LAMBADA when asked (tasks: task_examples'), samples. Everything it needs is checked when it is made, before
-    the run writes a log or a checkpoint."""
+    and LAMBADA when asked (tasks: {name: (module, examples)}, loaded with the inputs), samples. Everything it
+    needs is checked when it is made, before the run writes a log or a checkpoint."""
 
     def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks):
         self.raw, self.data, self.c, self.device, self.autocast, self.rank, self.world, self.log = (
@@ -720,7 +729,8 @@ class Evaluator:
         return val_loss / math.log(2) / self.bpt if (self.bpt and val_loss is not None) else None
 
     def __call__(self, step, elapsed):
-        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0)."""
+        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0). Under --fsdp
+        on the whole model, gathered for the evaluation (whole_model, with the FSDP pieces after train())."""
         with whole_model(self.raw):
             return self._evaluate(step, elapsed)
 
@@ -769,7 +779,9 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     clock: the time source of --time_budget (tests pass a fake one); on_step(step): called after each optimizer
     step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it), or
     under torchrun the error main() met reading it;
-    teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it)."""
+    teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it).
+    The set-up it calls by name (check_config, init_processes, precision, resume_checkpoint, open_inputs,
+    model_config, parallelize) follows it in this file; runs.* is the run management."""
     c = check_config(cfg)   # the run's settings (a Settings: c.batch_size), refused here if bad
     # ---- processes, device, precision
     rank, world, device = init_processes(c)
@@ -913,6 +925,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
 
 
 def _mfu(flops_per_token, tokens_per_sec, device, dtype):
+    """The logged step's model FLOPs utilisation (flops.py), per process; None where the device's peak is unknown."""
     try:
         device = "cpu" if device.type == "cpu" else str(device)
         return flops.utilisation(flops_per_token * tokens_per_sec, device, dtype)
@@ -982,6 +995,7 @@ def task_examples(c, data, log):
     return tasks
 
 
+# -----------------------------------------------------------------------------
 # processes, device, precision
 
 def torchrun_rank(device):
