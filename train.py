@@ -221,7 +221,8 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] = torch.tensor(0.0)   # a tensor, like torch's, so state dicts interchange
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            # (local: under --fsdp this rank's shard of each, updated in place; otherwise the tensor itself)
+            # (local: under --fsdp, this rank's shard of each, updated in place; else the tensor itself: the FSDP
+            # pieces follow train())
             p, g, m, v = (local(t) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
             state["step"] += 1
             t = state["step"].item()
@@ -232,37 +233,6 @@ class AdamW(torch.optim.Optimizer):
             bias2 = 1 - beta2 ** t
             denom = (v.sqrt() / bias2 ** 0.5).add_(eps)
             p.addcdiv_(m, denom, value=-lr / bias1)
-
-
-# Under --fsdp every parameter, gradient and optimizer state is a DTensor: each rank holds a shard (rows) of it.
-# Elementwise updates (AdamW, clipping's scaling) run on the local shards; the global gradient norm sums the shards'
-# squares over the ranks; Muon all-gathers each matrix (see README: Past one GPU).
-
-def sharded(t):
-    """Whether t is a DTensor (FSDP's shards). Its module loads only in runs that shard (importing it takes ~1.7 s)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is not None and isinstance(t, dtensor.DTensor)
-
-
-def local(t):
-    """This rank's shard of a DTensor, which in-place updates change; any other tensor as it is. (DTensor's own
-    elementwise ops give the same numbers at a dispatch cost per op.)"""
-    return t.to_local() if sharded(t) else t
-
-
-def whole(t):
-    """The whole of a DTensor, all-gathered from the ranks' shards; any other tensor as it is."""
-    return t.full_tensor() if sharded(t) else t
-
-
-def shard_like(t, p):
-    """This rank's shard of a whole tensor t laid out as the DTensor p is (a slice: no communication); t for a
-    plain p."""
-    if not sharded(p):
-        return t
-    from torch.distributed.tensor import DTensor, Replicate
-    return DTensor.from_local(t, p.device_mesh, [Replicate()], run_check=False).redistribute(p.device_mesh,
-                                                                                           p.placements)
 
 
 def orthogonalise(G, steps=5):
@@ -303,6 +273,7 @@ class Muon(AdamW):
             buf.lerp_(p.grad, 1 - mu)          # buf = mu buf + (1 - mu) g
             g = p.grad.lerp(buf, mu)           # Nesterov: the gradient moved toward the momentum
             p.mul_(1 - lr * wd)
+            # (under --fsdp: whole gathers the matrix from the ranks, shard_like takes this rank's rows of the update)
             p.add_(shard_like(orthogonalise(whole(g), group["ns_steps"]), p), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
 
 
@@ -365,7 +336,8 @@ def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
     if not grads:
         return torch.tensor(0.0)
     # multi-tensor kernels (torch._foreach_*): on CUDA a few launches for all the gradients, not one norm and one
-    # multiply per tensor; on the CPU they loop over the tensors with the same per-tensor ops, so the same numbers
+    # multiply per tensor; on the CPU they loop over the tensors with the same per-tensor ops, so the same numbers.
+    # (local: under --fsdp, a gradient's shard on this rank)
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([local(g) for g in grads], 2, dtype=torch.float32)))
     if sharded(grads[0]):   # FSDP: this rank's norm is its shards'; the global norm's square sums theirs
         square = norm.square()
@@ -1076,6 +1048,37 @@ def precision(c, device, world=1):
 # -----------------------------------------------------------------------------
 # past one GPU's memory: FSDP, activation checkpointing, sharded checkpoints. What --fsdp and
 # --activation_checkpointing add, in a few functions that a reader of the loop can skip, as DDP's lines
+
+# Under --fsdp every parameter, gradient and optimizer state is a DTensor: each rank holds a shard (rows) of it.
+# Elementwise updates (AdamW, clipping's scaling) run on the local shards; the global gradient norm sums the shards'
+# squares over the ranks; Muon all-gathers each matrix (see README: Past one GPU).
+
+def sharded(t):
+    """Whether t is a DTensor (FSDP's shards). Its module loads only in runs that shard (importing it takes ~1.7 s)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
+def local(t):
+    """This rank's shard of a DTensor, which in-place updates change; any other tensor as it is. (DTensor's own
+    elementwise ops give the same numbers at a dispatch cost per op.)"""
+    return t.to_local() if sharded(t) else t
+
+
+def whole(t):
+    """The whole of a DTensor, all-gathered from the ranks' shards; any other tensor as it is."""
+    return t.full_tensor() if sharded(t) else t
+
+
+def shard_like(t, p):
+    """This rank's shard of a whole tensor t laid out as the DTensor p is (a slice: no communication); t for a
+    plain p."""
+    if not sharded(p):
+        return t
+    from torch.distributed.tensor import DTensor, Replicate
+    return DTensor.from_local(t, p.device_mesh, [Replicate()], run_check=False).redistribute(p.device_mesh,
+                                                                                           p.placements)
+
 
 def parallelize(raw, c, world, device, hw):
     """--activation_checkpointing and --fsdp, applied in place to the bare model before its optimizer is made.
