@@ -1027,14 +1027,7 @@ def bench_gpu(args):
 
     def build(arch, seed=0):  # the GPT-2 124M shape in either architecture (Llama: SwiGLU, d_ff 8/3*d, RoPE)
         torch.manual_seed(seed)
-        if arch == "llama":
-            return M.build_model(dict(arch="llama", **shape))
-        return M.GPT(M.GPTConfig(block_size=shape["context_length"], vocab_size=shape["vocab_size"],
-                                 n_layer=shape["num_layers"], n_head=shape["num_heads"], n_embd=shape["d_model"]))
-
-    def logits(model, idx):   # GPT returns (logits, loss), TransformerLM the logits
-        out = model(idx)
-        return out[0] if isinstance(out, tuple) else out
+        return M.build_model(_mcfg(dict(shape, model=arch)))
 
     bf16 = torch.autocast(dev.type, dtype=torch.bfloat16)
     B, T = 2, shape["context_length"]
@@ -1043,7 +1036,7 @@ def bench_gpu(args):
     with torch.no_grad():
         for arch in ("llama", "gpt2"):   # the GPT-2 model stays on the device for the checks after this loop
             ref, model = build(arch).eval(), build(arch).to(dev).eval()
-            diff = (logits(model, x.to(dev)).float().cpu() - logits(ref, x)).abs().max().item()
+            diff = (M.logits(model, x.to(dev)).float().cpu() - M.logits(ref, x)).abs().max().item()
             check(f"{arch}: float32 forward on the device vs CPU", diff < 1e-3, f"max |logit diff| {diff:.2e}")
             loss = M.lm_loss(model, x.to(dev), x.to(dev))
             with bf16:

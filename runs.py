@@ -7,6 +7,8 @@ each by name, so that it reads as set-up, then the loop; a student reading the l
 * resume: resume_settings (main: the checkpoint's settings, refusing a change that would not continue the same
   run), check_model_fits (a checkpoint or released weights against this data) and restore (optimizer, loader
   position, RNGs, clock, with the schedule changes a resume makes said; an FSDP run's shards: restore_shards);
+* RunState: what the loop carries from step to step, and when it evaluates and checkpoints (never twice at the
+  step a run resumed at);
 * RunDir: the out_dir lock, log.jsonl (a resumed run keeps the records up to its step), wandb, and what a killed
   checkpoint write left (remove_stale_shards);
 * agree: under torchrun, what each rank found on its own disk (checkpoint, token files, tokenizer, task files)
@@ -399,12 +401,33 @@ class RunState:
         left = max(0, max_iters - self.step) * step_time
         return left if budget is None else max(0.0, min(left, budget - self.elapsed))
 
+    def evaluation_due(self, interval, end):
+        """Whether the loop evaluates now: every `interval` steps and at the run's end (end), but not at a step
+        already evaluated (a resumed checkpoint's own step, whose evaluation its log holds)."""
+        return (self.step % interval == 0 or end) and self.val_step != self.step
 
-def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused, lr_of, log):
+    def checkpoint_due(self, interval, last, start_step):
+        """Whether the loop writes a checkpoint now: every `interval` steps trained since this process started at
+        start_step, and at its last step (the run's end or a stop) unless it trained none (it would rewrite the
+        checkpoint it resumed; a new run's step 0 is written)."""
+        trained = self.step > start_step
+        return (trained and self.step % interval == 0) or (last and (trained or self.step == 0))
+
+
+SCHEDULE_LENGTH = ("time_budget", "max_iters", "lr_decay_iters")   # resumable: a resume may lengthen the schedule
+
+
+def schedule_length(config):
+    """The settings of a run (a checkpoint's "config") that set its learning-rate schedule's length."""
+    return {k: config[k] for k in SCHEDULE_LENGTH}
+
+
+def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused, lrs, log):
     """Load a checkpoint into this run -- weights, optimizer, the loader's position, every RNG -- after checking
     that it continues the same run (the same number of processes, but for an FSDP run's); returns its RunState. On
     other training files (--resume=true) the loader starts at their beginning. Says what a resume changes in the
-    learning-rate schedule."""
+    learning-rate schedule; lrs: (then, now), the learning rate at the checkpoint's step and training time under
+    its run's schedule_length settings and under this run's (train.py's scheduled_lr)."""
     same_data = ckpt["train_files"] == data.train_files   # names and sizes, in the sampler's order
     if "shards" in ckpt:   # an FSDP run's (train.py --fsdp): sharded, and resumable on any number of processes
         position, rng = restore_shards(ckpt, ckpt_path, raw, optimizer, loader, fused, world, rank, log)
@@ -449,11 +472,10 @@ def restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, fused
             f"the learning rate jumps at step {state.step:,} (pass --lr_decay_iters={old_decay} to keep its schedule)")
     # under a budget the clock is mapped onto max_iters as well: no flag keeps the schedule while extending the
     # run, so say what the change does to the learning rate
-    keys = ("time_budget", "max_iters", "lr_decay_iters")
     changed = [f"--{k} {old[k] if old[k] != '' else 'none'} -> {c[k] if c[k] != '' else 'none'}"
-               for k in keys if old[k] != c[k]]
+               for k in SCHEDULE_LENGTH if old[k] != c[k]]
     if state.step > 0 and changed and clocked:
-        was, now = lr_of({**c, **{k: old[k] for k in keys}}, state), lr_of(c, state)
+        was, now = lrs
         if f"{now:.3g}" != f"{was:.3g}":
             log(f"train.py: under --time_budget the schedule maps the clock onto --max_iters; with "
                 f"{', '.join(changed)} the learning rate at step {state.step:,} is {now:.3g}, not {was:.3g} as in "

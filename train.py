@@ -29,6 +29,10 @@ scheduler's preemption notice; under torchrun, to any rank) finishes the current
 which the ranks next agree, within --log_interval steps), writes a checkpoint and stops; `--resume` then continues
 bit for bit (on CPU) as if nothing happened. What a run must also do that is not the ML (data-folder checks, resume
 compatibility, the out_dir lock and log, stop signals, plots) is in runs.py, called by name.
+
+This file reads in the order of a run: its settings (TrainConfig), the optimizer, schedule, clipping, data, loss,
+checkpoint and evaluation pieces, then train(), the loop. After train() come the set-up it calls by name (the
+inputs, resume, processes, device, precision, FSDP) and the command line (flags, presets, checks, main()).
 """
 import argparse
 import contextlib
@@ -60,8 +64,8 @@ from sample import generate
 # -----------------------------------------------------------------------------
 # settings: each field is a flag with its default and --help, checked by its `check` / `choices` (a plain dataclass
 # field, without setting(...), is a flag too: its help is its name, unchecked). The model's own settings are the
-# fields of model.py's configs (see model_settings). "auto": on where the hardware supports it (CUDA), off
-# elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
+# fields of model.py's configs (TransformerLMConfig, GPTConfig), flags as well. "auto": on where the hardware supports
+# it (CUDA), off elsewhere. resumable: may change when a run is resumed (all others must match the checkpoint).
 
 
 @dataclass
@@ -178,110 +182,10 @@ class TrainConfig:
     seed: int = setting(1337, "seed for init, data order and sampling", check="in [0, 2**32)")
 
 
-def model_settings():
-    """The model's flags: {flag: (field, architectures that have it)}, from model.py's config dataclasses (a field
-    names its flag when it differs, e.g. GPTConfig.n_embd is --d_model; flag=None: set by train.py itself)."""
-    out = {}
-    for arch in model_lib.ARCHS:
-        for f in fields(model_lib.config_class(arch)):
-            flag = f.metadata.get("flag", f.name)
-            if flag:
-                out.setdefault(flag, (f, set()))[1].add(arch)
-    return out
-
-
-def settings():
-    """Every flag: {name: (field, architectures it applies to)}, read when asked (a test may add a field)."""
-    own = {f.name: (f, {f.metadata["arch"]} if "arch" in f.metadata else set(model_lib.ARCHS))
-           for f in fields(TrainConfig)}
-    return {**own, **model_settings()}
-
-
-DEFAULTS = {name: f.default for name, (f, _) in settings().items()}
-
-
 class Settings(dict):
-    """A run's settings: the dict that checkpoints and logs store, whose keys also read as attributes (c.batch_size)."""
+    """A run's settings (every flag by name: TrainConfig's and the model's), the dict that checkpoints and logs
+    store, whose keys also read as attributes (c.batch_size). train() wraps them once (check_config's result)."""
     __getattr__ = dict.__getitem__
-
-
-# Presets: the documented runs. Each value can still be overridden on the command line.
-TINYSTORIES_MODEL = dict(model="llama", vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
-                         d_ff=1344, rope_theta=10000.0)
-RUN = dict(prepare_data=False, time_budget="")   # presets are step-counted runs on prepared data
-SPEEDRUN = dict(model="llama", vocab_size=4096, context_length=256, d_model=96, num_layers=4, num_heads=3, d_ff=256,
-                prepare_data=False, time_budget="5m", max_iters=1_000_000, warmup_iters=50_000, optimizer="muon",
-                learning_rate=1e-2, min_lr_ratio=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95,
-                eval_interval=50, eval_tokens=16384, log_interval=10)
-PRESETS = {
-    # CS336 baseline at 327,680,000 tokens = 128 x 10,000 x 256 (one GPU)
-    "tinystories": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=128,
-                        max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
-                        beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random"),
-    # the same shape at 40,960,000 tokens = 32 x 5,000 x 256 (a laptop CPU; the reference reaches ~1.80)
-    "tinystories-cpu": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=32,
-                            max_iters=5000, warmup_iters=100, learning_rate=1e-3, min_lr_ratio=0.1,
-                            weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50,
-                            sampler="random"),
-    # OpenWebText with a 32k tokenizer, the same model
-    "owt": dict(TINYSTORIES_MODEL, **RUN, vocab_size=32000, data_dir="data/owt-32k", batch_size=128,
-                max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
-                beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random", sample_prompt="The"),
-    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step), on
-    # its token stream (the first epoch in stream order: fineweb.py keeps the documents as given), with its warmup
-    # (step 0 at lr/715) and its checkpoints every 5,000 steps (~1.5 GB each; a stop signal writes one as well)
-    "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12,
-                      num_heads=12, data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
-                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, warmup_from_one=True, max_iters=19073,
-                      weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20,
-                      ckpt_interval=5000, hellaswag=True, lambada=True, sampler="sequential",
-                      shuffle_first_epoch=False, sample_prompt="Hello, I'm a language model,", sample_tokens=32,
-                      num_samples=4),
-    # GPT-2 XL (1.56B, OpenAI's shape: --model=gpt2, 48 x 1600, 25 heads, context 1024) on FineWeb-Edu 10B, past one
-    # GPU's memory: FSDP and activation checkpointing on one 8-GPU node. Batch and learning rate from GPT-3's
-    # Table 2.1 (Brown et al. 2020), the row nearest in size, GPT-3 XL at 1.3B (2.7B: the same batch, lr 1.6e-4):
-    # 2^20 = 1,048,576 tokens a step (32 x 1024 x 4 accum x 8 GPUs), lr 2e-4; its warmup of 375M tokens (357 steps)
-    # and 10B tokens (9,536 steps), decayed to 10%; a checkpoint every 1,000 steps (~50 min of 8 GPUs; each ~25 GB)
-    # predicted memory per GPU at batch 32: 1.05 * 32 + 3.40 = 37.0 GB (largest batch 73 on 80 GB): `python flops.py
-    # --model=gpt2-xl --arch=gpt2 --gpus=8 --fsdp --activation_checkpointing`
-    "gpt2-xl": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48,
-                    num_heads=25, data_dir="data/edu_fineweb10B", batch_size=32, total_batch_tokens=1048576,
-                    learning_rate=2e-4, min_lr_ratio=0.1, warmup_iters=357, max_iters=9536, weight_decay=0.1,
-                    beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, ckpt_interval=1000,
-                    hellaswag=True, lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
-                    sample_tokens=32, num_samples=4, fsdp=True, activation_checkpointing=True),
-    # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
-    # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
-    # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
-    # compiled run's first step always is); the schedule is on the clock (max_iters only bounds it: 5% warmup)
-    "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true"),
-    # the same recipe on one GPU, all of TinyStories (not timed yet)
-    "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
-                         d_ff=1344, batch_size=64),
-}
-# the command that prepares each preset's data (printed when it is missing)
-PREPARE_COMMANDS = {
-    # all of TinyStories (official validation split kept apart), a 10k BPE trained on it, train.bin / val.bin
-    "tinystories": "python fineweb.py --prepare_tinystories --corpus_bytes=0 --vocab_size=10000 "
-                   "--out_dir=data/tinystories-10k",
-    # OpenWebText streamed into shards, with a 32k BPE trained on its first 100 MB
-    "owt": "python fineweb.py --dataset=openwebtext --vocab_size=32000 --out_dir=data/owt-32k",
-    # FineWeb-Edu sample-10BT, GPT-2 tokenizer, 100M-token shards (build-nanogpt's layout)
-    "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
-}
-PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
-PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
-# the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
-# split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
-# text encodes both, as bench.py speedrun does
-_HEAD, _SR = "data/tinystories-head", "data/speedrun-4k"
-PREPARE_COMMANDS["speedrun-cpu"] = (
-    f"python fineweb.py --tinystories_head && "
-    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer && "
-    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin && "
-    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin")
-for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
-    _preset.setdefault("out_dir", f"out/{_name}")
 
 
 # -----------------------------------------------------------------------------
@@ -317,6 +221,8 @@ class AdamW(torch.optim.Optimizer):
                 state["step"] = torch.tensor(0.0)   # a tensor, like torch's, so state dicts interchange
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            # (local: under --fsdp, this rank's shard of each, updated in place; else the tensor itself: the FSDP
+            # pieces follow train())
             p, g, m, v = (local(t) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"]))
             state["step"] += 1
             t = state["step"].item()
@@ -327,37 +233,6 @@ class AdamW(torch.optim.Optimizer):
             bias2 = 1 - beta2 ** t
             denom = (v.sqrt() / bias2 ** 0.5).add_(eps)
             p.addcdiv_(m, denom, value=-lr / bias1)
-
-
-# Under --fsdp every parameter, gradient and optimizer state is a DTensor: each rank holds a shard (rows) of it.
-# Elementwise updates (AdamW, clipping's scaling) run on the local shards; the global gradient norm sums the shards'
-# squares over the ranks; Muon all-gathers each matrix (see README: Past one GPU).
-
-def sharded(t):
-    """Whether t is a DTensor (FSDP's shards). Its module loads only in runs that shard (importing it takes ~1.7 s)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is not None and isinstance(t, dtensor.DTensor)
-
-
-def local(t):
-    """This rank's shard of a DTensor, which in-place updates change; any other tensor as it is. (DTensor's own
-    elementwise ops give the same numbers at a dispatch cost per op.)"""
-    return t.to_local() if sharded(t) else t
-
-
-def whole(t):
-    """The whole of a DTensor, all-gathered from the ranks' shards; any other tensor as it is."""
-    return t.full_tensor() if sharded(t) else t
-
-
-def shard_like(t, p):
-    """This rank's shard of a whole tensor t laid out as the DTensor p is (a slice: no communication); t for a
-    plain p."""
-    if not sharded(p):
-        return t
-    from torch.distributed.tensor import DTensor, Replicate
-    return DTensor.from_local(t, p.device_mesh, [Replicate()], run_check=False).redistribute(p.device_mesh,
-                                                                                           p.placements)
 
 
 def orthogonalise(G, steps=5):
@@ -398,7 +273,20 @@ class Muon(AdamW):
             buf.lerp_(p.grad, 1 - mu)          # buf = mu buf + (1 - mu) g
             g = p.grad.lerp(buf, mu)           # Nesterov: the gradient moved toward the momentum
             p.mul_(1 - lr * wd)
+            # (under --fsdp: whole gathers the matrix from the ranks, shard_like takes this rank's rows of the update)
             p.add_(shard_like(orthogonalise(whole(g), group["ns_steps"]), p), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
+
+
+def make_optimizer(raw, c, fused):
+    """The run's optimizer over model.param_groups (weight decay on the 2-D weights only): this file's AdamW,
+    torch's fused AdamW (fused: --fused on CUDA), or with --optimizer=muon Muon for the blocks' matrices."""
+    if c.optimizer == "muon":
+        groups = model_lib.param_groups(raw, c.weight_decay, muon=True)
+        return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
+    groups = model_lib.param_groups(raw, c.weight_decay)
+    if fused:
+        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps, fused=True)
+    return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
 
 
 def get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters):
@@ -429,16 +317,16 @@ def scheduled_lr(c, step, elapsed):
     """A run's learning rate at `step` after `elapsed` seconds of training. Under --time_budget the schedule follows
     whichever is further along, steps or the clock (elapsed time mapped onto the step axis 0..max_iters), so with
     the default lr_decay_iters (= max_iters) it ends when the budget does. --warmup_from_one shifts the warmup by
-    one step (build-nanogpt's), leaving the schedule functions CS336's."""
-    c = Settings(c)
-    budget = runs.parse_duration(c.time_budget)
-    it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c.max_iters)
-    if c.warmup_from_one and it < c.warmup_iters:   # build-nanogpt's warmup: lr*(it+1)/warmup (the schedules'
-        it = min(it + 1, c.warmup_iters)              # own contract, CS336's, is lr*it/warmup)
-    lo, length = c.learning_rate * c.min_lr_ratio, c.lr_decay_iters or c.max_iters
-    if c.lr_schedule == "wsd":
-        return get_lr_wsd_schedule(it, c.learning_rate, lo, c.warmup_iters, length, c.cooldown_frac)
-    return get_lr_cosine_schedule(it, c.learning_rate, lo, c.warmup_iters, length)
+    one step (build-nanogpt's), leaving the schedule functions CS336's. c: the settings by name (a dict)."""
+    budget = runs.parse_duration(c["time_budget"])
+    it = step if budget is None else max(step, min(elapsed / budget, 1.0) * c["max_iters"])
+    peak, warmup = c["learning_rate"], c["warmup_iters"]
+    if c["warmup_from_one"] and it < warmup:   # build-nanogpt's warmup: lr*(it+1)/warmup (the schedules' own
+        it = min(it + 1, warmup)                 # contract, CS336's, is lr*it/warmup)
+    lo, length = peak * c["min_lr_ratio"], c["lr_decay_iters"] or c["max_iters"]
+    if c["lr_schedule"] == "wsd":
+        return get_lr_wsd_schedule(it, peak, lo, warmup, length, c["cooldown_frac"])
+    return get_lr_cosine_schedule(it, peak, lo, warmup, length)
 
 
 @torch.no_grad()
@@ -448,7 +336,8 @@ def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
     if not grads:
         return torch.tensor(0.0)
     # multi-tensor kernels (torch._foreach_*): on CUDA a few launches for all the gradients, not one norm and one
-    # multiply per tensor; on the CPU they loop over the tensors with the same per-tensor ops, so the same numbers
+    # multiply per tensor; on the CPU they loop over the tensors with the same per-tensor ops, so the same numbers.
+    # (local: under --fsdp, a gradient's shard on this rank)
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([local(g) for g in grads], 2, dtype=torch.float32)))
     if sharded(grads[0]):   # FSDP: this rank's norm is its shards'; the global norm's square sums theirs
         square = norm.square()
@@ -618,6 +507,34 @@ class ReadAhead:
         self.sampler.load_state_dict(state)
 
 
+def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size):
+    """Micro-steps per optimizer step: --total_batch_tokens over the tokens one micro-step of all processes reads
+    (0: one micro-step)."""
+    per_step = batch_size * context_length * world_size
+    if total_batch_tokens == 0:
+        return 1
+    if total_batch_tokens % per_step:
+        raise ValueError(f"--total_batch_tokens={total_batch_tokens:,} is not divisible by batch_size*context_length"
+                         f"*world_size = {batch_size}*{context_length}*{world_size} = {per_step:,}; pick a multiple")
+    return total_batch_tokens // per_step
+
+
+def make_loader(data, c, rank, world, log):
+    """This rank's training sampler over the token files (data: runs.open_data's), as --sampler says."""
+    B, T = c.batch_size, c.context_length
+    if c.sampler == "random":
+        return RandomSampler(data.train, B, T, seed=c.seed, rank=rank)
+    short = [str(p) for p, a, _ in data.train if len(a) < B * T * world + 1]
+    if short:   # the reader skips them: say so rather than train on less data in silence
+        log(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
+            f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
+    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id,
+                             shuffle_first_epoch=c.shuffle_first_epoch)
+
+
+# -----------------------------------------------------------------------------
+# the loss: the module that is compiled and trained
+
 class LossOf(nn.Module):
     """The module train.py compiles and wraps in DDP: (x, y) -> mean next-token loss, so the loss is inside the
     compiled graph for both models. TransformerLM.forward returns logits: compiling it alone left Llama's
@@ -752,26 +669,10 @@ def generate_samples(model, tokenizer, c, device, autocast, seed):
     return [tokenizer.decode(prompt + list(o)) for o in outs]
 
 
-def task_examples(c, data, log):
-    """{name: (module, examples)} of the downstream tasks asked for (--hellaswag, --lambada), scored with the data's
-    tokenizer: none without one."""
-    if data.tokenizer is None and (c.hellaswag or c.lambada):
-        log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
-    tasks = {}
-    for name, lib in (("hellaswag", hellaswag), ("lambada", lambada)):
-        if c[name] and data.tokenizer is not None:
-            path = c[f"{name}_path"]
-            try:
-                tasks[name] = lib, lib.load_examples(path or None)
-            except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
-                raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
-    return tasks
-
-
 class Evaluator:
     """The periodic evaluation: validation loss and bits/byte on a fixed stretch of the validation data, HellaSwag
-    and LAMBADA when asked (tasks: task_examples'), samples. Everything it needs is checked when it is made, before
-    the run writes a log or a checkpoint."""
+    and LAMBADA when asked (tasks: {name: (module, examples)}, loaded with the inputs), samples. Everything it
+    needs is checked when it is made, before the run writes a log or a checkpoint."""
 
     def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks):
         self.raw, self.data, self.c, self.device, self.autocast, self.rank, self.world, self.log = (
@@ -800,7 +701,8 @@ class Evaluator:
         return val_loss / math.log(2) / self.bpt if (self.bpt and val_loss is not None) else None
 
     def __call__(self, step, elapsed):
-        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0)."""
+        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0). Under --fsdp
+        on the whole model, gathered for the evaluation (whole_model, with the FSDP pieces after train())."""
         with whole_model(self.raw):
             return self._evaluate(step, elapsed)
 
@@ -842,8 +744,342 @@ class Evaluator:
 
 
 # -----------------------------------------------------------------------------
+# the training run
+
+def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=None, teardown=True):
+    """Run one training job; cfg: every setting by name (DEFAULTS, a preset, flags). Returns a summary dict.
+    clock: the time source of --time_budget (tests pass a fake one); on_step(step): called after each optimizer
+    step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it), or
+    under torchrun the error main() met reading it;
+    teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it).
+    The set-up it calls by name (check_config, init_processes, precision, resume_checkpoint, open_inputs,
+    model_config, parallelize) follows it in this file; runs.* is the run management."""
+    c = check_config(cfg)   # the run's settings (a Settings: c.batch_size), refused here if bad
+    # ---- processes, device, precision
+    rank, world, device = init_processes(c)
+    ddp, master = world > 1, rank == 0
+    say = log if master else runs.quiet
+    hw, autocast = precision(c, device, world)
+    random.seed(c.seed)
+    np.random.seed(c.seed)
+    torch.manual_seed(c.seed)   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
+    ckpt_path = Path(c.out_dir) / "ckpt.pt"
+    ckpt = resume_checkpoint(resume_from, c, ckpt_path, world)   # agreed by the ranks, as the data is below
+
+    # ---- data
+    if c.prepare_data:
+        runs.prepare_main_job(c, ddp, master, say)
+    data, tasks = open_inputs(c, ckpt, ckpt_path, world, say)   # token files, tokenizer, tasks' examples
+    B, T = c.batch_size, c.context_length
+    accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
+    tokens_per_step = B * T * accum * world
+    budget = runs.parse_duration(c.time_budget)
+
+    # ---- model, optimizer, loader: new, or resumed from out_dir/ckpt.pt
+    if ckpt is not None:
+        raw = runs.model_of(ckpt, ckpt_path)
+    elif c.init_from != "scratch":
+        raw = model_lib.GPT.from_pretrained(c.init_from, pad_vocab_to_multiple_of=hw["pad_vocab"],
+                                            attn_impl=c.attn_impl)
+    else:
+        raw = model_lib.build_model(model_config(c, data.vocab_size, hw["pad_vocab"]))
+    runs.check_model_fits(raw, data, c, ckpt, ckpt_path)
+    raw.to(device)
+    arch, mcfg = raw.model_config()["arch"], raw.model_config()
+    parallelize(raw, c, world, device, hw)   # --activation_checkpointing, --fsdp: before the optimizer sees the weights
+    optimizer = make_optimizer(raw, c, hw["fused"])
+    decay_iters = c.lr_decay_iters or c.max_iters
+    if c.warmup_iters >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
+        say(f"train.py: --warmup_iters={c.warmup_iters} is not below the schedule's length of {decay_iters} steps "
+            f"(--lr_decay_iters, else --max_iters): the learning rate never reaches --learning_rate")
+    loader = ReadAhead(make_loader(data, c, rank, world, say))   # the loop fetches each batch a micro-step early
+    state = runs.RunState()
+    if ckpt is not None:   # lrs: the learning rate at its step by its run's schedule and by this run's (restore says
+        # what a resume's new --time_budget or --max_iters does to it)
+        then = {**c, **runs.schedule_length(ckpt["config"])}
+        lrs = [scheduled_lr(s, int(ckpt["iteration"]), ckpt["elapsed"]) for s in (then, c)]
+        state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"], lrs, say)
+    model = LossOf(raw, arch, c.z_loss)   # (x, y) -> loss: compiled, the loss is in the graph with the model
+    if hw["compile"]:
+        model = torch.compile(model, backend=c.compile_backend)
+    if ddp and not c.fsdp:   # (DDP broadcasts Llama's constant RoPE buffers every forward: small. The switch against
+        # that, broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say, tasks)
+    flops_per_token = flops.train_flops_per_token(mcfg, T)
+
+    # ---- the run's folder (checked above before anything is written): lock, log
+    run = runs.RunDir(c, state.step if ckpt is not None else None, master, say)
+    n_params = sum(p.numel() for p in raw.parameters())
+    say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {c.data_dir}: "
+        f"{sum(len(a) for _, a, _ in data.train):,} train / {sum(len(a) for _, a, _ in data.val):,} val tokens | "
+        f"{tokens_per_step:,} tokens/step = {B} x {T} x {accum} accum x {world} procs | {device} {hw['dtype']}"
+        + (f" ({hw['dtype_why']})" if c.dtype == "auto" else "") + (" | compiled" if hw["compile"] else "")
+        + (" | FSDP" if c.fsdp and ddp else "") + (" | activation checkpointing" if c.activation_checkpointing else ""))
+    run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
+               resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
+
+    # ---- the loop
+    start_step, start_elapsed, samples, stop_at, batch = state.step, state.elapsed, [], None, None
+    last_lr = scheduled_lr(c, state.step, state.elapsed)
+    ckpt_every = c.ckpt_interval or c.eval_interval
+    pace = runs.Pace(clock, device, ddp, c, budget, ckpt_every)   # when the clock is read: no sync at every step
+    t_run = clock()
+    with run, runs.Stop(ddp, master) as stop:
+        while True:
+            done = state.finished(c.max_iters, budget)
+            stop_at = None if done else stop.pending   # a request at the last step changes nothing
+            last = done or stop_at is not None
+            # periodic duties (not counted in the time budget): eval, samples, checkpoint; not at a stop request's
+            # step unless one is due there (stopping must fit a scheduler's grace period)
+            if state.evaluation_due(c.eval_interval, done):
+                fields = evaluate(state.step, state.elapsed)
+                state.val_loss, state.val_step, samples = fields["val_loss"], state.step, fields.get("samples", [])
+                run.record("eval", **fields)
+            if state.checkpoint_due(ckpt_every, last, start_step):
+                save_run(ckpt_path, raw, optimizer, loader, state, c, data, world)
+            if last:
+                break
+
+            # one optimizer step: accum micro-steps, gradient sync only on the last one
+            pace.step_started()
+            lr = last_lr = scheduled_lr(c, state.step, state.elapsed)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_acc = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = batch or loader.next_batch(device)
+                with model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext():
+                    with autocast:
+                        loss = model(x, y) / accum
+                    batch = loader.next_batch(device)   # the next micro-step's batch, read (and on CUDA its copy to
+                    loss.backward()                     # the GPU issued) while the device runs this forward
+                loss_acc += loss.detach()
+            norm = gradient_clipping(raw.parameters(), c.grad_clip) if c.grad_clip > 0 else None
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            pace.step_ended(counted=not (hw["compile"] and state.step == start_step + 1))   # a compiled run's first
+            # step is mostly compilation: not in the budget. The clock is read (a sync) only when Pace says so: then
+            # the step times go into state.elapsed, agreed by the ranks (rank 0's clock, any rank's stop request)
+            dt = pace.read(state, stop, master, device) if pace.due(state.step, stop) else None
+
+            # the log line: every log_interval steps, and at the step the run ends (max_iters, budget, stop)
+            if dt is not None and (state.step % c.log_interval == 0 or state.finished(c.max_iters, budget)
+                                   or stop.pending is not None):
+                if ddp:
+                    torch.distributed.all_reduce(loss_acc)
+                    loss_acc /= world
+                train_loss, tps = loss_acc.item(), tokens_per_step / dt   # the one sync per logged step
+                mfu = _mfu(flops_per_token, tps / world, device, hw["dtype"])
+                gn = float(norm) if norm is not None else None   # (not computed with --grad_clip=0)
+                left = state.time_left(c.max_iters, budget, pace.step_time)
+                say(f"step {state.step:>6}/{c.max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
+                    (f"norm {gn:.3f} | " if gn is not None else "") + f"{tps:,.0f} tok/s" +
+                    (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}"
+                    f" ({runs.fmt_time(left)} left)")
+                run.record("train", step=state.step, loss=train_loss, lr=lr, grad_norm=gn, tokens_per_sec=tps,
+                           mfu=mfu, dt=dt, elapsed=state.elapsed, time_left=left, tokens=state.step * tokens_per_step)
+            if on_step is not None:
+                on_step(state.step)
+    if ddp and teardown:
+        del model   # DDP and its reducer go before their process group: freed after it (on return), a compiled
+        # run's rank 1 hung in the teardown ~1 run in 10 (gloo)
+        torch.distributed.barrier()   # ranks tear gloo down together: one leaving early aborted its peer ~1 run in 20
+        torch.distributed.destroy_process_group()
+    stopped_by = stop_at or ("max_iters" if state.step >= c.max_iters else
+                             f"time_budget={c.time_budget} (pass --time_budget= to train by steps only)")
+    return dict(stopped_by=stopped_by, step=state.step, val_loss=state.val_loss, val_step=state.val_step,
+                val_bpb=evaluate.bpb(state.val_loss), samples=samples, elapsed=state.elapsed,
+                elapsed_this_run=state.elapsed - start_elapsed,
+                lr=scheduled_lr(c, state.step, state.elapsed), last_lr=last_lr, ckpt=str(ckpt_path),
+                log=str(run.log_path), params=n_params, wall=clock() - t_run, interrupted=stop_at is not None)
+
+
+def _mfu(flops_per_token, tokens_per_sec, device, dtype):
+    """The logged step's model FLOPs utilisation (flops.py), per process; None where the device's peak is unknown."""
+    try:
+        device = "cpu" if device.type == "cpu" else str(device)
+        return flops.utilisation(flops_per_token * tokens_per_sec, device, dtype)
+    except Exception:   # a GPU without a known peak: leave the column out
+        return None
+
+
+# -----------------------------------------------------------------------------
+# set-up that train() calls by name: what the run reads, resume, processes, device, precision
+
+def resume_checkpoint(resume_from, c, ckpt_path, world):
+    """The checkpoint this run continues (None: a new run), the same on every rank. main() read it for --resume=auto
+    (under torchrun its error comes here instead, to be said by every rank), or --resume=true reads it now. Each
+    rank reads its own --out_dir, so under torchrun the ranks agree (runs.agree) on whether they resume, at which
+    step, and on their settings, before any other work: two nodes without a shared --out_dir would otherwise resume
+    at step N on node 0 and start at step 0 on node 1, their evaluations and checkpoints never lining up."""
+    ckpt, error = (None, resume_from) if isinstance(resume_from, Exception) else (resume_from, None)
+    if ckpt is None and error is None and _parse_bool(c.resume) is True and not c.fresh:
+        try:
+            ckpt = runs.read_train_checkpoint(ckpt_path)
+        except ValueError as e:
+            error = e
+    flags = settings()   # (a path may differ between nodes: a copy of the data elsewhere)
+    runs.agree(world, error, {"the checkpoint resumed":
+                              None if ckpt is None else f"step {ckpt['iteration']}, {ckpt['elapsed']:.6g} s trained",
+                              **{f"--{k}": v for k, v in c.items() if k in flags and
+                                 not flags[k][0].metadata.get("path")}})
+    return ckpt
+
+
+def open_inputs(c, ckpt, ckpt_path, world, log):
+    """The token files and their tokenizer (runs.open_data), checked against the checkpoint resumed (--resume=auto
+    continues only the same run), and the downstream tasks' examples: what each rank reads from its own disk or the
+    network, agreed by the ranks (runs.agree) before any collective, so that a rank whose tokenizer or task file
+    did not load never skips an evaluation that the others wait in. Returns (data, tasks)."""
+    data = tasks = error = None
+    try:
+        data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, log)
+        if ckpt is not None:   # --resume=auto: out_dir must hold this run, trained on this data
+            runs.check_same_run(ckpt, data, c, ckpt_path)
+        tasks = task_examples(c, data, log)
+    except (ValueError, OSError) as e:
+        error = e
+    tokenizer = ("loaded" if data is None or data.tokenizer is not None else
+                 f"not loaded ({data.tokenizer_error})" if data.tokenizer_error else "none named")
+    runs.agree(world, error, None if error else {
+        "the training files": data.train_files,
+        "the validation files": [[Path(p).name, len(a)] for p, a, _ in data.val],
+        "the tokenizer": f"{tokenizer}, fingerprint {data.fingerprint}",
+        "the downstream tasks' examples": {name: len(examples) for name, (_, examples) in tasks.items()}})
+    return data, tasks
+
+
+def task_examples(c, data, log):
+    """{name: (module, examples)} of the downstream tasks asked for (--hellaswag, --lambada), scored with the data's
+    tokenizer: none without one."""
+    if data.tokenizer is None and (c.hellaswag or c.lambada):
+        log("train.py: the data names no tokenizer that loads: no HellaSwag or LAMBADA evaluation")
+    tasks = {}
+    for name, lib in (("hellaswag", hellaswag), ("lambada", lambada)):
+        if c[name] and data.tokenizer is not None:
+            path = c[f"{name}_path"]
+            try:
+                tasks[name] = lib, lib.load_examples(path or None)
+            except (ValueError, RuntimeError) as e:  # a missing or malformed file, or offline without a local copy
+                raise ValueError(f"--{name}_path: {e}" if path else f"--{name}: {e}") from None
+    return tasks
+
+
+# -----------------------------------------------------------------------------
+# processes, device, precision
+
+def torchrun_rank(device):
+    """(rank, local_rank, world_size, device, backend) of a process torchrun started, from its RANK, LOCAL_RANK and
+    WORLD_SIZE: on CUDA the process takes the GPU of its LOCAL_RANK (model.rank_gpu: on a second node of 8 GPUs RANK 9
+    is LOCAL_RANK 1, cuda:1) and NCCL; elsewhere gloo."""
+    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = model_lib.rank_gpu(local_rank)
+    return rank, local_rank, world, device, "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_processes(c):
+    """(rank, world_size, device): one process, or this rank of torchrun's (its process group started)."""
+    device = model_lib.resolve_device(c.device)
+    if c.num_threads:
+        torch.set_num_threads(c.num_threads)
+    rank, world = 0, 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        rank, _, world, device, backend = torchrun_rank(device)
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group(backend=backend)
+    if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
+        torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
+    return rank, world, device
+
+
+def _auto(value, when_auto):
+    """Resolve a true/false/auto setting."""
+    value = _parse_bool(value)
+    return when_auto if value == "auto" else value
+
+
+# --dtype=auto on a CPU with native bf16: bfloat16 from this width on; below it the casts autocast adds cost more
+# than the narrow matmuls save (AVX512-BF16, 2 cores: 1.07x at d128 (the main job), 1.2-1.4x at d96, 0.77x at d64;
+# docs/BENCHMARKS.md, "bf16 on CPU")
+CPU_BF16_MIN_D_MODEL = 96
+
+
+def auto_dtype(c, device):
+    """(dtype, why) that --dtype=auto comes to: bfloat16 on a GPU with native bf16, and on a CPU with native bf16
+    for a model at least CPU_BF16_MIN_D_MODEL wide; float32 elsewhere (bf16 emulated is slower, not faster)."""
+    kind = "GPU" if device.type == "cuda" else "CPU"
+    if not model_lib.native_bf16(device):
+        return "float32", f"auto: no native bf16 on this {kind}"
+    width = model_lib.HUB_SHAPES.get(c["init_from"], (c["d_model"],))[-1]   # released GPT-2 weights bring their own
+    if device.type == "cpu" and width < CPU_BF16_MIN_D_MODEL:
+        return "float32", f"auto: d_model {width} < {CPU_BF16_MIN_D_MODEL}, too narrow for CPU bf16 to pay"
+    return "bfloat16", f"auto: native bf16 on this {kind}"
+
+
+def device_settings(c, device):
+    """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
+    device and off elsewhere; --dtype=auto is auto_dtype's choice. Returns dict(tf32, dtype (a name), dtype_why,
+    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon. c: the
+    settings by name (a dict)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    dtype, why = auto_dtype(c, device) if c["dtype"] == "auto" else (c["dtype"], "given")
+    return dict(tf32=_auto(c["tf32"], cuda), dtype=dtype, dtype_why=why,
+                pad_vocab=64 if _auto(c["pad_vocab"], cuda) else 1,
+                fused=_auto(c["fused"], cuda) and c["optimizer"] == "adamw", compile=_auto(c["compile"], cuda))
+
+
+def precision(c, device, world=1):
+    """The run's numerics, decided in one place: (device_settings, the autocast context for the forwards). Under
+    FSDP on a GPU, bfloat16 is FSDP's mixed-precision policy instead of autocast (see parallelize)."""
+    hw = device_settings(c, device)
+    if hw["tf32"]:
+        torch.set_float32_matmul_precision("high")
+    if c.deterministic:   # (cuBLAS reads its workspace setting at its first call: before any matmul)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    bf16 = hw["dtype"] == "bfloat16" and not fsdp_casts(c, device, world)
+    return hw, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+# -----------------------------------------------------------------------------
 # past one GPU's memory: FSDP, activation checkpointing, sharded checkpoints. What --fsdp and
 # --activation_checkpointing add, in a few functions that a reader of the loop can skip, as DDP's lines
+
+# Under --fsdp every parameter, gradient and optimizer state is a DTensor: each rank holds a shard (rows) of it.
+# Elementwise updates (AdamW, clipping's scaling) run on the local shards; the global gradient norm sums the shards'
+# squares over the ranks; Muon all-gathers each matrix (see README: Past one GPU).
+
+def sharded(t):
+    """Whether t is a DTensor (FSDP's shards). Its module loads only in runs that shard (importing it takes ~1.7 s)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(t, dtensor.DTensor)
+
+
+def local(t):
+    """This rank's shard of a DTensor, which in-place updates change; any other tensor as it is. (DTensor's own
+    elementwise ops give the same numbers at a dispatch cost per op.)"""
+    return t.to_local() if sharded(t) else t
+
+
+def whole(t):
+    """The whole of a DTensor, all-gathered from the ranks' shards; any other tensor as it is."""
+    return t.full_tensor() if sharded(t) else t
+
+
+def shard_like(t, p):
+    """This rank's shard of a whole tensor t laid out as the DTensor p is (a slice: no communication); t for a
+    plain p."""
+    if not sharded(p):
+        return t
+    from torch.distributed.tensor import DTensor, Replicate
+    return DTensor.from_local(t, p.device_mesh, [Replicate()], run_check=False).redistribute(p.device_mesh,
+                                                                                           p.placements)
+
 
 def parallelize(raw, c, world, device, hw):
     """--activation_checkpointing and --fsdp, applied in place to the bare model before its optimizer is made.
@@ -924,91 +1160,28 @@ def save_sharded(path, raw, optimizer, iteration, world, **run):
 
 
 # -----------------------------------------------------------------------------
-# processes, device, precision
+# the command line: argparse from the settings, the checks, main()
 
-def torchrun_rank(device):
-    """(rank, local_rank, world_size, device, backend) of a process torchrun started, from its RANK, LOCAL_RANK and
-    WORLD_SIZE: on CUDA the process takes the GPU of its LOCAL_RANK (model.rank_gpu: on a second node of 8 GPUs RANK 9
-    is LOCAL_RANK 1, cuda:1) and NCCL; elsewhere gloo."""
-    rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device(device)
-    if device.type == "cuda":
-        device = model_lib.rank_gpu(local_rank)
-    return rank, local_rank, world, device, "nccl" if device.type == "cuda" else "gloo"
-
-
-def init_processes(c):
-    """(rank, world_size, device): one process, or this rank of torchrun's (its process group started)."""
-    device = model_lib.resolve_device(c.device)
-    if c.num_threads:
-        torch.set_num_threads(c.num_threads)
-    rank, world = 0, 1
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        rank, _, world, device, backend = torchrun_rank(device)
-        if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group(backend=backend)
-    if device.type == "cuda" and device.index is not None:   # a rank's GPU or --device=cuda:N: synchronize(),
-        torch.cuda.set_device(device)                          # pin_memory(), bf16 support and NCCL use this one
-    return rank, world, device
+def model_settings():
+    """The model's flags: {flag: (field, architectures that have it)}, from model.py's config dataclasses (a field
+    names its flag when it differs, e.g. GPTConfig.n_embd is --d_model; flag=None: set by train.py itself)."""
+    out = {}
+    for arch in model_lib.ARCHS:
+        for f in fields(model_lib.config_class(arch)):
+            flag = f.metadata.get("flag", f.name)
+            if flag:
+                out.setdefault(flag, (f, set()))[1].add(arch)
+    return out
 
 
-def _auto(value, when_auto):
-    """Resolve a true/false/auto setting."""
-    value = _parse_bool(value)
-    return when_auto if value == "auto" else value
+def settings():
+    """Every flag: {name: (field, architectures it applies to)}, read when asked (a test may add a field)."""
+    own = {f.name: (f, {f.metadata["arch"]} if "arch" in f.metadata else set(model_lib.ARCHS))
+           for f in fields(TrainConfig)}
+    return {**own, **model_settings()}
 
 
-# --dtype=auto on a CPU with native bf16: bfloat16 from this width on; below it the casts autocast adds cost more
-# than the narrow matmuls save (AVX512-BF16, 2 cores: 1.07x at d128 (the main job), 1.2-1.4x at d96, 0.77x at d64;
-# docs/BENCHMARKS.md, "bf16 on CPU")
-CPU_BF16_MIN_D_MODEL = 96
-
-
-def auto_dtype(c, device):
-    """(dtype, why) that --dtype=auto comes to: bfloat16 on a GPU with native bf16, and on a CPU with native bf16
-    for a model at least CPU_BF16_MIN_D_MODEL wide; float32 elsewhere (bf16 emulated is slower, not faster)."""
-    kind = "GPU" if device.type == "cuda" else "CPU"
-    if not model_lib.native_bf16(device):
-        return "float32", f"auto: no native bf16 on this {kind}"
-    width = model_lib.HUB_SHAPES.get(c.init_from, (c.d_model,))[-1]   # released GPT-2 weights bring their own
-    if device.type == "cpu" and width < CPU_BF16_MIN_D_MODEL:
-        return "float32", f"auto: d_model {width} < {CPU_BF16_MIN_D_MODEL}, too narrow for CPU bf16 to pay"
-    return "bfloat16", f"auto: native bf16 on this {kind}"
-
-
-def device_settings(c, device):
-    """What --tf32, --dtype, --pad_vocab, --fused and --compile come to on `device`: "auto" turns each on for a CUDA
-    device and off elsewhere; --dtype=auto is auto_dtype's choice. Returns dict(tf32, dtype (a name), dtype_why,
-    pad_vocab (the multiple), fused, compile); fused is torch's fused AdamW, so never with --optimizer=muon."""
-    c = Settings(c)
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-    dtype, why = auto_dtype(c, device) if c.dtype == "auto" else (c.dtype, "given")
-    return dict(tf32=_auto(c.tf32, cuda), dtype=dtype, dtype_why=why, pad_vocab=64 if _auto(c.pad_vocab, cuda) else 1,
-                fused=_auto(c.fused, cuda) and c.optimizer == "adamw", compile=_auto(c.compile, cuda))
-
-
-def precision(c, device, world=1):
-    """The run's numerics, decided in one place: (device_settings, the autocast context for the forwards). Under
-    FSDP on a GPU, bfloat16 is FSDP's mixed-precision policy instead of autocast (see parallelize)."""
-    hw = device_settings(c, device)
-    if hw["tf32"]:
-        torch.set_float32_matmul_precision("high")
-    if c.deterministic:   # (cuBLAS reads its workspace setting at its first call: before any matmul)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    bf16 = hw["dtype"] == "bfloat16" and not fsdp_casts(c, device, world)
-    return hw, torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-
-
-def grad_accum_steps(total_batch_tokens, batch_size, context_length, world_size):
-    per_step = batch_size * context_length * world_size
-    if total_batch_tokens == 0:
-        return 1
-    if total_batch_tokens % per_step:
-        raise ValueError(f"--total_batch_tokens={total_batch_tokens:,} is not divisible by batch_size*context_length"
-                         f"*world_size = {batch_size}*{context_length}*{world_size} = {per_step:,}; pick a multiple")
-    return total_batch_tokens // per_step
+DEFAULTS = {name: f.default for name, (f, _) in settings().items()}
 
 
 def model_config(c, vocab_size, pad_vocab=1):
@@ -1022,233 +1195,84 @@ def model_config(c, vocab_size, pad_vocab=1):
     return {"arch": c["model"], **vars(cls(**kw))}
 
 
-def make_optimizer(raw, c, fused):
-    if c.optimizer == "muon":
-        groups = model_lib.param_groups(raw, c.weight_decay, muon=True)
-        return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
-    groups = model_lib.param_groups(raw, c.weight_decay)
-    if fused:
-        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps, fused=True)
-    return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
+# Presets: the documented runs. Each value can still be overridden on the command line.
+TINYSTORIES_MODEL = dict(model="llama", vocab_size=10000, context_length=256, d_model=512, num_layers=4, num_heads=16,
+                         d_ff=1344, rope_theta=10000.0)
+RUN = dict(prepare_data=False, time_budget="")   # presets are step-counted runs on prepared data
+SPEEDRUN = dict(model="llama", vocab_size=4096, context_length=256, d_model=96, num_layers=4, num_heads=3, d_ff=256,
+                prepare_data=False, time_budget="5m", max_iters=1_000_000, warmup_iters=50_000, optimizer="muon",
+                learning_rate=1e-2, min_lr_ratio=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95,
+                eval_interval=50, eval_tokens=16384, log_interval=10)
+PRESETS = {
+    # CS336 baseline at 327,680,000 tokens = 128 x 10,000 x 256 (one GPU)
+    "tinystories": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=128,
+                        max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
+                        beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random"),
+    # the same shape at 40,960,000 tokens = 32 x 5,000 x 256 (a laptop CPU; the reference reaches ~1.80)
+    "tinystories-cpu": dict(TINYSTORIES_MODEL, **RUN, data_dir="data/tinystories-10k", batch_size=32,
+                            max_iters=5000, warmup_iters=100, learning_rate=1e-3, min_lr_ratio=0.1,
+                            weight_decay=0.1, beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50,
+                            sampler="random"),
+    # OpenWebText with a 32k tokenizer, the same model
+    "owt": dict(TINYSTORIES_MODEL, **RUN, vocab_size=32000, data_dir="data/owt-32k", batch_size=128,
+                max_iters=10000, warmup_iters=200, learning_rate=1e-3, min_lr_ratio=0.1, weight_decay=0.1,
+                beta1=0.9, beta2=0.95, eval_interval=500, eval_iters=50, sampler="random", sample_prompt="The"),
+    # build-nanogpt's GPT-2 124M reproduction on FineWeb-Edu 10B (8 GPUs: 64 x 1024 x 8 = 524,288 tokens/step), on
+    # its token stream (the first epoch in stream order: fineweb.py keeps the documents as given), with its warmup
+    # (step 0 at lr/715) and its checkpoints every 5,000 steps (~1.5 GB each; a stop signal writes one as well)
+    "gpt2-124m": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=768, num_layers=12,
+                      num_heads=12, data_dir="data/edu_fineweb10B", batch_size=64, total_batch_tokens=524288,
+                      learning_rate=6e-4, min_lr_ratio=0.1, warmup_iters=715, warmup_from_one=True, max_iters=19073,
+                      weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20,
+                      ckpt_interval=5000, hellaswag=True, lambada=True, sampler="sequential",
+                      shuffle_first_epoch=False, sample_prompt="Hello, I'm a language model,", sample_tokens=32,
+                      num_samples=4),
+    # GPT-2 XL (1.56B, OpenAI's shape: --model=gpt2, 48 x 1600, 25 heads, context 1024) on FineWeb-Edu 10B, past one
+    # GPU's memory: FSDP and activation checkpointing on one 8-GPU node. Batch and learning rate from GPT-3's
+    # Table 2.1 (Brown et al. 2020), the row nearest in size, GPT-3 XL at 1.3B (2.7B: the same batch, lr 1.6e-4):
+    # 2^20 = 1,048,576 tokens a step (32 x 1024 x 4 accum x 8 GPUs), lr 2e-4; its warmup of 375M tokens (357 steps)
+    # and 10B tokens (9,536 steps), decayed to 10%; a checkpoint every 1,000 steps (~50 min of 8 GPUs; each ~25 GB)
+    # predicted memory per GPU at batch 32: 1.05 * 32 + 3.40 = 37.0 GB (largest batch 73 on 80 GB): `python flops.py
+    # --model=gpt2-xl --arch=gpt2 --gpus=8 --fsdp --activation_checkpointing`
+    "gpt2-xl": dict(RUN, model="gpt2", vocab_size=50257, context_length=1024, d_model=1600, num_layers=48,
+                    num_heads=25, data_dir="data/edu_fineweb10B", batch_size=32, total_batch_tokens=1048576,
+                    learning_rate=2e-4, min_lr_ratio=0.1, warmup_iters=357, max_iters=9536, weight_decay=0.1,
+                    beta1=0.9, beta2=0.95, grad_clip=1.0, eval_interval=250, eval_iters=20, ckpt_interval=1000,
+                    hellaswag=True, lambada=True, sampler="sequential", sample_prompt="Hello, I'm a language model,",
+                    sample_tokens=32, num_samples=4, fsdp=True, activation_checkpointing=True),
+    # the CPU speedrun (bench.py speedrun): the best recipe measured for 5 minutes of 2 CPU cores on the 2 MiB
+    # TinyStories head at vocab 4096: Llama d96 x 4 (3x the steps of d256 x 4 in 5 min), Muon at lr 1e-2, batch 8,
+    # compiled (batch 8 and compilation won at d256 and are within noise at d96; compilation is off the clock, as a
+    # compiled run's first step always is); the schedule is on the clock (max_iters only bounds it: 5% warmup)
+    "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true"),
+    # the same recipe on one GPU, all of TinyStories (not timed yet)
+    "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
+                         d_ff=1344, batch_size=64),
+}
+# the command that prepares each preset's data (printed when it is missing)
+PREPARE_COMMANDS = {
+    # all of TinyStories (official validation split kept apart), a 10k BPE trained on it, train.bin / val.bin
+    "tinystories": "python fineweb.py --prepare_tinystories --corpus_bytes=0 --vocab_size=10000 "
+                   "--out_dir=data/tinystories-10k",
+    # OpenWebText streamed into shards, with a 32k BPE trained on its first 100 MB
+    "owt": "python fineweb.py --dataset=openwebtext --vocab_size=32000 --out_dir=data/owt-32k",
+    # FineWeb-Edu sample-10BT, GPT-2 tokenizer, 100M-token shards (build-nanogpt's layout)
+    "gpt2-124m": "python fineweb.py --dataset=fineweb-edu --out_dir=data/edu_fineweb10B",
+}
+PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE_COMMANDS["tinystories"]
+PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
+# the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
+# split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
+# text encodes both, as bench.py speedrun does
+_HEAD, _SR = "data/tinystories-head", "data/speedrun-4k"
+PREPARE_COMMANDS["speedrun-cpu"] = (
+    f"python fineweb.py --tinystories_head && "
+    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer && "
+    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin && "
+    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin")
+for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
+    _preset.setdefault("out_dir", f"out/{_name}")
 
-
-def resume_checkpoint(resume_from, c, ckpt_path, world):
-    """The checkpoint this run continues (None: a new run), the same on every rank. main() read it for --resume=auto
-    (under torchrun its error comes here instead, to be said by every rank), or --resume=true reads it now. Each
-    rank reads its own --out_dir, so under torchrun the ranks agree (runs.agree) on whether they resume, at which
-    step, and on their settings, before any other work: two nodes without a shared --out_dir would otherwise resume
-    at step N on node 0 and start at step 0 on node 1, their evaluations and checkpoints never lining up."""
-    ckpt, error = (None, resume_from) if isinstance(resume_from, Exception) else (resume_from, None)
-    if ckpt is None and error is None and _parse_bool(c.resume) is True and not c.fresh:
-        try:
-            ckpt = runs.read_train_checkpoint(ckpt_path)
-        except ValueError as e:
-            error = e
-    flags = settings()   # (a path may differ between nodes: a copy of the data elsewhere)
-    runs.agree(world, error, {"the checkpoint resumed":
-                              None if ckpt is None else f"step {ckpt['iteration']}, {ckpt['elapsed']:.6g} s trained",
-                              **{f"--{k}": v for k, v in c.items() if k in flags and
-                                 not flags[k][0].metadata.get("path")}})
-    return ckpt
-
-
-def open_inputs(c, ckpt, ckpt_path, world, log):
-    """The token files and their tokenizer (runs.open_data), checked against the checkpoint resumed (--resume=auto
-    continues only the same run), and the downstream tasks' examples: what each rank reads from its own disk or the
-    network, agreed by the ranks (runs.agree) before any collective, so that a rank whose tokenizer or task file
-    did not load never skips an evaluation that the others wait in. Returns (data, tasks)."""
-    data = tasks = error = None
-    try:
-        data = runs.open_data(c, PREPARE_COMMANDS, {k: p["data_dir"] for k, p in PRESETS.items()}, log)
-        if ckpt is not None:   # --resume=auto: out_dir must hold this run, trained on this data
-            runs.check_same_run(ckpt, data, c, ckpt_path)
-        tasks = task_examples(c, data, log)
-    except (ValueError, OSError) as e:
-        error = e
-    tokenizer = ("loaded" if data is None or data.tokenizer is not None else
-                 f"not loaded ({data.tokenizer_error})" if data.tokenizer_error else "none named")
-    runs.agree(world, error, None if error else {
-        "the training files": data.train_files,
-        "the validation files": [[Path(p).name, len(a)] for p, a, _ in data.val],
-        "the tokenizer": f"{tokenizer}, fingerprint {data.fingerprint}",
-        "the downstream tasks' examples": {name: len(examples) for name, (_, examples) in tasks.items()}})
-    return data, tasks
-
-
-def make_loader(data, c, rank, world, log):
-    B, T = c.batch_size, c.context_length
-    if c.sampler == "random":
-        return RandomSampler(data.train, B, T, seed=c.seed, rank=rank)
-    short = [str(p) for p, a, _ in data.train if len(a) < B * T * world + 1]
-    if short:   # the reader skips them: say so rather than train on less data in silence
-        log(f"train.py: {len(short)} training file(s) shorter than one batch ({B * T * world + 1:,} tokens) "
-            f"will never be read: {', '.join(short[:3])}{' ...' if len(short) > 3 else ''}")
-    return SequentialSampler(data.train, B, T, rank, world, seed=c.seed, eot_id=data.eot_id,
-                             shuffle_first_epoch=c.shuffle_first_epoch)
-
-
-# -----------------------------------------------------------------------------
-# the training run
-
-def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=None, teardown=True):
-    """Run one training job; cfg: every setting by name (DEFAULTS, a preset, flags). Returns a summary dict.
-    clock: the time source of --time_budget (tests pass a fake one); on_step(step): called after each optimizer
-    step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it), or
-    under torchrun the error main() met reading it;
-    teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it)."""
-    c = Settings(cfg)
-    check_config(c)
-    # ---- processes, device, precision
-    rank, world, device = init_processes(c)
-    ddp, master = world > 1, rank == 0
-    say = log if master else runs.quiet
-    hw, autocast = precision(c, device, world)
-    random.seed(c.seed)
-    np.random.seed(c.seed)
-    torch.manual_seed(c.seed)   # same on every rank: identical init (DDP also broadcasts rank 0's weights)
-    ckpt_path = Path(c.out_dir) / "ckpt.pt"
-    ckpt = resume_checkpoint(resume_from, c, ckpt_path, world)   # agreed by the ranks, as the data is below
-
-    # ---- data
-    if c.prepare_data:
-        runs.prepare_main_job(c, ddp, master, say)
-    data, tasks = open_inputs(c, ckpt, ckpt_path, world, say)   # token files, tokenizer, tasks' examples
-    B, T = c.batch_size, c.context_length
-    accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
-    tokens_per_step = B * T * accum * world
-    budget = runs.parse_duration(c.time_budget)
-
-    # ---- model, optimizer, loader: new, or resumed from out_dir/ckpt.pt
-    if ckpt is not None:
-        raw = runs.model_of(ckpt, ckpt_path)
-    elif c.init_from != "scratch":
-        raw = model_lib.GPT.from_pretrained(c.init_from, pad_vocab_to_multiple_of=hw["pad_vocab"],
-                                            attn_impl=c.attn_impl)
-    else:
-        raw = model_lib.build_model(model_config(c, data.vocab_size, hw["pad_vocab"]))
-    runs.check_model_fits(raw, data, c, ckpt, ckpt_path)
-    raw.to(device)
-    arch, mcfg = raw.model_config()["arch"], raw.model_config()
-    parallelize(raw, c, world, device, hw)   # --activation_checkpointing, --fsdp: before the optimizer sees the weights
-    optimizer = make_optimizer(raw, c, hw["fused"])
-    decay_iters = c.lr_decay_iters or c.max_iters
-    if c.warmup_iters >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
-        say(f"train.py: --warmup_iters={c.warmup_iters} is not below the schedule's length of {decay_iters} steps "
-            f"(--lr_decay_iters, else --max_iters): the learning rate never reaches --learning_rate")
-    loader = ReadAhead(make_loader(data, c, rank, world, say))   # the loop fetches each batch a micro-step early
-    state = runs.RunState()
-    if ckpt is not None:
-        state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"],
-                             lambda cfg, s: scheduled_lr(cfg, s.step, s.elapsed), say)
-    model = LossOf(raw, arch, c.z_loss)   # (x, y) -> loss: compiled, the loss is in the graph with the model
-    if hw["compile"]:
-        model = torch.compile(model, backend=c.compile_backend)
-    if ddp and not c.fsdp:   # (DDP broadcasts Llama's constant RoPE buffers every forward: small. The switch against
-        # that, broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say, tasks)
-    flops_per_token = flops.train_flops_per_token(mcfg, T)
-
-    # ---- the run's folder (checked above before anything is written): lock, log
-    run = runs.RunDir(c, state.step if ckpt is not None else None, master, say)
-    n_params = sum(p.numel() for p in raw.parameters())
-    say(f"model {arch}: {n_params / 1e6:.2f}M parameters | data {c.data_dir}: "
-        f"{sum(len(a) for _, a, _ in data.train):,} train / {sum(len(a) for _, a, _ in data.val):,} val tokens | "
-        f"{tokens_per_step:,} tokens/step = {B} x {T} x {accum} accum x {world} procs | {device} {hw['dtype']}"
-        + (f" ({hw['dtype_why']})" if c.dtype == "auto" else "") + (" | compiled" if hw["compile"] else "")
-        + (" | FSDP" if c.fsdp and ddp else "") + (" | activation checkpointing" if c.activation_checkpointing else ""))
-    run.record("config", **c, model_config=mcfg, tokenizer=data.tokenizer_ref, world_size=world, params=n_params,
-               resumed_at_step=state.step if ckpt is not None else None, used=dict(hw, device=str(device)))
-
-    # ---- the loop
-    start_step, start_elapsed, samples, stop_at, batch = state.step, state.elapsed, [], None, None
-    evaluated = ckpt is not None and state.val_step == start_step   # the log has this evaluation already
-    last_lr = scheduled_lr(c, state.step, state.elapsed)
-    ckpt_every = c.ckpt_interval or c.eval_interval
-    pace = runs.Pace(clock, device, ddp, c, budget, ckpt_every)   # when the clock is read: no sync at every step
-    t_run = clock()
-    with run, runs.Stop(ddp, master) as stop:
-        while True:
-            done = state.finished(c.max_iters, budget)
-            stop_at = None if done else stop.pending   # a request at the last step changes nothing
-            last = done or stop_at is not None
-            # periodic duties (not counted in the time budget): eval, samples, checkpoint; not at a stop request's
-            # step unless one is due there (stopping must fit a scheduler's grace period)
-            if (state.step % c.eval_interval == 0 or done) and not (evaluated and state.step == start_step):
-                fields = evaluate(state.step, state.elapsed)
-                state.val_loss, state.val_step, samples = fields["val_loss"], state.step, fields.get("samples", [])
-                run.record("eval", **fields)
-            if (state.step > start_step and state.step % ckpt_every == 0) or (
-                    last and (state.step > start_step or state.step == 0)):
-                save_run(ckpt_path, raw, optimizer, loader, state, c, data, world)
-            if last:
-                break
-
-            # one optimizer step: accum micro-steps, gradient sync only on the last one
-            pace.step_started()
-            lr = last_lr = scheduled_lr(c, state.step, state.elapsed)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_acc = torch.zeros((), device=device)
-            for micro in range(accum):
-                x, y = batch or loader.next_batch(device)
-                with model.no_sync() if ddp and micro < accum - 1 else contextlib.nullcontext():
-                    with autocast:
-                        loss = model(x, y) / accum
-                    batch = loader.next_batch(device)   # the next micro-step's batch, read (and on CUDA its copy to
-                    loss.backward()                     # the GPU issued) while the device runs this forward
-                loss_acc += loss.detach()
-            norm = gradient_clipping(raw.parameters(), c.grad_clip) if c.grad_clip > 0 else None
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            state.step += 1
-            pace.step_ended(counted=not (hw["compile"] and state.step == start_step + 1))   # a compiled run's first
-            # step is mostly compilation: not in the budget. The clock is read (a sync) only when Pace says so: then
-            # the step times go into state.elapsed, agreed by the ranks (rank 0's clock, any rank's stop request)
-            dt = pace.read(state, stop, master, device) if pace.due(state.step, stop) else None
-
-            # the log line: every log_interval steps, and at the step the run ends (max_iters, budget, stop)
-            if dt is not None and (state.step % c.log_interval == 0 or state.finished(c.max_iters, budget)
-                                   or stop.pending is not None):
-                if ddp:
-                    torch.distributed.all_reduce(loss_acc)
-                    loss_acc /= world
-                train_loss, tps = loss_acc.item(), tokens_per_step / dt   # the one sync per logged step
-                mfu = _mfu(flops_per_token, tps / world, device, hw["dtype"])
-                gn = float(norm) if norm is not None else None   # (not computed with --grad_clip=0)
-                left = state.time_left(c.max_iters, budget, pace.step_time)
-                say(f"step {state.step:>6}/{c.max_iters} | loss {train_loss:.4f} | lr {lr:.2e} | " +
-                    (f"norm {gn:.3f} | " if gn is not None else "") + f"{tps:,.0f} tok/s" +
-                    (f" | mfu {100 * mfu:.1f}%" if mfu is not None else "") + f" | {runs.fmt_time(state.elapsed)}"
-                    f" ({runs.fmt_time(left)} left)")
-                run.record("train", step=state.step, loss=train_loss, lr=lr, grad_norm=gn, tokens_per_sec=tps,
-                           mfu=mfu, dt=dt, elapsed=state.elapsed, time_left=left, tokens=state.step * tokens_per_step)
-            if on_step is not None:
-                on_step(state.step)
-    if ddp and teardown:
-        del model   # DDP and its reducer go before their process group: freed after it (on return), a compiled
-        # run's rank 1 hung in the teardown ~1 run in 10 (gloo)
-        torch.distributed.barrier()   # ranks tear gloo down together: one leaving early aborted its peer ~1 run in 20
-        torch.distributed.destroy_process_group()
-    stopped_by = stop_at or ("max_iters" if state.step >= c.max_iters else
-                             f"time_budget={c.time_budget} (pass --time_budget= to train by steps only)")
-    return dict(stopped_by=stopped_by, step=state.step, val_loss=state.val_loss, val_step=state.val_step,
-                val_bpb=evaluate.bpb(state.val_loss), samples=samples, elapsed=state.elapsed,
-                elapsed_this_run=state.elapsed - start_elapsed,
-                lr=scheduled_lr(c, state.step, state.elapsed), last_lr=last_lr, ckpt=str(ckpt_path),
-                log=str(run.log_path), params=n_params, wall=clock() - t_run, interrupted=stop_at is not None)
-
-
-def _mfu(flops_per_token, tokens_per_sec, device, dtype):
-    try:
-        device = "cpu" if device.type == "cpu" else str(device)
-        return flops.utilisation(flops_per_token * tokens_per_sec, device, dtype)
-    except Exception:   # a GPU without a known peak: leave the column out
-        return None
-
-
-# -----------------------------------------------------------------------------
-# the command line: argparse from the settings, the checks, main()
 
 def _parse_bool(s, allow_auto=True):
     if isinstance(s, bool):
@@ -1313,8 +1337,9 @@ def resolve_config(overrides):
 
 
 def check_config(cfg):
-    """Refuse bad settings before any work is done, naming the flag: each setting's own check and choices, the
-    settings of the other architecture, and the few that depend on each other."""
+    """The run's settings (cfg: every setting by name) as a Settings, once bad settings are refused before any work
+    is done, naming the flag: each setting's own check and choices, the settings of the other architecture, and
+    the few that depend on each other."""
     c = Settings(cfg)
     for name, (f, archs) in settings().items():
         model_lib.check_setting(f"--{name}", c.get(name, f.default), f)
@@ -1343,6 +1368,7 @@ def check_config(cfg):
             exclude_tags=()):
         raise ValueError(f"--compile_backend: expected a torch.compile backend (inductor, aot_eager, ...: see "
                          f"torch.compiler.list_backends()), got {c.compile_backend!r}")
+    return c
 
 
 def main(argv=None):
