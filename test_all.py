@@ -1205,7 +1205,7 @@ def test_bpe_cli_refuses_bad_input_before_any_work(tmp_path, monkeypatch, capsys
     fill = lambda s: s.replace("{d}", str(tmp_path))
     _bpe_corpus(tmp_path / "corpus.txt")
     (tmp_path / "empty.txt").write_bytes(b"")
-    (tmp_path / "model.bin").write_bytes(bytes(range(256)) * 4000)
+    (tmp_path / "model.bin").write_bytes(b"\x00\x01 a model file" * 100)   # (valid UTF-8 but for its NULs)
     (tmp_path / "noise.txt").write_bytes(bytes(random.Random(0).randrange(128, 256) for _ in range(50000)))
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "a_dir").mkdir()
@@ -1257,7 +1257,7 @@ def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
 
 
 def test_bpe_train_refuses_a_binary_input_and_takes_non_ascii_text(tmp_path):
-    (tmp_path / "model.bin").write_bytes(bytes(range(256)) * 4000)
+    (tmp_path / "model.bin").write_bytes(b"\x00\x01 a model file" * 100)   # (valid UTF-8 but for its NULs)
     message = _raises(bpe.train_bpe, tmp_path / "model.bin", 300, [_BPE_EOT], num_workers=1)
     _one_line_naming(message, f"{tmp_path / 'model.bin'}: ", "UTF-8")
     (tmp_path / "ok.txt").write_text("caf\u00e9 " * 1000, encoding="utf-8")
@@ -3139,8 +3139,8 @@ _TRAIN_REFUSALS = {   # case: (settings over _train_cfg's, a change to _train_da
                                 "{data}/train.bin: ", ["64", "64"]),
     "val-token-id-equal-to-vocab": ({}, lambda d: _train_write_tokens(d / "val.bin", [1, 2, 64, 3] * 100, 64),
                                     "{data}/val.bin: ", ["64", "64"]),
-    "val-shorter-than-a-batch": ({}, lambda d: _train_write_tokens(d / "val.bin", _train_docs(50, 1), 64),
-                                 "validation data", ["{data}/val.bin", "50", "65"]),
+    "val-shorter-than-a-batch": ({}, lambda d: _train_write_tokens(d / "val.bin", _train_docs(64, 1), 64),
+                                 "validation data", ["{data}/val.bin", "64", "65"]),   # (one token short)
     "train-shorter-than-a-batch": ({}, lambda d: _train_write_tokens(d / "train.bin", _train_docs(60, 1), 64),
                                    "training data", ["{data}/train.bin", "60", "65"]),
     "one-training-file-no-val": ({}, lambda d: [(d / n).unlink() for n in ("val.bin", "val.bin.json")], "{data}: ",
@@ -4809,7 +4809,7 @@ _TRAIN_RESUME_REFUSALS = {   # case: (train.train's settings over _train_cfg(res
     "data-of-another-vocabulary": ({}, lambda data, out: [_train_sidecar(n, lambda m: dict(m, vocab_size=80))(data)
                                                           for n in ("train.bin.json", "val.bin.json")],
                                    "{out}/ckpt.pt: ", ["64", "{data}", "80"]),
-    "a-longer-context": (dict(context_length=32), None, "--context_length=32 ", ["16"]),
+    "a-longer-context": (dict(context_length=17), None, "--context_length=17 ", ["16"]),   # (one position more)
     "a-data-position-gone": ({}, _train_ckpt_edit(lambda ck: dict(ck, loader=dict(ck["loader"], shard=3))),
                              "{out}/ckpt.pt: ", ["{data}", "--fresh"]),
     "another-number-of-processes": ({}, _train_ckpt_edit(lambda ck: dict(ck, loader=[ck["loader"]] * 2)),

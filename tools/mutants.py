@@ -290,13 +290,13 @@ def run_one(repo, mutant):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("-k", default="", help="only the mutants whose name holds this")
+    p.add_argument("-k", default="", help="only the mutants whose name holds this (or one of these, comma-separated)")
     p.add_argument("--tests", help="a test_all.py to run instead of this checkout's (e.g. an earlier suite)")
     p.add_argument("-j", type=int, default=1, help="mutants run at a time, each in its own copy")
     p.add_argument("--list", action="store_true", help="print the mutants and exit")
     args = p.parse_args()
     check(MUTANTS)
-    chosen = [m for m in MUTANTS if args.k in m[0]]
+    chosen = [m for m in MUTANTS if any(k in m[0] for k in args.k.split(","))]
     if args.list:
         for name, path, _, _, k, why in chosen:
             print(f"{name:32} {path:11} {why}  [-k {k}]")
