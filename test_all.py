@@ -2578,6 +2578,8 @@ def test_train_wsd_schedule_points():
     assert f(82.5) == pytest.approx(0.55)                              # halfway down the linear decay
     assert f(110) == f(500) == pytest.approx(0.1)                      # end, and flat after
     assert train.get_lr_wsd_schedule(0, 1.0, 0.1, 0, 100, 1.0) == pytest.approx(1.0)   # all decay, no warmup
+    g = lambda it: train.get_lr_wsd_schedule(it, 1.0, 0.1, 10, 110, 0.2)
+    assert g(88) == pytest.approx(1.0) and g(99) == pytest.approx(0.55)   # the last 20 %: the decay starts at 88
 
 
 def test_train_warmup_from_one_is_build_nanogpts_schedule():
