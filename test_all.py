@@ -1230,8 +1230,9 @@ def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path,
         argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1]
     else:
         out = tmp_path / "x.bin"
-        bpe.encode_file(corpus, "gpt2", out, num_workers=1)
-        argv = ["--encode", corpus, "--tokenizer", _bpe_tok_dir(tmp_path), "--out", out, "--workers", 1]
+        tok = _bpe_tok_dir(tmp_path)   # (a local tokenizer: GPT-2's files may be unavailable offline)
+        bpe.encode_file(corpus, str(tok), out, num_workers=1)
+        argv = ["--encode", corpus, "--tokenizer", tok, "--out", out, "--workers", 1]
     before = _files(tmp_path)
     r = _bpe_cli(*argv, preexec_fn=_file_size_limit(2000))
     assert r.returncode == 1
@@ -5350,7 +5351,8 @@ def test_train_fsdp_two_gloo_processes_match_one(tmp_path, _train_data, arch):
         for kind, field in (("train", "loss"), ("train", "grad_norm"), ("eval", "val_loss")):
             a = [r[field] for r in _train_records(tmp_path / "one" / name, kind)]
             b = [r[field] for r in _train_records(tmp_path / "two" / name, kind)]
-            assert len(a) == len(b) == 3 and b == pytest.approx(a, rel=1e-5, abs=0)   # (evaluated at 0, 2, 3)
+            assert len(a) == len(b) == 3   # (evaluated at 0, 2, 3); no norm is logged with --grad_clip=0
+            assert b == a if None in a else b == pytest.approx(a, rel=1e-5, abs=0)
     # under FSDP activation checkpointing changes no number: its run is the clipped run's, bit for bit
     clip, ac = (M.read_checkpoint(tmp_path / "two" / name / "ckpt.pt")["model"] for name in ("clip", "ac"))
     assert all(torch.equal(clip[k], ac[k]) for k in clip)
