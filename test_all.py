@@ -10711,16 +10711,17 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
 
 
 def test_no_script_or_readme_reads_the_teams_data_and_docs_mark_it():
-    # a fresh clone has no ../shared beside it: no script reads it and the README names it nowhere; a docs paragraph
-    # that names it gives the team's own command lines and says they are the team's data
+    # a fresh clone has no ../shared beside it: no script reads it and neither the README nor docs/ names it; a docs
+    # paragraph that gives the team's own command lines calls the folder $TEAM_DATA and says it is the team's data
     for script in ROOT.glob("*.py"):
         if script.name != "test_all.py":
             text = script.read_text()
             assert "../shared" not in text and '"shared"' not in text, script.name
     assert "../shared" not in (ROOT / "README.md").read_text()
     for doc in (ROOT / "docs").glob("*.md"):
+        assert "../shared" not in doc.read_text(), doc.name
         for paragraph in doc.read_text().split("\n\n"):
-            assert "../shared" not in paragraph or "team's" in paragraph, (doc.name, paragraph)
+            assert "$TEAM_DATA" not in paragraph or "team's" in paragraph, (doc.name, paragraph)
 
 
 # ---- the scripts that load a checkpoint (sample.py, flops.py, hellaswag.py, lambada.py): files and devices they
