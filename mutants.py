@@ -1,14 +1,14 @@
 """Mutation testing of test_all.py: each mutant changes one piece of a script the way a slip would (a wrong number, a
 refusal that no longer comes, a file written wrong); the tests chosen for it must then fail.
 
-    python tools/mutants.py                     # every mutant against this checkout's test_all.py
-    python tools/mutants.py -k adamw            # the mutants whose name holds "adamw"
-    python tools/mutants.py --tests OLD.py      # the same mutants against another version of the suite
-    python tools/mutants.py -j 2 --list         # two at a time (each in its own copy); --list: print them only
+    python mutants.py                     # every mutant against this checkout's test_all.py
+    python mutants.py -k adamw            # the mutants whose name holds "adamw"
+    python mutants.py --tests OLD.py      # the same mutants against another version of the suite
+    python mutants.py -j 2 --list         # two at a time (each in its own copy); --list: print them only
 
 A mutant is (name, file, an exact snippet of that file, its replacement, a pytest -k expression choosing the tests that
-must catch it, why it matters). The script copies the repository's tracked files into a temporary folder (with
-../shared beside it when this checkout has one, so the tests that need the team's data run as here), applies one
+must catch it, why it matters). The script copies the repository's tracked files into temporary folders beside this
+checkout (so that the tests find beside each copy the team's data they find beside the checkout), applies one
 mutant at a time, runs `pytest test_all.py -x -q -k EXPR` there, puts the file back and says killed (a test failed) or
 SURVIVED (all passed). A snippet that is not in its file exactly once is refused before anything runs; a selection of
 no test (pytest's exit 5) or a collection error (exit 2: the mutant broke an import, which proves nothing) is an
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent
 
 MUTANTS = [   # (name, file, snippet, replacement, -k, why)
     # ---- model.py: the building blocks and both models
@@ -71,13 +71,13 @@ MUTANTS = [   # (name, file, snippet, replacement, -k, why)
      "test_train_cosine_schedule_points", "CS336's warmup is lr * it / warmup"),
     ("wsd_decay_start", "train.py", "total_iters * (1 - cooldown_frac))", "total_iters * cooldown_frac)",
      "test_train_wsd_schedule_points", "the decay takes the last cooldown_frac of the run"),
-    ("budget_schedule_ignores_steps", "train.py", "max(step, min(elapsed / budget, 1.0) * c.max_iters)",
-     "min(elapsed / budget, 1.0) * c.max_iters", "test_train_time_budget_schedule_follows_steps",
+    ("budget_schedule_ignores_steps", "train.py", "max(step, min(elapsed / budget, 1.0) * c[\"max_iters\"])",
+     "min(elapsed / budget, 1.0) * c[\"max_iters\"]", "test_train_time_budget_schedule_follows_steps",
      "under a budget the schedule follows whichever of steps and clock is further"),
-    ("warmup_from_one", "train.py", "if c.warmup_from_one and it < c.warmup_iters:",
-     "if c.warmup_from_one and it < c.warmup_iters - 1:", "test_train_warmup_from_one",
+    ("warmup_from_one", "train.py", "if c[\"warmup_from_one\"] and it < warmup:",
+     "if c[\"warmup_from_one\"] and it < warmup - 1:", "test_train_warmup_from_one",
      "build-nanogpt's warmup is lr * (it + 1) / warmup to the warmup's end"),
-    ("min_lr_ratio", "train.py", "lo, length = c.learning_rate * c.min_lr_ratio,", "lo, length = c.min_lr_ratio,",
+    ("min_lr_ratio", "train.py", "lo, length = peak * c[\"min_lr_ratio\"],", "lo, length = c[\"min_lr_ratio\"],",
      "test_train_optimizer_steps_with_the_scheduled_lr or test_train_warmup_from_one", "the floor is a ratio"),
     ("clip_never_caps", "train.py", "scale = torch.clamp(max_l2_norm / (norm + eps), max=1.0)",
      "scale = max_l2_norm / (norm + eps)", "test_train_gradient_clipping_matches_torch",
@@ -258,18 +258,17 @@ def check(mutants):
                      f"changes nothing): {snippet!r}")
 
 
-def copy_repo(dest, tests):
-    """The tracked files in dest/repo (test_all.py replaced by `tests` if given), ../shared beside it if here."""
+def copy_repo(tests):
+    """A new folder beside the checkout with its tracked files (test_all.py replaced by `tests` if given)."""
+    dest = Path(tempfile.mkdtemp(prefix=f".{ROOT.name}-mutant-", dir=ROOT.parent))
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     for name in filter(None, listed.decode().split("\0")):
         if (ROOT / name).is_file():
-            (dest / "repo" / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / "repo" / name)
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
     if tests:
-        shutil.copy2(tests, dest / "repo" / "test_all.py")
-    if (ROOT.parent / "shared").is_dir():
-        (dest / "shared").symlink_to(ROOT.parent / "shared")
-    return dest / "repo"
+        shutil.copy2(tests, dest / "test_all.py")
+    return dest
 
 
 def run_one(repo, mutant):
@@ -303,8 +302,10 @@ def main():
             print(f"{name:32} {path:11} {why}  [-k {k}]")
         return
     t0, results = time.perf_counter(), []
-    with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
-        free = [copy_repo(Path(tmp) / str(i), args.tests) for i in range(max(1, args.j))]
+    copies = []
+    try:
+        copies += [copy_repo(args.tests) for _ in range(max(1, args.j))]
+        free = list(copies)
 
         def finish(future):
             results.append(future.result())
@@ -321,6 +322,9 @@ def main():
                 running[pool.submit(run_one, repo, mutant)] = repo
             for done in concurrent.futures.as_completed(running):
                 finish(done)
+    finally:
+        for copy in copies:
+            shutil.rmtree(copy, ignore_errors=True)
     killed = sum(r[1] == "killed" for r in results)
     print(f"{killed} killed of {len(results)} mutants in {time.perf_counter() - t0:.0f} s"
           + (f" (tests: {args.tests})" if args.tests else ""))
