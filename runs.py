@@ -251,24 +251,32 @@ def agree(world, error=None, decisions=None):
         return
     everyone = [None] * world
     torch.distributed.all_gather_object(everyone, (None if error is None else str(error), decisions or {}))
-    failed = [r for r, (e, _) in enumerate(everyone) if e is not None]
-    said = None
-    if failed:
-        first = everyone[failed[0]][0]
-        head, sep, tail = first.partition("\n")
-        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        said = first if len(failed) == world and all(everyone[r][0] == first for r in failed) else \
-            f"{head} (on rank {failed[0]}{others} of {world}){sep}{tail}"   # (the same error everywhere: as it is)
-    for what, value in everyone[0][1].items() if said is None else ():   # (rank 0's as the reference)
-        theirs = [(r, d.get(what)) for r, (_, d) in enumerate(everyone[1:], 1) if d.get(what) != value]
-        if theirs:
-            said = (f"the {world} processes disagree on {what}: {_shown(value)} on rank 0, "
-                    f"{_shown(theirs[0][1])} on rank {theirs[0][0]}: {AGREE_HINT}")
-            break
+    said = _disagreement(everyone)
     if said is not None:   # every rank stops here with the same error: they leave gloo together (one process
         torch.distributed.barrier()   # exiting while its peer still holds the group aborts the peer now and then)
         torch.distributed.destroy_process_group()
         raise ValueError(said)
+
+
+def _disagreement(everyone):
+    """The one error every rank raises, from each rank's (error or None, decisions): the first rank's error (as it
+    is when every rank met the same one), else the first decision a rank takes otherwise than rank 0; None if
+    they agree."""
+    world = len(everyone)
+    failed = [r for r, (e, _) in enumerate(everyone) if e is not None]
+    if failed:
+        first = everyone[failed[0]][0]
+        if len(failed) == world and all(everyone[r][0] == first for r in failed):
+            return first
+        head, sep, tail = first.partition("\n")
+        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        return f"{head} (on rank {failed[0]}{others} of {world}){sep}{tail}"
+    for what, value in everyone[0][1].items():   # (rank 0's as the reference: every rank words it the same)
+        for r, (_, theirs) in enumerate(everyone[1:], 1):
+            if theirs.get(what) != value:
+                return (f"the {world} processes disagree on {what}: {_shown(value)} on rank 0, "
+                        f"{_shown(theirs.get(what))} on rank {r}: {AGREE_HINT}")
+    return None
 
 
 def _shown(value, width=100):
