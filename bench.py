@@ -442,6 +442,14 @@ def _write_tokens(path, n, vocab, seed=0):
                                                          num_tokens=n, num_docs=None, tokenizer=None, eot_id=0)))
 
 
+def _token_dir(folder, vocab):
+    """folder with random train.bin (2M tokens) and val.bin (100k), as the loop benchmarks read them."""
+    folder.mkdir()
+    _write_tokens(folder / "train.bin", 2_000_000, vocab, 0)
+    _write_tokens(folder / "val.bin", 100_000, vocab, 1)
+    return folder
+
+
 def _mcfg(cfg):
     return train.model_config(dict(train.DEFAULTS, **cfg), cfg["vocab_size"])
 
@@ -499,10 +507,7 @@ def bench_train(args):
     tokens = cfg["batch_size"] * cfg["context_length"]
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)   # data and checkpoints: gone when bench.py exits
-    data = tmp / "data"
-    data.mkdir()
-    _write_tokens(data / "train.bin", 2_000_000, cfg["vocab_size"], 0)
-    _write_tokens(data / "val.bin", 100_000, cfg["vocab_size"], 1)
+    data = _token_dir(tmp / "data", cfg["vocab_size"])
     shards = runs.find_shards(data, "train")
 
     print(f"train bench: shape {args.shape} {SHAPES[args.shape]}, batch {cfg['batch_size']} x {cfg['context_length']} "
@@ -564,9 +569,7 @@ def bench_dtype(args):
             continue
         data = tmp / f"data{cfg['vocab_size']}"
         if not data.exists():
-            data.mkdir()
-            _write_tokens(data / "train.bin", 2_000_000, cfg["vocab_size"], 0)
-            _write_tokens(data / "val.bin", 100_000, cfg["vocab_size"], 1)
+            _token_dir(data, cfg["vocab_size"])
         times = {"float32": [], "bfloat16": []}
         for r in range(args.repeats):   # (a compiled shape compiles in each run: its first 2 steps are dropped)
             for dtype in times:
@@ -574,7 +577,7 @@ def bench_dtype(args):
         tf, tb = statistics.median(times["float32"]), statistics.median(times["bfloat16"])
         tokens = cfg["batch_size"] * cfg["context_length"]
         shape = f"{name}: d{cfg['d_model']} x {cfg['num_layers']}, {cfg['batch_size']} x {cfg['context_length']}"
-        auto, _ = train.auto_dtype(train.Settings(dict(train.DEFAULTS, **cfg)), cpu)
+        auto, _ = train.auto_dtype(dict(train.DEFAULTS, **cfg), cpu)
         print(f"| {shape:<46} | {tokens / tf:>10,.0f} | {tokens / tb:>10,.0f} | {tf / tb:>10.2f}x | {auto:<10} |",
               flush=True)
 
