@@ -487,8 +487,8 @@ def _loop_step_times(cfg, steps, dtype, data_dir, out_dir):
 
 
 def _loader_tokens_per_sec(shards, B, T, kind, batches=200):
-    s = (train.SequentialSampler(shards, B, T, seed=0, eot_id=0) if kind == "sequential"
-         else train.RandomSampler(shards, B, T, seed=0))
+    s = (runs.SequentialSampler(shards, B, T, seed=0, eot_id=0) if kind == "sequential"
+         else runs.RandomSampler(shards, B, T, seed=0))
     s.next_batch("cpu")
     t0 = time.perf_counter()
     for _ in range(batches):

@@ -4,6 +4,9 @@ each by name, so that it reads as set-up, then the loop; a student reading the l
 
 * token files: load_tokens / find_shards / open_data check every file against its sidecar and its tokenizer,
   and prepare the main job's data first (fineweb.prepare_tinystories);
+* samplers: RandomSampler and SequentialSampler read them as batches, in an order a checkpoint resumes exactly
+  (train.make_loader picks one; train.get_batch is the plain random windows they start from); ReadAhead
+  fetches each batch one micro-step early;
 * resume: resume_settings (main: the checkpoint's settings, refusing a change that would not continue the same
   run), check_model_fits (a checkpoint or released weights against this data) and restore (optimizer, loader
   position, RNGs, clock, with the schedule changes a resume makes said; an FSDP run's shards: restore_shards);
@@ -229,6 +232,157 @@ def open_data(c, prepare_commands, preset_dirs, log):
             why = str(e)
             log(f"train.py: tokenizer {ref!r} could not be loaded ({e}): no bits/byte or samples")
     return Data(train, val, vocab_size, eot_id, tokenizer, ref, fingerprint, why)
+
+
+# -----------------------------------------------------------------------------
+# the samplers that read the token files in an order a checkpoint can resume (train.py's make_loader picks one)
+
+def batch_to_device(buf, device):
+    """(B, T+1) int64 CPU tensor -> x, y on device (pinned + async copy on CUDA)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        buf = buf.pin_memory().to(device, non_blocking=True)
+    else:
+        buf = buf.to(device)
+    return buf[:, :-1], buf[:, 1:]
+
+
+class RandomSampler:
+    """CS336-style random windows; with several shards, each row picks a shard in proportion to its size.
+    Its RNG state is the whole loader position."""
+
+    def __init__(self, shards, batch_size, context_length, seed=0, rank=0):
+        self.arrays = [a for _, a, _ in shards if len(a) >= context_length + 1]
+        if not self.arrays:
+            raise ValueError(f"no token file has context_length+1 = {context_length + 1} tokens")
+        self.B, self.T = batch_size, context_length
+        sizes = np.array([len(a) - context_length for a in self.arrays], dtype=np.float64)
+        self.p = sizes / sizes.sum()
+        self.rng = np.random.default_rng([seed, rank])
+
+    def next_batch(self, device):
+        if len(self.arrays) == 1:   # train.get_batch's draw, on this sampler's RNG
+            starts = self.rng.integers(0, len(self.arrays[0]) - self.T, size=self.B)
+            rows = [self.arrays[0][s:s + self.T + 1] for s in starts]
+            return batch_to_device(torch.from_numpy(np.stack(rows).astype(np.int64)), device)
+        which = self.rng.choice(len(self.arrays), size=self.B, p=self.p)
+        rows = []
+        for i in which:
+            s = self.rng.integers(0, len(self.arrays[i]) - self.T)
+            rows.append(self.arrays[i][s:s + self.T + 1])
+        return batch_to_device(torch.from_numpy(np.stack(rows).astype(np.int64)), device)
+
+    def state_dict(self):
+        return {"kind": "random", "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state):
+        self.rng.bit_generator.state = state["rng"]
+
+
+class SequentialSampler:
+    """build-nanogpt-style reading: windows of B*T+1 tokens taken in order through the shards, rank r of W taking
+    every W-th window. Unlike the reference, each epoch shuffles the shard order and, when the end-of-text id is
+    known, the order of the documents inside each shard (documents are cut at every eot token; without one, the
+    shard is rotated to a random start instead), with an RNG seeded by (seed, epoch): the position (epoch, shard,
+    offset) pins the data exactly, for resume. shuffle_first_epoch=False reads the first epoch as the reference
+    does, in stream order (shards in name order, documents as they are), and shuffles from the second on."""
+
+    def __init__(self, shards, batch_size, context_length, rank=0, world_size=1, seed=0, eot_id=None, shuffle=True,
+                 shuffle_first_epoch=True):
+        self.shards = [(p, a) for p, a, _ in shards]
+        self.B, self.T, self.rank, self.world = batch_size, context_length, rank, world_size
+        self.seed, self.eot_id = seed, eot_id
+        self.shuffle_every_epoch, self.shuffle_first = shuffle, shuffle_first_epoch
+        self.span = batch_size * context_length   # tokens one rank consumes per batch
+        check_batch_fits(self.shards, self.span * world_size + 1)
+        self.epoch, self.shard, self.pos = 0, 0, 0
+        self._start_epoch()
+
+    def _start_epoch(self):
+        self.shuffle = self.shuffle_every_epoch and (self.epoch > 0 or self.shuffle_first)
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.order = rng.permutation(len(self.shards)) if self.shuffle else np.arange(len(self.shards))
+        self.doc_seed = int(rng.integers(2 ** 62))
+        self._load_shard()
+
+    def _load_shard(self):
+        arr = self.shards[self.order[self.shard]][1]
+        self.arr = arr
+        rng = np.random.default_rng([self.doc_seed, self.shard])
+        starts = None
+        if self.shuffle and self.eot_id is not None:
+            cuts = np.flatnonzero(np.asarray(arr) == self.eot_id)
+            starts = np.unique(np.concatenate([[0], cuts])).astype(np.int64)   # each piece begins at an eot
+            # the shard may open mid-document (fineweb splits documents across shards): that piece stays first,
+            # never glued after another one; the others move
+            fixed = int(arr[0] != self.eot_id)
+        if starts is not None and len(starts) - fixed > 1:
+            lengths = np.diff(np.append(starts, len(arr)))
+            perm = np.concatenate([np.arange(fixed), fixed + rng.permutation(len(starts) - fixed)])
+            self.seg_start, self.seg_len = starts[perm], lengths[perm]
+        elif self.shuffle:
+            # no documents to reorder (no eot id, or a single document): rotate the shard to a random start
+            # instead, so that no epoch repeats the last one's batches
+            cut = int(rng.integers(len(arr)))
+            self.seg_start, self.seg_len = np.array([cut, 0]), np.array([len(arr) - cut, cut])
+        else:
+            self.seg_start, self.seg_len = np.array([0]), np.array([len(arr)])
+        self.seg_cum = np.concatenate([[0], np.cumsum(self.seg_len)])
+
+    def _read(self, pos, n):
+        """n tokens from position pos of the (document-shuffled) shard."""
+        out, i = [], int(np.searchsorted(self.seg_cum, pos, side="right") - 1)
+        while n > 0:
+            off = pos - self.seg_cum[i]
+            take = int(min(n, self.seg_len[i] - off))
+            s = self.seg_start[i] + off
+            out.append(self.arr[s:s + take])
+            n, pos, i = n - take, pos + take, i + 1
+        return np.concatenate(out) if len(out) > 1 else np.asarray(out[0])
+
+    def next_batch(self, device):
+        while self.pos + self.span * self.world + 1 > len(self.arr):   # this shard is used up
+            self.shard += 1
+            self.pos = 0
+            if self.shard == len(self.shards):
+                self.epoch, self.shard = self.epoch + 1, 0
+                self._start_epoch()
+            else:
+                self._load_shard()
+        buf = self._read(self.pos + self.rank * self.span, self.span + 1).astype(np.int64)
+        self.pos += self.span * self.world
+        rows = torch.from_numpy(np.lib.stride_tricks.sliding_window_view(buf, self.T + 1)[::self.T].copy())
+        return batch_to_device(rows, device)
+
+    def state_dict(self):
+        return {"kind": "sequential", "epoch": self.epoch, "shard": self.shard, "pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.epoch, self.shard = state["epoch"], 0
+        self._start_epoch()
+        self.shard, self.pos = state["shard"], state["pos"]
+        self._load_shard()
+
+
+class ReadAhead:
+    """A sampler that the loop reads one batch ahead (nanochat's order): each micro-step fetches the next batch while
+    the device runs its forward, so the reading, and on CUDA the pinned copy issued non_blocking, overlap the
+    compute. The sampler is called in the same order as without it, so no number changes; state_dict() is the
+    position of the batch fetched last and not yet trained on, where a resumed run must start."""
+
+    def __init__(self, sampler):
+        self.sampler, self.position = sampler, None
+
+    def next_batch(self, device):
+        self.position = self.sampler.state_dict()   # (a fresh dict: the sampler's state before this batch)
+        return self.sampler.next_batch(device)
+
+    def state_dict(self):
+        return self.sampler.state_dict() if self.position is None else self.position
+
+    def load_state_dict(self, state):
+        self.position = None
+        self.sampler.load_state_dict(state)
 
 
 # -----------------------------------------------------------------------------
