@@ -451,7 +451,8 @@ def _token_dir(folder, vocab):
 
 
 def _mcfg(cfg):
-    return train.model_config(dict(train.DEFAULTS, **cfg), cfg["vocab_size"])
+    flags = dict(train.DEFAULTS, **cfg)
+    return M.config_from_flags(flags["model"], flags, cfg["vocab_size"])
 
 
 def _model_step_times(cfg, steps, dtype):

@@ -35,7 +35,6 @@ import platform
 import re
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -363,19 +362,6 @@ PRESETS = {
 }
 
 
-def make_config(arch="llama", num_layers=12, d_model=768, num_heads=12, context_length=1024, vocab_size=50257,
-                d_ff=0, ffn_type="swiglu", pad_vocab_to_multiple_of=1):
-    """The model_config() dict of either architecture from the shared names; model.py's dataclasses fill in the
-    rest (d_ff 0: 8/3 d_model rounded to 64 for swiglu, 4 d_model for silu)."""
-    if arch == "gpt2":
-        c = model_lib.GPTConfig(block_size=context_length, vocab_size=vocab_size, n_layer=num_layers,
-                                n_head=num_heads, n_embd=d_model, pad_vocab_to_multiple_of=pad_vocab_to_multiple_of)
-    else:
-        c = model_lib.TransformerLMConfig(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
-                                          ffn_type=ffn_type)
-    return {"arch": arch, **asdict(c)}
-
-
 def _num(x):
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= div:
@@ -692,10 +678,9 @@ def _preset_config(args, arch):
     if arch == "llama" and (d // h) % 2:
         raise ValueError(f"{named('d_model', d)} / {named('num_heads', h)} = {d // h} dimensions per head: RoPE "
                          f"rotates pairs, so it must be even")
-    return make_config(arch, num_layers=pick(args.num_layers, L), d_model=d, num_heads=h,
-                       context_length=pick(args.context_length, T), vocab_size=pick(args.vocab_size, V),
-                       d_ff=args.d_ff or 0, ffn_type=args.ffn_type or "swiglu",
-                       pad_vocab_to_multiple_of=args.pad_vocab_to_multiple_of or 1)
+    flags = dict(num_layers=pick(args.num_layers, L), d_model=d, num_heads=h, d_ff=args.d_ff or 0,
+                 context_length=pick(args.context_length, T), ffn_type=args.ffn_type or "swiglu")
+    return model_lib.config_from_flags(arch, flags, pick(args.vocab_size, V), args.pad_vocab_to_multiple_of or 1)
 
 
 if __name__ == "__main__":

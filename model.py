@@ -761,6 +761,19 @@ def config_class(arch):
     return globals()[ARCHS[arch]]
 
 
+def config_from_flags(arch, flags, vocab_size, pad_vocab=1):
+    """The model_config() dict that train.py's (or flops.py's) flags describe: each field of the architecture's
+    config from its flag (a field names its flag when it differs: GPTConfig.n_embd is --d_model), a flag not in
+    `flags` at the field's default; the vocabulary is the data's, GPT-2's padding the device's (flag=None)."""
+    cls = config_class(arch)
+    kw = {f.name: flags.get(f.metadata.get("flag", f.name), f.default)
+          for f in fields(cls) if f.metadata.get("flag", 1)}
+    kw["vocab_size"] = vocab_size
+    if arch == "gpt2":
+        kw["pad_vocab_to_multiple_of"] = pad_vocab
+    return {"arch": arch, **vars(cls(**kw))}
+
+
 def build_model(cfg):
     """Build a model from a model_config() dict (as stored in checkpoints): {"arch": ..., **config fields}."""
     if not isinstance(cfg, dict):

@@ -2849,9 +2849,13 @@ def test_train_sequential_sampler_reads_the_first_epoch_as_build_nanogpts_loader
 # ---- checkpoints
 
 
+def _model_config(flags, vocab_size, pad_vocab=1):
+    return M.config_from_flags(flags["model"], flags, vocab_size, pad_vocab)
+
+
 def test_train_checkpoint_roundtrip_path_and_bytesio(tmp_path, monkeypatch):
     cfg = _train_cfg(tmp_path, tmp_path)
-    m = M.build_model(train.model_config(cfg, 64, 1))
+    m = M.build_model(_model_config(cfg, 64, 1))
     opt = train.AdamW(m.parameters(), lr=1e-2)
     x = torch.randint(0, 64, (2, 8))
     M.lm_loss(m, x, x).backward()
@@ -3061,12 +3065,12 @@ def test_train_model_config_passes_every_architecture_flag():
     base = dict(train.DEFAULTS)
     for kw in (dict(remove_rope=True), dict(use_post_norm=True), dict(remove_rmsnorm=True),
                dict(ffn_type="silu"), dict(rope_theta=500.0), dict(attn_impl="scratch")):
-        cfg = train.model_config(dict(base, **kw), 100)
+        cfg = _model_config(dict(base, **kw), 100)
         assert all(cfg[k] == v for k, v in kw.items()), (kw, cfg)
         m = M.build_model(cfg)
         assert all(m.model_config()[k] == v for k, v in kw.items())
-    assert M.build_model(train.model_config(dict(base, remove_rope=True), 100)).layers[0].attn.rope is None
-    gpt = train.model_config(dict(base, model="gpt2", attn_impl="scratch"), 100, 64)
+    assert M.build_model(_model_config(dict(base, remove_rope=True), 100)).layers[0].attn.rope is None
+    gpt = _model_config(dict(base, model="gpt2", attn_impl="scratch"), 100, 64)
     assert (gpt["n_layer"], gpt["n_head"], gpt["n_embd"], gpt["block_size"], gpt["attn_impl"],
             gpt["pad_vocab_to_multiple_of"]) == (4, 4, 128, 128, "scratch", 64)
 
@@ -3076,12 +3080,11 @@ def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
     # the TinyStories baseline's; 1024 -> 2730.7 -> 2752), 4 * d_model for SiLU
     for d_model, want in ((128, 320), (512, 1344), (320, 832), (1024, 2752)):
         cfg = dict(train.DEFAULTS, d_model=d_model, d_ff=0)
-        assert train.model_config(cfg, 100)["d_ff"] == want, d_model
-    assert train.model_config(dict(train.DEFAULTS, d_ff=0, ffn_type="silu"), 100)["d_ff"] == 512
-    # below d_model 12 the nearest multiple of 64 is 0, a model without an FFN: at least 64 (flops.py agrees)
+        assert _model_config(cfg, 100)["d_ff"] == want, d_model
+    assert _model_config(dict(train.DEFAULTS, d_ff=0, ffn_type="silu"), 100)["d_ff"] == 512
+    # below d_model 12 the nearest multiple of 64 is 0, a model without an FFN: at least 64
     for d_model in (8, 12):
-        assert train.model_config(dict(train.DEFAULTS, d_model=d_model, d_ff=0), 100)["d_ff"] == 64
-        assert flops.make_config(d_model=d_model, num_heads=2)["d_ff"] == 64
+        assert _model_config(dict(train.DEFAULTS, d_model=d_model, d_ff=0), 100)["d_ff"] == 64
 
 
 # ---- the run: its processes and device
@@ -7683,7 +7686,7 @@ def test_flops_cli_the_models_own_context_is_the_default_context(capsys, monkeyp
 
 def test_flops_cli_each_context_has_its_own_memory_and_largest_batch(capsys, monkeypatch):
     # and the time to train is at the first context given
-    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
+    cfg = M.config_from_flags("llama", dict(num_layers=4, d_model=512, num_heads=16, context_length=256), 10000)
     argv = ("--model=tinystories", "--context", "256", "2048", "--gpu_mem=40")
     r, out = _flops_json(monkeypatch, capsys, *argv), _flops_table(monkeypatch, capsys, *argv)
     for T in (256, 2048):
@@ -7707,7 +7710,7 @@ def test_flops_cli_pad_vocab_and_mfu_reach_the_figures(capsys, monkeypatch):
     assert r["params"]["embedding"] == 50304 * 768
     assert _flops_shape(_flops_table(monkeypatch, capsys, "--model=gpt2", "--arch=gpt2",
                                      "--pad_vocab_to_multiple_of=64"))["vocab"] == "50304"
-    cfg = flops.make_config(num_layers=4, d_model=512, num_heads=16, context_length=256, vocab_size=10000)
+    cfg = M.config_from_flags("llama", dict(num_layers=4, d_model=512, num_heads=16, context_length=256), 10000)
     tokens = 20 * flops.count_params(cfg)["total"]
     seconds = flops.train_flops_per_token(cfg, 256) * tokens / (1.0 * flops.GPU_PEAK["H100"][0])
     line = _flops_line(_flops_table(monkeypatch, capsys, "--model=tinystories", "--mfu=1"), "H100", "MFU")

@@ -611,7 +611,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     under torchrun the error main() met reading it;
     teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it).
     The set-up it calls by name (check_config, init_processes, precision, resume_checkpoint, open_inputs,
-    model_config, parallelize) follows it in this file; runs.* is the run management."""
+    parallelize) follows it in this file; runs.* is the run management."""
     c = check_config(cfg)   # the run's settings (a Settings: c.batch_size), refused here if bad
     # ---- processes, device, precision
     rank, world, device = init_processes(c)
@@ -640,7 +640,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
         raw = model_lib.GPT.from_pretrained(c.init_from, pad_vocab_to_multiple_of=hw["pad_vocab"],
                                             attn_impl=c.attn_impl)
     else:
-        raw = model_lib.build_model(model_config(c, data.vocab_size, hw["pad_vocab"]))
+        raw = model_lib.build_model(model_lib.config_from_flags(c.model, c, data.vocab_size, hw["pad_vocab"]))
     runs.check_model_fits(raw, data, c, ckpt, ckpt_path)
     raw.to(device)
     arch, mcfg = raw.model_config()["arch"], raw.model_config()
@@ -1040,17 +1040,6 @@ def settings():
 
 
 DEFAULTS = {name: f.default for name, (f, _) in settings().items()}
-
-
-def model_config(c, vocab_size, pad_vocab=1):
-    """The model_config() dict of this run: every field of the architecture's config from its flag (the data's
-    vocabulary; GPT-2's padding from --pad_vocab, resolved by device_settings)."""
-    cls = model_lib.config_class(c["model"])
-    kw = {f.name: c.get(f.metadata.get("flag", f.name), f.default) for f in fields(cls) if f.metadata.get("flag", 1)}
-    kw["vocab_size"] = vocab_size
-    if c["model"] == "gpt2":
-        kw["pad_vocab_to_multiple_of"] = pad_vocab
-    return {"arch": c["model"], **vars(cls(**kw))}
 
 
 # Presets: the documented runs. Each value can still be overridden on the command line.
