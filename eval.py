@@ -180,6 +180,15 @@ def evaluate(lm, tasks, num_fewshot=None, limit=None, include_path=(), bootstrap
                                    limit=limit, task_manager=manager, bootstrap_iters=bootstrap_iters,
                                    log_samples=log_samples)
 
+def offline_mode():
+    """Tell huggingface_hub and datasets the hub is unreachable (as HF_HUB_OFFLINE=1 would, read at their import):
+    a task's cached data is used, a task without it fails at once."""
+    import datasets
+    import huggingface_hub
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+
+
 # -----------------------------------------------------------------------------
 # command line
 
@@ -249,6 +258,9 @@ def main():
     model.to(dtype=DTYPES[args.dtype])
     lm = HarnessLM(model, tokenizer, args.batch_size)
     source = dict(ckpt=args.ckpt) if args.ckpt else dict(init_from=args.init_from)
+    online, why_offline = model_lib.hub_reachable()
+    if not online:   # the hub's tasks read their cached copy, or fail at once: no minute of retries per file
+        offline_mode()
     try:
         results = evaluate(lm, tasks, args.num_fewshot, limit, args.include_path, args.bootstrap_iters,
                            model_args=dict(source, tokenizer=getattr(tokenizer, "name", None), dtype=args.dtype))
@@ -257,7 +269,9 @@ def main():
     except (ValueError, FileNotFoundError, ConnectionError) as e:   # a task's data missing, offline, a bad YAML
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         hint = (" (the local tasks read the files hellaswag.py and lambada.py download: run those once, and eval.py "
-                "from the repository root)" if isinstance(e, FileNotFoundError) else "")
+                "from the repository root)" if isinstance(e, FileNotFoundError) else
+                f" (the Hugging Face hub is unreachable: {why_offline}; offline, the tasks hellaswag_local and "
+                f"lambada_openai_local read the files hellaswag.py and lambada.py download)" if not online else "")
         raise SystemExit(f"eval.py: --tasks {args.tasks}: {first}{hint}") from None
     print(make_table(results))
     if results.get("groups"):

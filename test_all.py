@@ -9099,9 +9099,15 @@ The children built a snowman out of snow. They gave it a carrot nose and two sto
 
 @pytest.fixture(autouse=True)
 def _no_environment_report(monkeypatch):
-    """lm-eval records the machine in every result (torch's collect_env: seconds of subprocesses per run): not here."""
+    """lm-eval records the machine in every result (torch's collect_env: seconds of subprocesses per run): not here.
+    eval.main switches huggingface_hub and datasets offline when the hub is unreachable: undone after each test."""
     if lm_eval is not None:
         monkeypatch.setattr(lm_eval.evaluator, "add_env_info", lambda storage: None)
+        import datasets
+        import huggingface_hub
+        for module, name in ((huggingface_hub.constants, "HF_HUB_OFFLINE"), (datasets.config, "HF_HUB_OFFLINE"),
+                             (datasets.config, "HF_DATASETS_OFFLINE")):
+            monkeypatch.setattr(module, name, getattr(module, name))
 
 
 def _run(script, monkeypatch, *argv):
@@ -9660,6 +9666,21 @@ def test_eval_a_local_tasks_missing_data_is_one_line(tmp_path, monkeypatch, expo
     message = _bad_exit(monkeypatch, harness, "--ckpt", exported["gpt2"][0], "--tasks", "hs_gone", "--include_path",
                      tmp_path, "--device", "cpu")
     _one_line_naming(message, "eval.py: --tasks hs_gone", "not_downloaded.jsonl", "hellaswag.py")
+
+
+@needs_lm_eval
+def test_eval_offline_a_hub_task_fails_at_once_naming_the_local_tasks(tmp_path, monkeypatch, exported):
+    # offline, huggingface_hub would retry each file for ~40 s: eval.py switches it and datasets to offline mode
+    import datasets
+    import huggingface_hub
+    monkeypatch.setattr(M, "hub_reachable", lambda: (False, "probe faked"))
+    (tmp_path / "hs_hub.yaml").write_text(json.dumps(dict(include=str(ROOT / "tasks" / "hellaswag_local.yaml"),
+                                                          task="hs_hub", dataset_path="Rowan/hellaswag",
+                                                          dataset_kwargs=None)), encoding="utf-8")
+    message = _bad_exit(monkeypatch, harness, "--ckpt", exported["gpt2"][0], "--tasks", "hs_hub", "--include_path",
+                        tmp_path, "--device", "cpu")
+    _one_line_naming(message, "eval.py: --tasks hs_hub", "probe faked", "hellaswag_local")
+    assert huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
 
 
 @needs_lm_eval
