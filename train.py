@@ -1227,6 +1227,8 @@ def main(argv=None):
             for p in runs.plot_log(cfg["plot"]):
                 print(f"wrote {p}")
             return
+        for name in explicit:   # a bad value is named as such before a checkpoint is compared with the run
+            model_lib.check_setting(f"--{name}", cfg[name], settings()[name][0])
         resumable = {f.name for f in fields(TrainConfig) if f.metadata.get("resumable")}
         try:
             cfg, ckpt = runs.resume_settings(dict(cfg, resume=_parse_bool(cfg["resume"])), explicit, DEFAULTS,
