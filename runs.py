@@ -392,6 +392,10 @@ AGREE_HINT = ("every rank must start from the same command, on the same token fi
               "one --out_dir (shared by the nodes: only rank 0 writes checkpoints)")
 
 
+class AgreedError(ValueError):
+    """The error every rank raises once agree() has compared them: the same line on each, so rank 0 alone says it."""
+
+
 def agree(world, error=None, decisions=None):
     """Under torchrun, before the run's first collective: what each rank decided from its own disk or network that
     changes which collectives it enters (decisions: {what: plain value}, e.g. the checkpoint it resumes, the token
@@ -409,7 +413,7 @@ def agree(world, error=None, decisions=None):
     if said is not None:   # every rank stops here with the same error: they leave gloo together (one process
         torch.distributed.barrier()   # exiting while its peer still holds the group aborts the peer now and then)
         torch.distributed.destroy_process_group()
-        raise ValueError(said)
+        raise AgreedError(said)
 
 
 def _disagreement(everyone):

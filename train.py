@@ -1238,6 +1238,8 @@ def main(argv=None):
                 raise
             cfg, ckpt = dict(cfg, resume=_parse_bool(cfg["resume"])), e
         summary = train(cfg, resume_from=ckpt)
+    except runs.AgreedError as e:   # under torchrun, the same line on every rank: said once, by rank 0
+        raise SystemExit(f"train.py: {e}" if int(os.environ.get("RANK", "0")) == 0 else 1) from None
     except (ValueError, OSError) as e:   # OSError: an --out_dir that is a file, a full disk, ...
         raise SystemExit(f"train.py: {e}") from None
     except KeyboardInterrupt:   # before the loop's own Ctrl-C handling starts, or a second Ctrl-C inside it
