@@ -113,6 +113,12 @@ MUTANTS = [   # (name, file, snippet, replacement, -k, why)
     ("accumulation_steps", "train.py", "return total_batch_tokens // per_step",
      "return max(1, total_batch_tokens // per_step // 2)", "test_train_total_batch_tokens or accumulation",
      "accumulation makes up --total_batch_tokens"),
+    ("flag_value_after_run_check", "train.py",
+     '            model_lib.check_setting(f"--{name}", cfg[name], settings()[name][0])\n', "            pass\n",
+     "test_train_readme_hacking_diff", "a bad flag value is named before another run's checkpoint is compared"),
+    ("agreed_error_every_rank", "train.py",
+     'raise SystemExit(f"train.py: {e}" if int(os.environ.get("RANK", "0")) == 0 else 1) from None',
+     'raise SystemExit(f"train.py: {e}") from None', "ranks_that_disagree", "an agreed error is said by rank 0 alone"),
     # ---- runs.py: token files, resume, the run's folder and log
     ("parse_duration_hours", "runs.py", '{"s": 1, "m": 60, "h": 3600}', '{"s": 1, "m": 60, "h": 360}',
      "parse_duration", "1.5h is 5400 s"),
@@ -230,6 +236,9 @@ MUTANTS = [   # (name, file, snippet, replacement, -k, why)
     ("fw_foreign_token_files", "fineweb.py", 'if out.exists() and any(out.glob("*.bin")):', "if False:",
      "test_fw_refuses_an_out_dir_holding_token_files or foreign-token-files",
      "an out_dir of token files it did not write is refused"),
+    # ---- eval.py
+    ("eval_offline_retries", "eval.py", "        offline_mode()\n", "        pass\n", "test_eval_offline_a_hub_task",
+     "offline, a hub task fails at once, naming the local tasks"),
     # ---- export.py
     ("export_rope_pairs", "export.py", "w.view(num_heads, -1, 2, w.size(1)).transpose(1, 2).reshape(w.shape)",
      "w.view(num_heads, -1, 2, w.size(1)).reshape(w.shape)", "test_export_logits_equal_the_project_model",
