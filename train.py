@@ -487,7 +487,8 @@ def save_run(path, raw, optimizer, loader, state, c, data, world):
 
 
 # -----------------------------------------------------------------------------
-# evaluation: validation loss and bits per byte, downstream tasks, samples
+# evaluation: validation loss, bits per byte, samples (downstream tasks: hellaswag.py, lambada.py; when and what
+# a run evaluates: Evaluator, after train())
 
 @torch.no_grad()
 def estimate_val_loss(model, shards, c, arch, device, autocast, rank, world, eval_iters):
@@ -527,80 +528,6 @@ def generate_samples(model, tokenizer, c, device, autocast, seed):
     return [tokenizer.decode(prompt + list(o)) for o in outs]
 
 
-class Evaluator:
-    """The periodic evaluation: validation loss and bits/byte on a fixed stretch of the validation data, HellaSwag
-    and LAMBADA when asked (tasks: {name: (module, examples)}, loaded with the inputs), samples. Everything it
-    needs is checked when it is made, before the run writes a log or a checkpoint."""
-
-    def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks):
-        self.raw, self.data, self.c, self.device, self.autocast, self.rank, self.world, self.log = (
-            raw, data, c, device, autocast, rank, world, log)
-        need = c.batch_size * c.context_length * world
-        runs.check_batch_fits(data.val, need + 1, "validation data")
-        # the loss is read from the first validation file that holds a batch (shorter ones are skipped)
-        path, scored = next((p, a) for p, a, _ in data.val if len(a) >= need + 1)
-        if c.eval_tokens:   # exactly these tokens at any batch size or world size (a multiple: check_config)
-            if c.eval_tokens + 1 > len(scored):
-                raise ValueError(f"--eval_tokens={c.eval_tokens:,}: the validation file scored, {path}, holds only "
-                                 f"{len(scored) - 1:,} targets")
-            self.iters = c.eval_tokens // need
-        else:
-            self.iters = max(1, min(c.eval_iters, (len(scored) - 1) // need))
-        tok = data.tokenizer   # bits per byte: the UTF-8 bytes of exactly the tokens scored
-        self.bpt = None if tok is None else bytes_per_token(tok, scored[1:self.iters * need + 1], data.eot_id)
-        self.tasks, self.said_skipped = tasks, set()
-        if tok is not None and c.num_samples > 0 and c.sample_prompt:
-            n = len(tok.encode(c.sample_prompt))
-            if n > raw.context_length:
-                log(f"train.py: --sample_prompt is {n} tokens, the context is {raw.context_length}: the samples keep "
-                    f"its last {raw.context_length}")
-
-    def bpb(self, val_loss):
-        return val_loss / math.log(2) / self.bpt if (self.bpt and val_loss is not None) else None
-
-    def __call__(self, step, elapsed):
-        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0). Under --fsdp
-        on the whole model, gathered for the evaluation (whole_model, with the FSDP pieces after train())."""
-        with whole_model(self.raw):
-            return self._evaluate(step, elapsed)
-
-    def _evaluate(self, step, elapsed):
-        c, raw = self.c, self.raw
-        val_loss = estimate_val_loss(raw, self.data.val, c, raw.model_config()["arch"], self.device, self.autocast,
-                                     self.rank, self.world, self.iters)
-        fields = dict(step=step, val_loss=val_loss, val_bpb=self.bpb(val_loss), elapsed=elapsed)
-        line = f"step {step:>6} | val loss {val_loss:.4f}" + (f" | val bpb {fields['val_bpb']:.4f}" if self.bpt else "")
-        if res := self._task("hellaswag"):   # per token (build-nanogpt's figure) and per character (lm-eval's)
-            fields.update(hellaswag_acc_norm=res["acc_norm"], hellaswag_acc_norm_char=res["acc_norm_char"])
-            line += f" | hellaswag {res['acc_norm']:.4f} (per char {res['acc_norm_char']:.4f})"
-        if res := self._task("lambada"):
-            fields.update(lambada_acc=res["acc"], lambada_ppl=res["ppl"])
-            line += f" | lambada {res['acc']:.4f} ppl {res['ppl']:.1f}"
-        self.log(line)
-        if self.rank == 0 and self.data.tokenizer is not None and c.num_samples > 0:
-            fields["samples"] = generate_samples(raw, self.data.tokenizer, c, self.device, self.autocast, c.seed + step)
-            for s in fields["samples"]:
-                self.log(f"  sample: {s!r}")
-        return fields
-
-    def _task(self, name):
-        """A downstream task's result, or None when it is not asked for or no example fits the model's context.
-        The examples it cannot score (an ending or target longer than the context) are said once: the context
-        never changes, so neither does their number, and the figures are over the others only."""
-        if name not in self.tasks:
-            return None
-        lib, examples = self.tasks[name]
-        with self.autocast:
-            res = lib.evaluate(self.raw, self.data.tokenizer, examples, self.device, self.rank, self.world)
-        if res["num_skipped"] and name not in self.said_skipped:
-            self.said_skipped.add(name)
-            scored = f"its figures are over the other {res['num_total']}" if res["num_total"] else "it is not scored"
-            self.log(f"train.py: {'HellaSwag' if name == 'hellaswag' else 'LAMBADA'}: {res['num_skipped']} of "
-                     f"{res['num_skipped'] + res['num_total']} examples do not fit the model's context "
-                     f"({self.raw.context_length} tokens): {scored}")
-        return res if res["num_total"] else None
-
-
 # -----------------------------------------------------------------------------
 # the training run
 
@@ -610,7 +537,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     step (tests crash a run there); resume_from: the checkpoint main() read (else --resume=true reads it), or
     under torchrun the error main() met reading it;
     teardown: under DDP, destroy the process group at the end (a test running ranks in threads keeps it).
-    The set-up it calls by name (check_config, init_processes, precision, resume_checkpoint, open_inputs,
+    What it calls by name (Evaluator, check_config, init_processes, precision, resume_checkpoint, open_inputs,
     parallelize) follows it in this file; runs.* is the run management."""
     c = check_config(cfg)   # the run's settings (a Settings: c.batch_size), refused here if bad
     # ---- processes, device, precision
@@ -761,6 +688,84 @@ def _mfu(flops_per_token, tokens_per_sec, device, dtype):
         return flops.utilisation(flops_per_token * tokens_per_sec, device, dtype)
     except Exception:   # a GPU without a known peak: leave the column out
         return None
+
+
+# -----------------------------------------------------------------------------
+# the periodic evaluation train() runs (the pieces above train(): the loss, bits/byte, samples; here, when and
+# what: the tasks, the log line and record)
+
+class Evaluator:
+    """The periodic evaluation: validation loss and bits/byte on a fixed stretch of the validation data, HellaSwag
+    and LAMBADA when asked (tasks: {name: (module, examples)}, loaded with the inputs), samples. Everything it
+    needs is checked when it is made, before the run writes a log or a checkpoint."""
+
+    def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks):
+        self.raw, self.data, self.c, self.device, self.autocast, self.rank, self.world, self.log = (
+            raw, data, c, device, autocast, rank, world, log)
+        need = c.batch_size * c.context_length * world
+        runs.check_batch_fits(data.val, need + 1, "validation data")
+        # the loss is read from the first validation file that holds a batch (shorter ones are skipped)
+        path, scored = next((p, a) for p, a, _ in data.val if len(a) >= need + 1)
+        if c.eval_tokens:   # exactly these tokens at any batch size or world size (a multiple: check_config)
+            if c.eval_tokens + 1 > len(scored):
+                raise ValueError(f"--eval_tokens={c.eval_tokens:,}: the validation file scored, {path}, holds only "
+                                 f"{len(scored) - 1:,} targets")
+            self.iters = c.eval_tokens // need
+        else:
+            self.iters = max(1, min(c.eval_iters, (len(scored) - 1) // need))
+        tok = data.tokenizer   # bits per byte: the UTF-8 bytes of exactly the tokens scored
+        self.bpt = None if tok is None else bytes_per_token(tok, scored[1:self.iters * need + 1], data.eot_id)
+        self.tasks, self.said_skipped = tasks, set()
+        if tok is not None and c.num_samples > 0 and c.sample_prompt:
+            n = len(tok.encode(c.sample_prompt))
+            if n > raw.context_length:
+                log(f"train.py: --sample_prompt is {n} tokens, the context is {raw.context_length}: the samples keep "
+                    f"its last {raw.context_length}")
+
+    def bpb(self, val_loss):
+        return val_loss / math.log(2) / self.bpt if (self.bpt and val_loss is not None) else None
+
+    def __call__(self, step, elapsed):
+        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0). Under --fsdp
+        on the whole model, gathered for the evaluation (whole_model, with the FSDP pieces after train())."""
+        with whole_model(self.raw):
+            return self._evaluate(step, elapsed)
+
+    def _evaluate(self, step, elapsed):
+        c, raw = self.c, self.raw
+        val_loss = estimate_val_loss(raw, self.data.val, c, raw.model_config()["arch"], self.device, self.autocast,
+                                     self.rank, self.world, self.iters)
+        fields = dict(step=step, val_loss=val_loss, val_bpb=self.bpb(val_loss), elapsed=elapsed)
+        line = f"step {step:>6} | val loss {val_loss:.4f}" + (f" | val bpb {fields['val_bpb']:.4f}" if self.bpt else "")
+        if res := self._task("hellaswag"):   # per token (build-nanogpt's figure) and per character (lm-eval's)
+            fields.update(hellaswag_acc_norm=res["acc_norm"], hellaswag_acc_norm_char=res["acc_norm_char"])
+            line += f" | hellaswag {res['acc_norm']:.4f} (per char {res['acc_norm_char']:.4f})"
+        if res := self._task("lambada"):
+            fields.update(lambada_acc=res["acc"], lambada_ppl=res["ppl"])
+            line += f" | lambada {res['acc']:.4f} ppl {res['ppl']:.1f}"
+        self.log(line)
+        if self.rank == 0 and self.data.tokenizer is not None and c.num_samples > 0:
+            fields["samples"] = generate_samples(raw, self.data.tokenizer, c, self.device, self.autocast, c.seed + step)
+            for s in fields["samples"]:
+                self.log(f"  sample: {s!r}")
+        return fields
+
+    def _task(self, name):
+        """A downstream task's result, or None when it is not asked for or no example fits the model's context.
+        The examples it cannot score (an ending or target longer than the context) are said once: the context
+        never changes, so neither does their number, and the figures are over the others only."""
+        if name not in self.tasks:
+            return None
+        lib, examples = self.tasks[name]
+        with self.autocast:
+            res = lib.evaluate(self.raw, self.data.tokenizer, examples, self.device, self.rank, self.world)
+        if res["num_skipped"] and name not in self.said_skipped:
+            self.said_skipped.add(name)
+            scored = f"its figures are over the other {res['num_total']}" if res["num_total"] else "it is not scored"
+            self.log(f"train.py: {'HellaSwag' if name == 'hellaswag' else 'LAMBADA'}: {res['num_skipped']} of "
+                     f"{res['num_skipped'] + res['num_total']} examples do not fit the model's context "
+                     f"({self.raw.context_length} tokens): {scored}")
+        return res if res["num_total"] else None
 
 
 # -----------------------------------------------------------------------------
