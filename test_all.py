@@ -4848,6 +4848,20 @@ def test_train_resume_refuses_what_would_not_continue_the_run(tmp_path, _train_f
     assert _files(out) == kept and not steps
 
 
+def test_train_check_same_run_takes_only_the_same_files_under_the_same_tokenizer():
+    # runs.check_same_run: --resume=auto continues a checkpoint of these files (names, sizes) under this tokenizer
+    # alone (a tokenizer retrained into its folder keeps the files' sizes); --resume=true goes on with any
+    files = [["train.bin", 1000]]
+    ckpt = dict(train_files=files, tokenizer_fingerprint="aa", model_config=dict(vocab_size=300), config={})
+    same = types.SimpleNamespace(train_files=files, fingerprint="aa", vocab_size=300)
+    auto, true = types.SimpleNamespace(resume="auto", data_dir="d"), types.SimpleNamespace(resume=True, data_dir="d")
+    runs.check_same_run(ckpt, same, auto, "o/ckpt.pt")
+    for other in (dict(fingerprint="bb"), dict(train_files=[["train.bin", 999]])):
+        data = types.SimpleNamespace(**{**vars(same), **other})
+        _bad_says(_raises(runs.check_same_run, ckpt, data, auto, "o/ckpt.pt"), "o/ckpt.pt ", "--fresh")
+        runs.check_same_run(ckpt, data, true, "o/ckpt.pt")
+
+
 # ---- stop requests: Ctrl-C and SIGTERM finish the step, write a checkpoint and stop
 
 
