@@ -277,6 +277,12 @@ def _bpe_not_called(*a, **k):
     raise AssertionError("called, where it should not be (a refusal comes first, or the step is reused)")
 
 
+def _bpe_regex_counts(text, specials=()):
+    """The reference pre-token counts: the text split at the special tokens, then regex.findall on each piece."""
+    docs = regex.split("|".join(map(regex.escape, specials)), text) if specials else [text]
+    return Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+
+
 # ---- pre-tokenisation: the str.split fast path gives the GPT-2 regex's pre-tokens, special tokens split out first
 
 
@@ -309,8 +315,7 @@ def test_bpe_pretoken_counts_match_gpt2_regex_with_special_tokens():
             text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
             counts = Counter()
             bpe._count_pretokens(text, specials, counts)
-            docs = regex.split("|".join(regex.escape(t) for t in specials), text)
-            assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d)), repr(text)
+            assert counts == _bpe_regex_counts(text, specials), repr(text)
 
 
 def test_bpe_special_tokens_made_of_letters_are_split_out(tmp_path):
@@ -322,11 +327,9 @@ def test_bpe_special_tokens_made_of_letters_are_split_out(tmp_path):
         want = [i for k, p in enumerate(pieces) for i in ([end] if k % 2 else list(p.encode()))]
         assert tok.encode(text) == want, text
         assert list(tok.encode_iterable(iter(text))) == want, text
-        counts, ref = {}, Counter()
+        counts = {}
         bpe._count_pretokens(text, ["END"], counts)
-        for doc in pieces[::2]:
-            ref.update(regex.findall(bpe.GPT2_SPLIT_PATTERN, doc))
-        assert counts == dict(ref), text
+        assert counts == dict(_bpe_regex_counts(text, ["END"])), text
     (tmp_path / "c.txt").write_text("the END of the END and the end " * 50, encoding="utf-8")
     vocab, _ = bpe.train_bpe(tmp_path / "c.txt", 300, ["END"], num_workers=1)
     assert not any(b"END" in v for i, v in vocab.items() if i > 0)  # id 0 is the special token itself
@@ -355,7 +358,7 @@ def test_bpe_chunk_boundaries_without_special_tokens(tmp_path):
     counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, chunk_bytes=3000, min_chunk_bytes=1000,
                                       stats=stats)
     assert stats["num_chunks"] > 2
-    assert counts == Counter(regex.findall(bpe.GPT2_SPLIT_PATTERN, text))
+    assert counts == _bpe_regex_counts(text)
 
 
 def test_bpe_streamed_counting_matches_regex(tmp_path, monkeypatch):
@@ -365,8 +368,7 @@ def test_bpe_streamed_counting_matches_regex(tmp_path, monkeypatch):
     text = _bpe_synthetic_text(60, seed=12).replace("\n" + _BPE_EOT, "\n<|end of text|>", 20)
     (tmp_path / "c.txt").write_text(text, encoding="utf-8")
     counts = bpe.count_pretokens_file(tmp_path / "c.txt", specials, num_workers=1)
-    docs = regex.split("|".join(regex.escape(t) for t in specials), text)
-    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+    assert counts == _bpe_regex_counts(text, specials)
 
 
 def test_bpe_truncated_utf8_at_the_end_of_the_file_is_replaced_and_counted(tmp_path, capsys):
@@ -377,8 +379,7 @@ def test_bpe_truncated_utf8_at_the_end_of_the_file_is_replaced_and_counted(tmp_p
         stats = {}
         counts = bpe.count_pretokens_file(tmp_path / "t.txt", [_BPE_EOT], num_workers=workers, stats=stats,
                                           min_chunk_bytes=8)
-        docs = data.decode("utf-8", "replace").split(_BPE_EOT)
-        assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+        assert counts == _bpe_regex_counts(data.decode("utf-8", "replace"), [_BPE_EOT])
         assert counts[" \ufffd"] == 1 and stats["invalid_bytes"] == 2
         assert "2 bytes" in _bpe_warning(capsys.readouterr().err, tmp_path / "t.txt")
 
@@ -404,8 +405,7 @@ def test_bpe_parallel_counting_with_spawned_workers(tmp_path, monkeypatch):
     counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
     monkeypatch.undo()
     assert stats["num_processes"] == 2 and stats["worker_peak_rss_kb"] > 0
-    docs = regex.split(regex.escape(_BPE_EOT), text)
-    assert counts == Counter(t for d in docs for t in regex.findall(bpe.GPT2_SPLIT_PATTERN, d))
+    assert counts == _bpe_regex_counts(text, [_BPE_EOT])
 
 
 def test_bpe_parallel_counting_adds_up_invalid_bytes_and_memory_over_the_processes(tmp_path):
@@ -460,13 +460,13 @@ def test_bpe_worker_processes_leave_ctrl_c_to_the_parent(tmp_path):
         signal.signal(signal.SIGINT, before)
 
 
-@pytest.mark.parametrize("kind,named", [("missing", "no such file"), ("empty", "empty"), ("a folder", "directory")],
-                         ids=["missing", "empty", "a_folder"])
-def test_bpe_an_input_file_missing_empty_or_a_folder_is_refused_first(tmp_path, kind, named):
+@pytest.mark.parametrize("kind,named", [("missing", "no such file"), ("empty", "empty"), ("a folder", "directory"),
+                                        ("binary", "UTF-8")], ids=["missing", "empty", "a_folder", "binary_input"])
+def test_bpe_an_input_file_missing_empty_a_folder_or_binary_is_refused_first(tmp_path, kind, named):
     # training and encoding check their input before anything else (the command line's cases are in its table)
     path = tmp_path / "corpus.txt"
-    if kind == "empty":
-        path.write_bytes(b"")
+    if kind in ("empty", "binary"):
+        path.write_bytes(b"\x00\x01 a model file" * 100 if kind == "binary" else b"")   # (UTF-8 but for its NULs)
     elif kind == "a folder":
         path.mkdir()
     _bpe_byte_tokenizer().save_dir(tmp_path / "tok")
@@ -479,24 +479,23 @@ def test_bpe_an_input_file_missing_empty_or_a_folder_is_refused_first(tmp_path, 
 # ---- training: the merges against hand computation and bpe.train_bpe_reference
 
 
-def test_bpe_train_hand_computed_merges_with_tie(tmp_path):
+@pytest.mark.parametrize("text, specials, merges", [
     # pre-tokens "abab", "ab", "ba": (a,b)=3 -> a+b; then (ab,ab)=1 and (b,a)=1 tie: the greater pair of bytes,
     # (b"b", b"a") > (b"ab", b"ab"), wins -> b+a (an id-based tie-break would pick (ab,ab)); then ab+ab
-    path = tmp_path / "tiny.txt"
-    path.write_text("abab<|endoftext|>ab<|endoftext|>ba", encoding="utf-8")
-    vocab, merges = bpe.train_bpe(path, 256 + 1 + 3, [_BPE_EOT], num_workers=1)
-    assert merges == [(b"a", b"b"), (b"b", b"a"), (b"ab", b"ab")]
-    assert vocab[0] == _BPE_EOT.encode() and vocab[1 + ord("a")] == b"a" and len(vocab) == 260
-    assert [vocab[i] for i in (257, 258, 259)] == [b"ab", b"ba", b"abab"]
-
-
-def test_bpe_train_hand_computed_pretoken_boundaries(tmp_path):
+    ("abab<|endoftext|>ab<|endoftext|>ba", [_BPE_EOT], [(b"a", b"b"), (b"b", b"a"), (b"ab", b"ab")]),
     # pre-tokens "the", " cat", " the": (t,h)=2 and (h,e)=2 tie, b"t" > b"h": t+h; then (th,e)=2; then of the four
     # pairs of count 1, (" ",c) (c,a) (a,t) (" ",the), (c,a) is the greatest
+    ("the cat the", [], [(b"t", b"h"), (b"th", b"e"), (b"c", b"a")]),
+    # non-ASCII text, no binary: "café" once and " café" 999 times tie 4 pairs at 1000, the greatest first: é's bytes
+    ("caf\u00e9 " * 1000, [], [(b"\xc3", b"\xa9"), (b"f", b"\xc3\xa9"), (b"c", b"a"), (b"ca", b"f\xc3\xa9")]),
+], ids=["tie", "pretoken_boundaries", "non_ascii"])
+def test_bpe_train_hand_computed_merges(tmp_path, text, specials, merges):
     path = tmp_path / "tiny.txt"
-    path.write_text("the cat the", encoding="utf-8")
-    _, merges = bpe.train_bpe(path, 256 + 3, [], num_workers=1)
-    assert merges == [(b"t", b"h"), (b"th", b"e"), (b"c", b"a")]
+    path.write_text(text, encoding="utf-8")
+    n = len(specials)
+    vocab, got = bpe.train_bpe(path, 256 + n + len(merges), specials, num_workers=1)
+    assert got == merges and [vocab[i] for i in range(n)] == [s.encode() for s in specials]
+    assert vocab[n + ord("a")] == b"a" and [vocab[i] for i in range(256 + n, len(vocab))] == [a + b for a, b in merges]
 
 
 @pytest.mark.parametrize("source", ["synthetic", "tinystories", "webtext"])
@@ -1029,26 +1028,17 @@ def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_besi
 # ---- the command line: train and report, encode; a bad flag or path is one line and nothing is written
 
 
-def test_bpe_cli_trains_saves_and_encodes(tmp_path):
-    # training reports its phases' wall time, peak memory, longest token and bytes per token; encoding its speed
-    (tmp_path / "in.txt").write_text(_bpe_synthetic_text(200, seed=11), encoding="utf-8")
-    r = _bpe_cli("--vocab", 400, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1)
-    assert r.returncode == 0, r.stderr
-    for figure in ("wall time", "pre-tokenisation", "merging", "peak RSS", "longest token", "bytes/token"):
-        assert figure in r.stdout
-    assert {p.name for p in (tmp_path / "tok").iterdir()} == {"vocab.json", "merges.txt", "special_tokens.json"}
-    r = _bpe_cli("--encode", tmp_path / "in.txt", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "in.bin")
-    assert r.returncode == 0, r.stderr
-    assert "MB/s" in r.stdout and (tmp_path / "in.bin.json").is_file()
-
-
-def test_bpe_cli_reports_the_true_compression_ratio_and_longest_token(tmp_path):
-    # the printed figures recomputed from the saved tokenizer, every document sampled (--sample_docs above them)
+def test_bpe_cli_trains_saves_reports_and_encodes(tmp_path):
+    # training reports its phases' wall time, peak memory, the longest token and bytes per token (recomputed here
+    # from the saved tokenizer, every document sampled: --sample_docs above them); encoding its speed
     text = _bpe_synthetic_text(30, seed=14)
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     r = _bpe_cli("--vocab", 350, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1,
                  "--sample_docs", 1000)
     assert r.returncode == 0, r.stderr
+    for figure in ("wall time", "pre-tokenisation", "merging", "peak RSS", "longest token", "bytes/token"):
+        assert figure in r.stdout
+    assert {p.name for p in (tmp_path / "tok").iterdir()} == {"vocab.json", "merges.txt", "special_tokens.json"}
     tok = bpe.load_tokenizer(tmp_path / "tok")
     docs = [d for d in text.split(_BPE_EOT) if d.strip()]
     ratio = sum(len(d.encode()) for d in docs) / sum(len(tok.encode(d)) for d in docs)
@@ -1056,6 +1046,9 @@ def test_bpe_cli_reports_the_true_compression_ratio_and_longest_token(tmp_path):
     assert f"{ratio:.2f} bytes/token" in line and f" {len(docs)} " in line
     longest = max(len(v) for i, v in tok.vocab.items() if i != tok.eot_id)
     assert longest > 3 and f"{longest} bytes" in _bpe_report_line(r.stdout, "longest")
+    r = _bpe_cli("--encode", tmp_path / "in.txt", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "in.bin")
+    assert r.returncode == 0, r.stderr
+    assert "MB/s" in r.stdout and (tmp_path / "in.bin.json").is_file()
 
 
 def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, capsys):
@@ -1215,14 +1208,6 @@ def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
         assert msg[0] == "\n", msg
         _one_line_naming(msg[1:], "bpe.py: ", "interrupted", out)
         assert not out.exists()
-
-
-def test_bpe_train_refuses_a_binary_input_and_takes_non_ascii_text(tmp_path):
-    (tmp_path / "model.bin").write_bytes(b"\x00\x01 a model file" * 100)   # (valid UTF-8 but for its NULs)
-    message = _raises(bpe.train_bpe, tmp_path / "model.bin", 300, [_BPE_EOT], num_workers=1)
-    _one_line_naming(message, f"{tmp_path / 'model.bin'}: ", "UTF-8")
-    (tmp_path / "ok.txt").write_text("caf\u00e9 " * 1000, encoding="utf-8")
-    assert len(bpe.train_bpe(tmp_path / "ok.txt", 260, [], num_workers=1)[1]) == 4
 
 
 def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, monkeypatch, capsys):
