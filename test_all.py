@@ -123,6 +123,12 @@ def _raises(fn, *args, **kw):
     return str(e.value)
 
 
+def _run(script, monkeypatch, *argv):
+    """script.main() on this command line."""
+    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
+    script.main()
+
+
 def _exits(fn, *args, **kw):
     """The message of the SystemExit that fn(*args, **kw) (a main()) raises."""
     with pytest.raises(SystemExit) as e:
@@ -1055,16 +1061,13 @@ def test_bpe_cli_default_out_folder_and_printed_counts(tmp_path, monkeypatch, ca
     # tokenizers/<input stem>-<vocab> by default; the counts printed by training and by --encode
     corpus = _bpe_corpus(tmp_path / "corpus.txt")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "300", "--workers", "1"])
-    bpe.main()
+    _run(bpe, monkeypatch, "--input", str(corpus), "--vocab", "300", "--workers", "1")
     out = Path("tokenizers") / "corpus-300"
     tok = bpe.load_tokenizer(out)
     assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 - 1
     line = _bpe_report_line(capsys.readouterr().out, "merges")
     assert all(figure in line for figure in ("300 tokens", "43 merges", str(corpus), str(out))), line
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(corpus), "--tokenizer", str(out), "--out", "c.bin",
-                                      "--workers", "1"])
-    bpe.main()
+    _run(bpe, monkeypatch, "--encode", str(corpus), "--tokenizer", str(out), "--out", "c.bin", "--workers", "1")
     meta = json.loads(Path("c.bin.json").read_text())
     assert meta["dtype"] == "uint16" and meta["num_docs"] == 60 and meta["tokenizer"] == str(out)
     line = _bpe_report_line(capsys.readouterr().out, "c.bin")
@@ -1075,8 +1078,7 @@ def test_bpe_cli_default_out_is_named_by_the_vocabulary_reached(tmp_path, monkey
     # a text that runs out of pairs before --vocab 10000: the folder and the report give the vocabulary reached
     corpus = _bpe_corpus(tmp_path / "corpus.txt", n=20)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--input", str(corpus), "--vocab", "10000", "--workers", "1"])
-    bpe.main()
+    _run(bpe, monkeypatch, "--input", str(corpus), "--vocab", "10000", "--workers", "1")
     (out,) = Path("tokenizers").iterdir()
     reached = bpe.load_tokenizer(out).vocab_size
     assert reached < 10000 and out.name == f"corpus-{reached}"
@@ -1087,9 +1089,8 @@ def test_bpe_cli_default_out_is_named_by_the_vocabulary_reached(tmp_path, monkey
 def test_bpe_cli_an_empty_special_trains_without_special_tokens(tmp_path, monkeypatch):
     # --special "": no special token at all, and "<|endoftext|>" in a text is plain characters
     corpus = _bpe_corpus(tmp_path / "corpus.txt")
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--vocab", "300", "--input", str(corpus), "--out", str(tmp_path / "d"),
-                                      "--special", "", "--workers", "1", "--sample_docs", "2"])
-    bpe.main()
+    _run(bpe, monkeypatch, "--vocab", "300", "--input", str(corpus), "--out", str(tmp_path / "d"),
+         "--special", "", "--workers", "1", "--sample_docs", "2")
     assert json.loads((tmp_path / "d" / "special_tokens.json").read_text()) == []
     tok = bpe.load_tokenizer(tmp_path / "d")
     assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 and tok.eot_id is None
@@ -1101,9 +1102,8 @@ def test_bpe_tokenizer_without_special_tokens_still_loads_and_says_no_doc_count(
     d = _bpe_tok_dir(tmp_path, specials=())
     assert json.loads((d / "special_tokens.json").read_text()) == [] and bpe.load_tokenizer(str(d)).eot_id is None
     out = tmp_path / "x.bin"
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--encode", str(tmp_path / "corpus.txt"), "--tokenizer", str(d),
-                                      "--out", str(out), "--workers", "1"])
-    bpe.main()
+    _run(bpe, monkeypatch, "--encode", str(tmp_path / "corpus.txt"), "--tokenizer", str(d),
+         "--out", str(out), "--workers", "1")
     said = capsys.readouterr().out
     assert "None" not in said and _BPE_EOT in said
     side = json.loads(Path(f"{out}.json").read_text())
@@ -1220,8 +1220,7 @@ def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, m
         Path(bpe.MAIN_JOB_CORPUS).write_text(_bpe_synthetic_text(200, seed=3), encoding="utf-8")
         return types.SimpleNamespace(returncode=0)
     monkeypatch.setattr(bpe.subprocess, "run", prepare)
-    monkeypatch.setattr(sys, "argv", ["bpe.py", "--vocab", "300", "--workers", "1"])
-    bpe.main()
+    _run(bpe, monkeypatch, "--vocab", "300", "--workers", "1")
     assert made == [bpe.PREPARE_MAIN_JOB] and bpe.load_tokenizer("tokenizers/train-300").vocab_size == 300
     assert f"training on {bpe.MAIN_JOB_CORPUS}" in capsys.readouterr().out
     bpe.main()   # the corpus is there now: not prepared again
@@ -3525,24 +3524,18 @@ def test_train_z_loss_adds_the_squared_log_normaliser():
     assert train.LossOf(m, "llama")(ids, y) < loss   # off by default
 
 
-def test_train_accumulation_matches_one_big_batch(tmp_path, _train_data):
-    # 1 x (B=8) == 2 x (B=4) with total_batch_tokens = 8*16: same tokens, gradient averaged the same way
-    train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, max_iters=4), log=_train_quiet)
-    train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, max_iters=4),
+def test_train_accumulation_matches_one_big_batch_and_logs_its_loss(tmp_path, _train_data):
+    # 1 x (B=8) == 2 x (B=4) with total_batch_tokens = 8*16: same tokens, gradient averaged the same way; the logged
+    # training loss is the mean over all micro-steps, not the last micro-step's share
+    kw = dict(max_iters=4, log_interval=1)
+    train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, **kw), log=_train_quiet)
+    train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, **kw),
                 log=_train_quiet)
     a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
     for k in a:   # float32 summation order differs; 4 AdamW steps keep it far below the update size (~lr)
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
-
-
-def test_train_accumulation_logs_the_same_loss_as_one_big_batch(tmp_path, _train_data):
-    # the logged training loss is the mean over all micro-steps, not the last micro-step's share
-    kw = dict(max_iters=3, log_interval=1)
-    train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, **kw), log=_train_quiet)
-    train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, **kw),
-                log=_train_quiet)
     a, b = _train_records(tmp_path / "a", "train"), _train_records(tmp_path / "b", "train")
-    assert [r["step"] for r in b] == [1, 2, 3]
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
         assert rb["tokens"] == ra["tokens"] == ra["step"] * 8 * 16
@@ -3772,14 +3765,10 @@ def test_train_plain_switches_are_true_or_false(capsys, flag):
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90.0), ("45m", 2700.0), ("1.5h", 5400.0), ("600", 600.0),
-                                           (" 2M ", 120.0)])
+                                           (" 2M ", 120.0), ("", None)])
 def test_train_parse_duration_units(text, seconds):
-    # --time_budget's units: s, m, h (any case, spaces around ignored), a bare number is seconds
+    # --time_budget's units: s, m, h (any case, spaces around ignored), a bare number is seconds; "" is no budget
     assert runs.parse_duration(text) == seconds
-
-
-def test_train_parse_duration_of_nothing_is_no_budget():
-    assert runs.parse_duration("") is None
 
 
 def test_train_parse_duration_refuses_what_is_no_duration():
@@ -3802,8 +3791,7 @@ def test_train_and_stories_path_flags_expand_a_leading_tilde(tmp_path, monkeypat
         f"{tmp_path}/runs", f"{tmp_path}/data", f"{tmp_path}/log.jsonl", f"{tmp_path}/l", f"{tmp_path}/h",
         "~/not a path"]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["stories.py", "--out=~/s.txt", "--num_bytes=1000"])
-    stories.main()
+    _run(stories, monkeypatch, "--out=~/s.txt", "--num_bytes=1000")
     assert (tmp_path / "s.txt").stat().st_size >= 1000 and not (tmp_path / "~").exists()
 
 
@@ -5322,13 +5310,10 @@ def test_train_fsdp_evaluates_and_its_checkpoint_samples_and_exports_as_the_same
                tmp_path / "one" / "ckpt.pt")
     printed = {}
     for run in ("fsdp", "one"):
-        monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={tmp_path / run / 'ckpt.pt'}", "--prompt=ab",
-                                          "--max_new_tokens=20", "--num_samples=2", "--no_stop", "--device=cpu"])
-        sample.main()
+        _run(sample, monkeypatch, f"--ckpt={tmp_path / run / 'ckpt.pt'}", "--prompt=ab", "--max_new_tokens=20",
+             "--num_samples=2", "--no_stop", "--device=cpu")
         printed[run] = capsys.readouterr().out
-        monkeypatch.setattr(sys, "argv", ["export.py", f"--ckpt={tmp_path / run / 'ckpt.pt'}",
-                                          f"--out={tmp_path / run / 'hf'}"])
-        export.main()
+        _run(export, monkeypatch, f"--ckpt={tmp_path / run / 'ckpt.pt'}", f"--out={tmp_path / run / 'hf'}")
         capsys.readouterr()
     assert printed["fsdp"] == printed["one"] and len(_sample_texts(printed["one"])) == 2
     files = sorted(p.name for p in (tmp_path / "one" / "hf").iterdir())
@@ -5927,9 +5912,8 @@ def test_fw_cli_hub_documents_are_tokenised_as_given_unless_strip_docs(tmp_path,
     tok = bpe.load_tokenizer(_fw_bpe_dir)
 
     def run(out, *flags):
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", "--dataset=fineweb-edu", f"--tokenizer={_fw_bpe_dir}",
-                                          f"--out_dir={out}", "--num_workers=1", *flags])
-        fineweb.main()
+        _run(fineweb, monkeypatch, "--dataset=fineweb-edu", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={out}",
+             "--num_workers=1", *flags)
         ids, _, meta = _fw_read_shards(out)
         return tok.decode(ids.tolist()), meta["config"].get("strip_docs")
     assert run(tmp_path / "given") == ("".join(_FW_EOT + d for d in rows), False)
@@ -6215,8 +6199,7 @@ def test_fw_cli_shuffle_docs_fresh_and_default_out_dir(tmp_path, monkeypatch, _f
 
     def run(*argv):
         got.clear()
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
-        fineweb.main()
+        _run(fineweb, monkeypatch, *argv)
         return got[0]
     a, k = run("--prepare_tinystories", "--fresh")
     assert a == ("data/tinystories", 2048) and k["fresh"] is True and k["corpus_bytes"] == 4_000_000
@@ -6235,8 +6218,7 @@ def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatc
     sizes = _fw_bpe_training_sizes(monkeypatch)
     argv = [f"--input={path}", "--max_docs=5", "--vocab_size=280", f"--out_dir={tmp_path / 'out'}", "--shard_size=500",
             "--num_workers=1"]
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
-    fineweb.main()
+    _run(fineweb, monkeypatch, *argv)
     assert sizes == [sum(len(d.encode()) + len(_FW_EOT) + 2 for d in docs[:5])]
     ids, _, meta = _fw_read_shards(tmp_path / "out")
     assert meta["num_docs"] == 5 and meta["config"]["source"].endswith("[:5]")
@@ -6253,8 +6235,7 @@ def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path,
     argv = [f"--input={path}", f"--out_dir={out}", "--vocab_size=300", "--num_workers=1"]
 
     def run(*more):
-        monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv, *more])
-        fineweb.main()
+        _run(fineweb, monkeypatch, *argv, *more)
         return capsys.readouterr().out.splitlines()
     said = run("--shard_size=1000000")
     assert sorted(p.name for p in out.glob("*.bin")) == ["val_000000.bin"]
@@ -6290,8 +6271,7 @@ def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatc
     path, _ = _fw_corpus(tmp_path, n=40, seed=2, name="c.txt")
     argv = [f"--input={path}", f"--tokenizer={_fw_bpe_dir}", f"--out_dir={tmp_path / 'out'}", "--shard_size=500",
             "--num_workers=1"]
-    monkeypatch.setattr(sys, "argv", ["fineweb.py", *argv])
-    fineweb.main()
+    _run(fineweb, monkeypatch, *argv)
     fineweb.main()   # unchanged: reused
     path.write_text(path.read_text()[: len(path.read_text()) // 2], encoding="utf-8")
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
@@ -6379,8 +6359,7 @@ def test_stories_write_corpus_cut_short_leaves_no_file(tmp_path, monkeypatch):
 
 
 def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["stories.py", "--print", "3", "--seed", "1"])
-    stories.main()
+    _run(stories, monkeypatch, "--print", "3", "--seed", "1")
     assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
 
 
@@ -6754,6 +6733,12 @@ def _sample_texts(out):
     return [t[:-1] for t in texts]
 
 
+def _sample_cli(monkeypatch, capsys, *argv):
+    """The samples sample.py prints for this command line (_sample_texts)."""
+    _run(sample, monkeypatch, *argv)
+    return _sample_texts(capsys.readouterr().out)
+
+
 def test_sample_streamer_holds_back_partial_utf8(tmp_path):
     tok = bpe.load_tokenizer(_sample_byte_tokenizer(tmp_path))
     out = io.StringIO()
@@ -6813,10 +6798,8 @@ def test_sample_cli_streams_from_checkpoint(tmp_path, capsys, monkeypatch):
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=32, n_embd=16, n_layer=1, n_head=2))
     hf.save_pretrained(tmp_path / "hf")
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--init_from={tmp_path / 'hf'}", "--prompt=Hi", "--num_samples=1",
-                                      "--max_new_tokens=3", "--device=cpu"])
-    sample.main()
-    texts = _sample_texts(capsys.readouterr().out)
+    texts = _sample_cli(monkeypatch, capsys, f"--init_from={tmp_path / 'hf'}", "--prompt=Hi", "--num_samples=1",
+                        "--max_new_tokens=3", "--device=cpu")
     assert len(texts) == 1 and texts[0].startswith("Hi")
 
 
@@ -6825,10 +6808,8 @@ def test_sample_cli_a_prompt_longer_than_the_context_keeps_its_last_tokens(tmp_p
     torch.manual_seed(0)
     m, ckpt = _sample_byte_llama(tmp_path)
     tok = bpe.load_tokenizer(tmp_path / "tok")
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--no_stop",
-                                      "--prompt=abcdefghijkl", "--num_samples=1", "--max_new_tokens=6",
-                                      "--temperature=0"])
-    sample.main()
+    _run(sample, monkeypatch, f"--ckpt={ckpt}", "--device=cpu", "--no_stop", "--prompt=abcdefghijkl",
+         "--num_samples=1", "--max_new_tokens=6", "--temperature=0")
     captured = capsys.readouterr()
     want = tok.decode(sample.generate(m, [tok.encode("abcdefghijkl")[-8:]], 6, temperature=0.0)[0])
     assert _sample_texts(captured.out) == ["abcdefghijkl" + want]
@@ -6843,9 +6824,8 @@ def test_sample_cli_num_samples_continue_one_seeded_stream(tmp_path, capsys, mon
     torch.manual_seed(0)
     m, ckpt = _sample_byte_llama(tmp_path)
     tok = bpe.load_tokenizer(tmp_path / "tok")
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--no_stop", "--prompt=ab",
-                                      "--num_samples=2", "--max_new_tokens=12", "--seed=3"])
-    sample.main()
+    _run(sample, monkeypatch, f"--ckpt={ckpt}", "--device=cpu", "--no_stop", "--prompt=ab", "--num_samples=2",
+         "--max_new_tokens=12", "--seed=3")
     g = torch.Generator().manual_seed(3)
     texts = [tok.decode(sample.generate(m, [tok.encode("ab")], 12, generator=g)[0]) for _ in range(2)]
     assert texts[0] != texts[1]
@@ -6865,13 +6845,9 @@ def test_sample_cli_stops_at_end_of_text_unless_no_stop(tmp_path, capsys, monkey
         m.lm_head.weight.zero_()
         m.lm_head.weight[tok.eot_id] = 1.0
     _sample_write_ckpt(ckpt, m, tokenizer=str(tmp_path / "tok"))
-    base = ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
-    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=5"])
-    sample.main()
-    assert _sample_texts(capsys.readouterr().out) == ["hi"]
-    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=2", "--no_stop"])
-    sample.main()
-    assert _sample_texts(capsys.readouterr().out) == ["hi<|endoftext|><|endoftext|>"]
+    base = [f"--ckpt={ckpt}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
+    assert _sample_cli(monkeypatch, capsys, *base, "--max_new_tokens=5") == ["hi"]
+    assert _sample_cli(monkeypatch, capsys, *base, "--max_new_tokens=2", "--no_stop") == ["hi<|endoftext|><|endoftext|>"]
 
 
 def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tmp_path, monkeypatch, capsys):
@@ -6881,11 +6857,9 @@ def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tm
     (tmp_path / "out").mkdir()
     _tiny_llama_ckpt(tmp_path / "out")
     flags = ["--prompt=ab", "--num_samples=1", "--max_new_tokens=4", "--temperature=0", "--no_stop", "--device=cpu"]
-    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
-    sample.main()
+    _run(sample, monkeypatch, *flags)
     default = capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt=out/ckpt.pt", *flags])
-    sample.main()
+    _run(sample, monkeypatch, "--ckpt=out/ckpt.pt", *flags)
     assert default == capsys.readouterr().out
     assert len(_sample_texts(default)) == 1 and _sample_texts(default)[0].startswith("ab")
 
@@ -6908,27 +6882,22 @@ def test_sample_prompt_file_is_used_exactly_and_dtype_reaches_the_model(tmp_path
         next(model.parameters()).dtype) or generate(model, *a, **k))
     flags = [f"--ckpt={ckpt}", f"--prompt=FILE:{tmp_path / 'p.txt'}", "--num_samples=1", "--max_new_tokens=4",
              "--temperature=0", "--no_stop", "--device=cpu"]
-    monkeypatch.setattr(sys, "argv", ["sample.py", *flags])
-    sample.main()
+    _run(sample, monkeypatch, *flags)
     want = tok.decode(generate(m, [tok.encode("ab \n")], 4, temperature=0.0)[0])
     assert _sample_texts(capsys.readouterr().out) == ["ab \n" + want]
-    monkeypatch.setattr(sys, "argv", ["sample.py", *flags, "--dtype=bfloat16"])
-    sample.main()
+    _run(sample, monkeypatch, *flags, "--dtype=bfloat16")
     assert dtypes == [torch.float32, torch.bfloat16]
 
 
 def test_sample_cli_takes_every_seed_torch_takes_and_zero_new_tokens(tmp_path, capsys, monkeypatch):
     # torch seeds are 64-bit unsigned: 2**64 - 1 is one; --max_new_tokens=0 prints the prompt only
     m, ckpt = _sample_byte_llama(tmp_path)
-    base = ["sample.py", f"--ckpt={ckpt}", "--device=cpu", "--prompt=hi", "--num_samples=1", f"--seed={2 ** 64 - 1}"]
-    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=0"])
-    sample.main()
-    assert _sample_texts(capsys.readouterr().out) == ["hi"]
-    monkeypatch.setattr(sys, "argv", base + ["--max_new_tokens=3", "--no_stop"])
-    sample.main()
+    base = [f"--ckpt={ckpt}", "--device=cpu", "--prompt=hi", "--num_samples=1", f"--seed={2 ** 64 - 1}"]
+    assert _sample_cli(monkeypatch, capsys, *base, "--max_new_tokens=0") == ["hi"]
+    texts = _sample_cli(monkeypatch, capsys, *base, "--max_new_tokens=3", "--no_stop")
     g = torch.Generator().manual_seed(2 ** 64 - 1)
     want = bpe.load_tokenizer(tmp_path / "tok").decode(sample.generate(m, [[104, 105]], 3, generator=g)[0])
-    assert _sample_texts(capsys.readouterr().out) == ["hi" + want]
+    assert texts == ["hi" + want]
 
 
 def test_sample_cli_an_empty_prompt_needs_an_endoftext_token_to_start_from(tmp_path, monkeypatch, capsys):
@@ -6936,9 +6905,7 @@ def test_sample_cli_an_empty_prompt_needs_an_endoftext_token_to_start_from(tmp_p
     _, ckpt = _sample_byte_llama(tmp_path, vocab_size=256, tokenizer=str(tmp_path / "tok"))
     args = (f"--ckpt={ckpt}", "--device=cpu", "--max_new_tokens=2")
     _one_line_naming(_bad_exit(monkeypatch, sample, *args), "sample.py: --prompt", "<|endoftext|>")
-    monkeypatch.setattr(sys, "argv", ["sample.py", *args, "--prompt=a", "--num_samples=1", "--temperature=0"])
-    sample.main()   # with a prompt it samples (and, with no end-of-text id, never stops early)
-    texts = _sample_texts(capsys.readouterr().out)
+    texts = _sample_cli(monkeypatch, capsys, *args, "--prompt=a", "--num_samples=1", "--temperature=0")   # (no eot)
     assert len(texts) == 1 and texts[0].startswith("a")
 
 
@@ -7019,9 +6986,7 @@ def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, 
     message = _bad_exit(monkeypatch, sample, *argv, f"--tokenizer={tmp_path / 'small'}")
     _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / "small")))
     _named_in_order(message.replace(str(tmp_path), ""), "280", "300")
-    monkeypatch.setattr(sys, "argv", ["sample.py", *argv, f"--tokenizer={tmp_path / 'tok'}"])
-    sample.main()  # (gpt2's 50,257 ids would not fit this 300-id model: it would stop with an error)
-    texts = _sample_texts(capsys.readouterr().out)
+    texts = _sample_cli(monkeypatch, capsys, *argv, f"--tokenizer={tmp_path / 'tok'}")   # (not gpt2's 50,257)
     assert len(texts) == 1 and texts[0].startswith("the cat")
 
 
@@ -7367,15 +7332,13 @@ def test_flops_duration_units():
 
 def _flops_json(monkeypatch, capsys, *argv):
     """flops.py's --json record for this command line."""
-    monkeypatch.setattr(sys, "argv", ["flops.py", *argv, "--json"])
-    flops.main()
+    _run(flops, monkeypatch, *argv, "--json")
     return json.loads(capsys.readouterr().out)
 
 
 def _flops_table(monkeypatch, capsys, *argv):
     """The tables flops.py prints for this command line."""
-    monkeypatch.setattr(sys, "argv", ["flops.py", *argv])
-    flops.main()
+    _run(flops, monkeypatch, *argv)
     return capsys.readouterr().out
 
 
@@ -7586,8 +7549,7 @@ def test_flops_cli_refuses_flags_it_cannot_use(tmp_path, monkeypatch, capsys, ca
 
 
 def test_flops_an_odd_head_width_is_fine_for_gpt2(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["flops.py", "--arch=gpt2", "--d_model=30", "--num_heads=6"])
-    flops.main()
+    _run(flops, monkeypatch, "--arch=gpt2", "--d_model=30", "--num_heads=6")
     assert "arch=gpt2" in capsys.readouterr().out
 
 
@@ -7647,8 +7609,7 @@ def _eval_gpt2_checkpoint(tmp_path):
 
 def _eval_run(monkeypatch, capsys, script, *argv):
     """(stdout, stderr) of script.main() on this command line."""
-    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
-    script.main()
+    _run(script, monkeypatch, *argv)
     return capsys.readouterr()
 
 
@@ -8833,11 +8794,6 @@ def _no_environment_report(monkeypatch):
     """lm-eval records the machine in every result (torch's collect_env: seconds of subprocesses per run): not here."""
     if lm_eval is not None:
         monkeypatch.setattr(lm_eval.evaluator, "add_env_info", lambda storage: None)
-
-
-def _run(script, monkeypatch, *argv):
-    monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
-    script.main()
 
 
 # ---- tiny tokenizers and checkpoints
