@@ -5952,6 +5952,8 @@ def test_fw_prepare_tinystories_offline_and_reuse(tmp_path, monkeypatch):
         assert side["num_docs"] == len(docs) and side["tokenizer"] == got["tokenizer"] and side["vocab_size"] == 320
         assert tok.decode(ids.tolist()) == _FW_EOT + _FW_EOT.join(docs)
     assert 36_000 <= (d / "train.txt").stat().st_size and 1_000 <= (d / "val.txt").stat().st_size
+    train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
+    assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
     stamps = {p: p.stat().st_mtime_ns for p in d.rglob("*") if p.is_file()}
     steps.clear()
     again = fineweb.prepare_tinystories(tmp_path / "ts", **kw)
@@ -5971,15 +5973,6 @@ def test_fw_prepare_tinystories_offline_and_reuse(tmp_path, monkeypatch):
         assert fineweb.prepare_tinystories(tmp_path / "ts", **kw) == got
         _bpe_says(logs[0], f"{d / 'prepared.json'}: ")
         assert steps == ["corpus", "corpus", "tokenizer", "tokens", "tokens"]
-
-
-def test_fw_prepare_tinystories_offline_validation_stories_are_not_training_stories(tmp_path):
-    got = fineweb.prepare_tinystories(tmp_path / "ts", vocab_size=280, allow_download=False, log=lambda *a: None,
-                                      corpus_bytes=20_000, num_workers=1)
-    d = Path(got["data_dir"])
-    train_docs, val_docs = list(fineweb.file_docs(d / "train.txt")), list(fineweb.file_docs(d / "val.txt"))
-    assert len(val_docs) >= 1 and len(train_docs) > 10
-    assert not set(val_docs) & set(train_docs)  # held-out text: the val loss is not measured on training stories
 
 
 def test_fw_prepare_tinystories_redoes_a_step_whose_request_or_files_changed(tmp_path, monkeypatch):
@@ -7761,17 +7754,31 @@ def test_hs_load_examples_reads_rowanz_format(tmp_path):
     assert examples[3]["endings"] == _HS_ROWS[3][2] and examples[3]["ind"] == 103
 
 
-@pytest.mark.parametrize("bad, named", [
-    ("not json", ["JSON"]),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), ["'endings'", "4"]),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), ["'label'", "4"]),
-    (json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), ["'ctx'"]),
-    (json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}), ["'label'", "'²'"]),  # isdigit
+@pytest.mark.parametrize("script, bad, named", [
+    (hellaswag, "not json", ["JSON"]),
+    (hellaswag, json.dumps({"ctx": "A man", "endings": ["a", "b", "c"], "label": 0}), ["'endings'", "4"]),
+    (hellaswag, json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 4}), ["'label'", "4"]),
+    (hellaswag, json.dumps({"ctx": "", "endings": ["a", "b", "c", "d"], "label": 1}), ["'ctx'"]),
+    (hellaswag, json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": "\u00b2"}),   # isdigit
+     ["'label'", "'²'"]),
+    (lambada, "not json", ["JSON"]),
+    (lambada, '{"text": "unterminated', ["JSON"]),
+    (lambada, json.dumps({"txt": "He opened the door"}), ['"text"']),
+    (lambada, json.dumps({"text": 42}), ['"text"']),
+    (lambada, json.dumps({"text": None}), ['"text"']),
+    (lambada, json.dumps(["He opened the door"]), ['"text"']),
+    (lambada, json.dumps("He opened the door"), ['"text"']),
+    (lambada, json.dumps({"text": "Goodbye"}), ["'text'"]),               # no word before the one to predict
+    (lambada, json.dumps({"text": "  Goodbye  "}), ["'text'"]),
+    (lambada, json.dumps({"text": "He opened the door "}), ["'text'"]),   # no word to predict after the last space
+    (lambada, json.dumps({"text": " "}), ["'text'"]),
 ])
-def test_hs_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, named):
-    path = tmp_path / "val.jsonl"
-    path.write_text(json.dumps(_hs_row(0, *_HS_ROWS[0])) + "\n" + bad + "\n")
-    _bad_says(_raises(hellaswag.load_examples, path), f"{path}:2: ", *named)
+def test_eval_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, script, bad, named):
+    # line 2 is blank: the line number counts it
+    good = json.dumps(_hs_row(0, *_HS_ROWS[0]) if script is hellaswag else {"text": _LB_PASSAGES[0]})
+    path = tmp_path / "data.jsonl"
+    path.write_text(f"{good}\n\n{bad}\n{good}\n", encoding="utf-8")
+    _bad_says(_raises(script.load_examples, path), f"{path}:3: ", *named)
 
 
 @pytest.mark.parametrize("script, kind", [(hellaswag, "HellaSwag"), (lambada, "LAMBADA")])
@@ -8274,27 +8281,6 @@ def test_lambada_load_examples_reads_jsonl_with_blank_lines(tmp_path):
     assert examples[-1]["id"] == 7
     assert lambada.load_examples(str(path)) == examples  # a str path too
     assert lambada.parse_example('{"text": "a b"}', "x:1") == {"text": "a b"}
-
-
-@pytest.mark.parametrize("bad, named", [
-    ("not json", "JSON"),
-    ('{"text": "unterminated', "JSON"),
-    (json.dumps({"txt": "He opened the door"}), '"text"'),
-    (json.dumps({"text": 42}), '"text"'),
-    (json.dumps({"text": None}), '"text"'),
-    (json.dumps(["He opened the door"]), '"text"'),
-    (json.dumps("He opened the door"), '"text"'),
-    (json.dumps({"text": "Goodbye"}), "'text'"),               # no word before the one to predict
-    (json.dumps({"text": "  Goodbye  "}), "'text'"),
-    (json.dumps({"text": "He opened the door "}), "'text'"),   # no word to predict after the last space
-    (json.dumps({"text": " "}), "'text'"),
-])
-def test_lambada_load_examples_rejects_bad_rows_naming_file_and_line(tmp_path, bad, named):
-    path = tmp_path / "lambada.jsonl"
-    # line 2 is blank: the line number counts it
-    path.write_text(json.dumps({"text": _LB_PASSAGES[0]}) + "\n\n" + bad + "\n" + json.dumps({"text": "a b"}) + "\n",
-                    encoding="utf-8")
-    _bad_says(_raises(lambada.load_examples, path), f"{path}:3: ", named)
 
 
 # ---- lambada.py: rendering: context and " " + last word encoded apart, the context cut from its start to fit
