@@ -116,6 +116,13 @@ def _bad_exit(monkeypatch, script, *argv):
     return e.value.code
 
 
+def _ctrl_c_line(monkeypatch, script, *argv):
+    """The one line script.main() exits with on Ctrl-C, after a newline that leaves the terminal's ^C line."""
+    message = _bad_exit(monkeypatch, script, *argv)
+    assert message.startswith("\n"), message
+    return message[1:]
+
+
 def _raises(fn, *args, **kw):
     """The message of the ValueError that fn(*args, **kw) raises."""
     with pytest.raises(ValueError) as e:
@@ -1204,9 +1211,7 @@ def test_bpe_cli_ctrl_c_writes_nothing_and_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(bpe, "encode_file", ctrl_c)
     for argv, out in ((["--input", text, "--vocab", 300, "--out", tmp_path / "tok"], tmp_path / "tok"),
                       (["--encode", text, "--tokenizer", "gpt2", "--out", tmp_path / "x.bin"], tmp_path / "x.bin")):
-        msg = _bad_exit(monkeypatch, bpe, *argv)
-        assert msg[0] == "\n", msg
-        _one_line_naming(msg[1:], "bpe.py: ", "interrupted", out)
+        _one_line_naming(_ctrl_c_line(monkeypatch, bpe, *argv), "bpe.py: ", "interrupted", out)
         assert not out.exists()
 
 
@@ -2241,14 +2246,19 @@ def _train_docs(n_tokens, seed):
     return out[:n_tokens]
 
 
+def _train_token_folder(d, vocab_size=64, tokenizer=None):
+    """Folder d made, with 30,000 training and 3,000 validation tokens of _train_docs (ids < 64) in it, declared as
+    vocab_size ids of tokenizer (None: no tokenizer named; "gpt2": bits/byte, samples and tasks work)."""
+    d.mkdir()
+    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), vocab_size, tokenizer=tokenizer)
+    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), vocab_size, tokenizer=tokenizer)
+    return d
+
+
 @pytest.fixture
 def _train_data(tmp_path):
     """A data folder of 64-id token files (no tokenizer named): 30,000 training and 3,000 validation tokens."""
-    d = tmp_path / "data"
-    d.mkdir()
-    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 64)
-    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 64)
-    return d
+    return _train_token_folder(tmp_path / "data")
 
 
 def _train_byte_data(tmp_path):
@@ -2268,15 +2278,6 @@ def _train_byte_data(tmp_path):
     _train_write_tokens(d / "train.bin", docs(20000, 0), 257, eot_id=eot, tokenizer=str(d / "tok"))
     _train_write_tokens(d / "val.bin", docs(3000, 1), 257, eot_id=eot, tokenizer=str(d / "tok"))
     return d, tok
-
-
-def _train_data_with_gpt2_tokenizer(tmp_path):
-    """_train_data's tokens under GPT-2's tokenizer (ids below 64 of its 50,257): bits/byte, samples and tasks work."""
-    d = tmp_path / "data"
-    d.mkdir()
-    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 50257, tokenizer="gpt2")
-    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 50257, tokenizer="gpt2")
-    return d
 
 
 def _train_cfg(data_dir, out_dir, **kw):
@@ -2928,15 +2929,6 @@ def test_train_auto_dtype_on_cpu_is_bf16_where_native_and_wide_enough(monkeypatc
     assert train.device_settings(dict(c, dtype="bfloat16"), "cpu")["dtype"] == "bfloat16"
 
 
-def test_train_auto_dtype_is_said_in_the_start_line_and_logged(monkeypatch, tmp_path, _train_data):
-    monkeypatch.setattr(M, "cpu_flags", lambda: {"avx2"})
-    lines = []
-    train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=1, dtype="auto"), log=lines.append)
-    config = json.loads((tmp_path / "o" / "log.jsonl").read_text().splitlines()[0])
-    assert config["used"]["dtype"] == "float32" and config["used"]["dtype_why"].startswith("auto")
-    assert any(config["used"]["dtype_why"] in line for line in lines)
-
-
 def test_train_total_batch_tokens_sets_the_accumulation_steps():
     # tokens per step / (B * T * world) micro-steps; 0 = one; a total of no whole micro-batches is refused
     assert train.grad_accum_steps(524288, 64, 1024, 8) == 1
@@ -2975,13 +2967,19 @@ def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
 # ---- the run: its processes and device
 
 
-def test_train_tf32_and_num_threads_reach_torch(tmp_path, _train_data, monkeypatch):
-    # --tf32: matmul precision "high"; --num_threads=0 leaves torch's count alone. Both recorded, not applied
-    precision, threads = [], []
+def test_train_tf32_num_threads_and_the_auto_dtype_reach_torch_and_the_log(tmp_path, _train_data, monkeypatch):
+    # --tf32: matmul precision "high"; --num_threads=0 leaves torch's count alone. Both recorded, not applied; the
+    # dtype --dtype=auto picked, and why, is said in the start line and logged
+    precision, threads, lines = [], [], []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", precision.append)
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
-    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1, tf32=False, num_threads=0), log=_train_quiet)
+    monkeypatch.setattr(M, "cpu_flags", lambda: {"avx2"})
+    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1, tf32=False, num_threads=0, dtype="auto"),
+                log=lines.append)
     assert precision == [] and threads == []
+    config = _train_records(tmp_path / "a", "config")[0]
+    assert config["used"]["dtype"] == "float32" and config["used"]["dtype_why"].startswith("auto")
+    assert any(config["used"]["dtype_why"] in line for line in lines)
     train.train(_train_cfg(_train_data, tmp_path / "b", max_iters=1, tf32=True, num_threads=1), log=_train_quiet)
     assert precision == ["high"] and threads == [1]
 
@@ -3077,12 +3075,10 @@ def test_train_refuses_bad_settings_and_data_before_anything_is_written(tmp_path
     if change:
         change(_train_data)
     cfg = _train_cfg(_train_data, tmp_path / "o", **{"max_iters": 2, **{k: fill(v) for k, v in settings.items()}})
-    with pytest.raises(ValueError) as e:
-        train.train(cfg, log=_train_quiet)
-    named = [fill(n) for n in named]
-    _one_line_naming(str(e.value), fill(prefix), *named)
+    message, named = _raises(train.train, cfg, log=_train_quiet), [fill(n) for n in named]
+    _one_line_naming(message, fill(prefix), *named)
     if "-with-" not in case:   # (the other architecture's flags in the order it declares them)
-        _named_in_order(str(e.value).removeprefix(fill(prefix)), *named)
+        _named_in_order(message.removeprefix(fill(prefix)), *named)
     assert not (tmp_path / "o").exists()
 
 
@@ -3146,11 +3142,10 @@ def test_train_init_from_local_gpt2_weights(tmp_path, _train_data):
     other = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=1,
                                                                  n_head=2))
     other.save_pretrained(tmp_path / "hf97")  # a vocabulary that is not the data's: refused before anything is written
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(_train_data, tmp_path / "o97", model="gpt2", init_from=str(tmp_path / "hf97")),
-                    log=_train_quiet)
-    _one_line_naming(str(e.value), f"--init_from={tmp_path / 'hf97'}: ", "97", "64")
-    _named_in_order(str(e.value), "97", "64")   # the model's vocabulary, then the data's
+    message = _raises(train.train, _train_cfg(_train_data, tmp_path / "o97", model="gpt2",
+                                              init_from=str(tmp_path / "hf97")), log=_train_quiet)
+    _one_line_naming(message, f"--init_from={tmp_path / 'hf97'}: ", "97", "64")
+    _named_in_order(message, "97", "64")   # the model's vocabulary, then the data's
     assert not (tmp_path / "o97").exists()
     s = train.train(_train_cfg(_train_data, tmp_path / "o", model="gpt2", init_from=str(tmp_path / "hf"),
                                max_iters=0), log=_train_quiet)
@@ -3191,16 +3186,9 @@ def test_train_weight_decay_only_on_matrices(tmp_path, _train_data, monkeypatch)
                     log=_train_quiet)
         (opt,) = built
         wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
-        seen_1d = seen_2d = 0
-        for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]:
-            if p.dim() >= 2:
-                assert wd[id(p)] == 0.25
-                seen_2d += 1
-            else:
-                assert wd[id(p)] == 0.0
-                seen_1d += 1
-        assert seen_1d and seen_2d
-        assert len(wd) == len({id(p) for p in opt.param_groups[0]["params"] + opt.param_groups[1]["params"]})
+        params = opt.param_groups[0]["params"] + opt.param_groups[1]["params"]
+        assert all(wd[id(p)] == (0.25 if p.dim() >= 2 else 0.0) for p in params)
+        assert {p.dim() >= 2 for p in params} == {True, False} and len(wd) == len({id(p) for p in params})
 
 
 @pytest.mark.parametrize("warmup_iters, outlasts", [(5, True), (3, True), (2, False)])
@@ -3248,12 +3236,10 @@ def test_train_eval_tokens_scores_the_same_text_at_any_batch_size(tmp_path, _tra
     assert val_loss[4, 384] == pytest.approx(val_loss[8, 384], rel=1e-6)  # 6 x 64 and 3 x 128: the same 384 tokens
     assert abs(val_loss[4, 0] - val_loss[8, 0]) > 1e-4                      # without it, different text
     # not whole batches at every size, or more than the file holds: refused before anything is written
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(_train_data, tmp_path / "r", batch_size=8, eval_tokens=500, **kw), log=_train_quiet)
-    _one_line_naming(str(e.value), "--eval_tokens=500 ", "128")
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(_train_data, tmp_path / "r", batch_size=8, eval_tokens=3072, **kw), log=_train_quiet)
-    _one_line_naming(str(e.value), "--eval_tokens=3,072", str(_train_data / "val.bin"), "2,999")
+    bad = lambda n: _raises(train.train, _train_cfg(_train_data, tmp_path / "r", batch_size=8, eval_tokens=n, **kw),
+                            log=_train_quiet)
+    _one_line_naming(bad(500), "--eval_tokens=500 ", "128")
+    _one_line_naming(bad(3072), "--eval_tokens=3,072", str(_train_data / "val.bin"), "2,999")
     assert not (tmp_path / "r").exists()
     # a file of exactly eval_tokens + 1 tokens holds them all (a token's target is the next one): the same loss
     _train_write_tokens(_train_data / "val.bin", _train_docs(385, 1), 64)   # the first 385 tokens of the 3,000
@@ -3264,7 +3250,7 @@ def test_train_eval_tokens_scores_the_same_text_at_any_batch_size(tmp_path, _tra
 @needs_gpt2_files
 def test_train_bits_per_byte_are_measured_on_the_scored_validation_file(tmp_path):
     # a first val file too short for one batch is skipped by the evaluator: bits/byte must use the file scored
-    d = _train_data_with_gpt2_tokenizer(tmp_path)
+    d = _train_token_folder(tmp_path / "data", 50257, "gpt2")
     _train_write_tokens(d / "val.bin", [40] * 10, 50257, tokenizer="gpt2")            # too short: skipped
     _train_write_tokens(d / "val_b.bin", _train_docs(3000, 1), 50257, tokenizer="gpt2")
     s = train.train(_train_cfg(d, tmp_path / "o", max_iters=1, eval_iters=2), log=_train_quiet)
@@ -3322,9 +3308,10 @@ def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compile
     hs = _hs_write_rows(tmp_path / "hs.jsonl")
     lam = tmp_path / "lambada.jsonl"
     lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in _TRAIN_LAMBADA_TEXTS))
-    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
-                     context_length=64, max_iters=3, eval_interval=2, hellaswag=True, hellaswag_path=str(hs),
-                     lambada=True, lambada_path=str(lam), compile=compiled, compile_backend="aot_eager")
+    cfg = _train_cfg(_train_token_folder(tmp_path / "data", 50257, "gpt2"), tmp_path / "o", model="gpt2",
+                     vocab_size=50257, context_length=64, max_iters=3, eval_interval=2, hellaswag=True,
+                     hellaswag_path=str(hs), lambada=True, lambada_path=str(lam), compile=compiled,
+                     compile_backend="aot_eager")
     train.train(cfg, log=_train_quiet)
     evals = _train_records(tmp_path / "o", "eval")
     assert [r["step"] for r in evals] == [0, 2, 3]
@@ -3350,9 +3337,9 @@ def test_train_downstream_examples_the_context_cannot_hold_are_said_once_and_nev
     texts = _TRAIN_LAMBADA_TEXTS + ["Mary Poppins taught the children a long word: supercalifragilisticexpialidocious"]
     lam = tmp_path / "lambada.jsonl"
     lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    cfg = _train_cfg(_train_data_with_gpt2_tokenizer(tmp_path), tmp_path / "o", model="gpt2", vocab_size=50257,
-                     context_length=4, max_iters=2, eval_interval=1, hellaswag=True, hellaswag_path=str(hs),
-                     lambada=True, lambada_path=str(lam))
+    cfg = _train_cfg(_train_token_folder(tmp_path / "data", 50257, "gpt2"), tmp_path / "o", model="gpt2",
+                     vocab_size=50257, context_length=4, max_iters=2, eval_interval=1, hellaswag=True,
+                     hellaswag_path=str(hs), lambada=True, lambada_path=str(lam))
     said = []
     train.train(cfg, log=said.append)
     evals = _train_records(tmp_path / "o", "eval")
@@ -3398,10 +3385,9 @@ def test_train_two_runs_in_one_out_dir_are_refused(tmp_path, _train_data):
     data = tmp_path / "fresh_data"   # two main jobs preparing one data folder: the second is refused, not crashed
     held = runs.lock(data, "train.py preparing its data")
     try:
-        with pytest.raises(ValueError) as e:
-            train.train(_train_cfg(data, tmp_path / "o2", prepare_data=True, vocab_size=300, corpus_bytes=60000,
-                                   download=False), log=_train_quiet)
-        _one_line_naming(str(e.value), f"{data}: ", str(data / ".lock"))
+        message = _raises(train.train, _train_cfg(data, tmp_path / "o2", prepare_data=True, vocab_size=300,
+                                                  corpus_bytes=60000, download=False), log=_train_quiet)
+        _one_line_naming(message, f"{data}: ", str(data / ".lock"))
         assert not (data / "train.bin").exists() and not (tmp_path / "o2").exists()
     finally:
         held.close()
@@ -3427,10 +3413,9 @@ def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
     out = tmp_path / "o"
     train.train(_train_cfg(d, out, vocab_size=257, max_iters=2), log=_train_quiet)
     log = (out / "log.jsonl").read_text()
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(d, out, vocab_size=257, fresh=True, lambada=True,
-                               lambada_path=str(tmp_path / "typo.jsonl")), log=_train_quiet)
-    _one_line_naming(str(e.value), "--lambada_path: ", str(tmp_path / "typo.jsonl"))
+    message = _raises(train.train, _train_cfg(d, out, vocab_size=257, fresh=True, lambada=True,
+                                              lambada_path=str(tmp_path / "typo.jsonl")), log=_train_quiet)
+    _one_line_naming(message, "--lambada_path: ", str(tmp_path / "typo.jsonl"))
     assert (out / "ckpt.pt").is_file() and (out / "log.jsonl").read_text() == log
 
 
@@ -4003,9 +3988,8 @@ def test_train_presets_run_in_their_own_folder_and_named_data_dirs_are_never_pre
     assert train.get_config([])[0]["prepare_data"] is True               # the main job builds its own data ...
     assert train.get_config(["--data_dir=d"])[0]["prepare_data"] is False  # ... but not in a folder named by hand
     assert train.get_config(["--data_dir=d", "--prepare_data=true"])[0]["prepare_data"] is True
-    with pytest.raises(SystemExit) as e:   # an empty folder of one's own: the way to fill it is named
-        train.main([f"--data_dir={tmp_path}/mine", f"--out_dir={tmp_path}/o", "--download=false"])
-    _one_line_naming(str(e.value), f"train.py: {tmp_path}/mine: ", "--prepare_data=true")
+    message = _exits(train.main, [f"--data_dir={tmp_path}/mine", f"--out_dir={tmp_path}/o", "--download=false"])
+    _one_line_naming(message, f"train.py: {tmp_path}/mine: ", "--prepare_data=true")
     assert not (tmp_path / "mine").exists()
 
 
@@ -4123,10 +4107,9 @@ def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, mo
     assert made == [] and torch.load(ckpt, weights_only=True)["iteration"] == 4
     assert [r["resumed_at_step"] for r in _train_records(out_dir, "config")] == [None, 4]
     assert [r["step"] for r in _train_records(out_dir, "train")] == [4]   # no training step was repeated
-    with pytest.raises(SystemExit) as e:
-        train.main(args + ["--d_model=64"])                            # never resumes a different run
-    _one_line_naming(str(e.value), f"train.py: {ckpt} ", "d_model", "32", "64")
-    _named_in_order(str(e.value), "d_model", "32", "64")   # the checkpoint's value, then the new one
+    message = _exits(train.main, args + ["--d_model=64"])   # never resumes a different run
+    _one_line_naming(message, f"train.py: {ckpt} ", "d_model", "32", "64")
+    _named_in_order(message, "d_model", "32", "64")   # the checkpoint's value, then the new one
     train.main(args + ["--fresh", "--max_iters=1"])                    # --fresh starts over, the data's steps too
     assert sorted(set(made)) == prepared_all and torch.load(ckpt, weights_only=True)["iteration"] == 1
     made.clear()
@@ -4141,9 +4124,8 @@ def test_train_main_job_end_to_end_offline_and_rerun_reuses(tmp_path, capsys, mo
     assert _train_next_commands(capsys.readouterr().out) == [
         "python sample.py --top_p 0.9", "python train.py --plot=out/log.jsonl",
         "python train.py --preset=tinystories-cpu", train.PREPARE_COMMANDS["tinystories-cpu"]]
-    with pytest.raises(SystemExit) as e:   # beside the main job's out/ckpt.pt: it asks for its own data
-        train.main(["--preset=tinystories-cpu"])
-    assert str(e.value).splitlines()[-1].strip() == train.PREPARE_COMMANDS["tinystories-cpu"]
+    message = _exits(train.main, ["--preset=tinystories-cpu"])   # beside the main job's out/ckpt.pt: its own data
+    assert message.splitlines()[-1].strip() == train.PREPARE_COMMANDS["tinystories-cpu"]
     assert not Path("out/tinystories-cpu").exists()
 
 
@@ -4542,19 +4524,16 @@ def test_train_resuming_a_preset_run_keeps_its_overrides(tmp_path, _train_data):
     assert ck["iteration"] == 3
     assert {k: ck["config"][k] for k in ("d_model", "learning_rate", "time_budget", "max_iters")} == \
         dict(d_model=32, learning_rate=5e-4, time_budget="45m", max_iters=3)
-    with pytest.raises(SystemExit) as e:   # a setting given again and changed: refused, naming it alone
-        train.main(["--preset=tinystories", f"--out_dir={tmp_path / 'o'}", "--resume", "--learning_rate=1e-3"])
-    _one_line_naming(str(e.value), f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", "learning_rate", "0.0005", "0.001")
-    _named_in_order(str(e.value), "learning_rate", "0.0005", "0.001")
-    assert not any(k in str(e.value) for k in ("d_model", "batch_size", "max_iters", "warmup_iters"))
+    message = _exits(train.main, ["--preset=tinystories", f"--out_dir={tmp_path / 'o'}", "--resume",
+                                  "--learning_rate=1e-3"])   # a setting given again and changed: named alone
+    _one_line_naming(message, f"train.py: {tmp_path / 'o' / 'ckpt.pt'} ", "learning_rate", "0.0005", "0.001")
+    _named_in_order(message, "learning_rate", "0.0005", "0.001")
+    assert not any(k in message for k in ("d_model", "batch_size", "max_iters", "warmup_iters"))
 
 
 def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
     # a flag given on resume applies over the checkpoint's settings, --prepare_data too
-    d = tmp_path / "data"   # token ids < 64 declared as a 300-id vocabulary: --prepare_data needs >= 257
-    d.mkdir()
-    _train_write_tokens(d / "train.bin", _train_docs(30000, 0), 300)
-    _train_write_tokens(d / "val.bin", _train_docs(3000, 1), 300)
+    d = _train_token_folder(tmp_path / "data", 300)   # a 300-id vocabulary: --prepare_data needs >= 257
     args = [a for a in _train_main_args(d, tmp_path / "o") if a != "--vocab_size=64"] + ["--vocab_size=300"]
     train.main(args)
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["config"]["prepare_data"] is False
@@ -4590,10 +4569,7 @@ def _train_finished_run(tmp_path_factory):
     """_train_data's folder and a finished 2-step run on it (out: ckpt.pt, log.jsonl), made once for the tests that
     resume it: each works on its own copy (_train_copy_run)."""
     base = tmp_path_factory.mktemp("finished_run")
-    (base / "data").mkdir()
-    _train_write_tokens(base / "data" / "train.bin", _train_docs(30000, 0), 64)
-    _train_write_tokens(base / "data" / "val.bin", _train_docs(3000, 1), 64)
-    _train_two_steps(base / "data", base / "o")
+    _train_two_steps(_train_token_folder(base / "data"), base / "o")
     return base
 
 
@@ -5617,10 +5593,9 @@ def test_fw_token_file_holds_the_stream_and_its_sidecar_names_the_tokenizers_eot
 def test_fw_empty_input_is_refused_and_leaves_no_token_file(tmp_path, _fw_bpe_dir):
     # one line that starts with what is empty (the source of the stream, the token file), and no file written
     kw = dict(num_workers=1)
-    with pytest.raises(ValueError) as e:
-        fineweb.write_shards(iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
-                             log=lambda *a: None, source="file:c.txt", **kw)
-    _bpe_says(str(e.value), "file:c.txt: ", "no documents")
+    message = _raises(fineweb.write_shards, iter([]), tmp_path / "shards", _fw_bpe_dir, shard_size=100, progress=False,
+                      log=lambda *a: None, source="file:c.txt", **kw)
+    _bpe_says(message, "file:c.txt: ", "no documents")
     assert not list((tmp_path / "shards").glob("*.bin"))
     blank = tmp_path / "blank.txt"
     blank.write_text(f"  \n{_FW_EOT}\n\n{_FW_EOT}  ", encoding="utf-8")   # only whitespace: no documents
@@ -6016,9 +5991,9 @@ def test_fineweb_says_the_vocabulary_reached_not_the_one_asked_for(tmp_path):
 
 
 def test_fineweb_prepare_tinystories_refuses_bad_corpus_bytes_first(tmp_path):
-    with pytest.raises(ValueError) as e:
-        fineweb.prepare_tinystories(tmp_path / "d", 300, allow_download=False, corpus_bytes=-5, log=lambda *a: None)
-    _one_line_naming(str(e.value), "corpus_bytes ", "-5")
+    message = _raises(fineweb.prepare_tinystories, tmp_path / "d", 300, allow_download=False, corpus_bytes=-5,
+                      log=lambda *a: None)
+    _one_line_naming(message, "corpus_bytes ", "-5")
     assert not (tmp_path / "d").exists()
 
 
@@ -6027,9 +6002,9 @@ def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, mo
     monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
     logs = []
     for allow, why in [(True, "cannot reach huggingface.co"), (False, "downloads disabled")]:
-        with pytest.raises(ValueError) as e:
-            fineweb.prepare_tinystories(tmp_path / "all", allow_download=allow, corpus_bytes=None, log=logs.append)
-        _one_line_naming(str(e.value), "all of TinyStories", "--corpus_bytes 0", why, "--corpus_bytes 4000000")
+        message = _raises(fineweb.prepare_tinystories, tmp_path / "all", allow_download=allow, corpus_bytes=None,
+                          log=logs.append)
+        _one_line_naming(message, "all of TinyStories", "--corpus_bytes 0", why, "--corpus_bytes 4000000")
     assert logs == [] and not (tmp_path / "all").exists()
     # a prepared folder asked to start over (fresh) for all of TinyStories offline: refused before it is wiped
     fineweb.prepare_tinystories(tmp_path / "ts", 280, allow_download=False, corpus_bytes=6000, log=logs.append)
@@ -6896,10 +6871,9 @@ def test_sample_cli_ctrl_c_while_streaming_is_one_line(tmp_path, capsys, monkeyp
         calls.append(1)
         raise KeyboardInterrupt
     monkeypatch.setattr(sample, "generate", _ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["sample.py", f"--ckpt={ckpt}", "--prompt=Hi", "--device=cpu"])
-    message = _exits(sample.main)
-    assert calls == [1] and message.startswith("\n")
-    _one_line_naming(message[1:], "sample.py: ", "interrupted")
+    message = _ctrl_c_line(monkeypatch, sample, f"--ckpt={ckpt}", "--prompt=Hi", "--device=cpu")
+    _one_line_naming(message, "sample.py: ", "interrupted")
+    assert calls == [1]
     assert "sample 1/" in capsys.readouterr().out   # it was streaming the first sample
 
 
@@ -8669,18 +8643,12 @@ def test_eval_cli_ctrl_c_is_one_line(tmp_path, monkeypatch, script):
     def ctrl_c(*a, **k):
         raise KeyboardInterrupt
     # Ctrl-C: one line after a newline (which leaves the terminal's ^C line), saying what was cut short
-    monkeypatch.setattr(sys, "argv", [name, f"--ckpt={ckpt}", "--device=cpu"])
     monkeypatch.setattr(script, "load_examples", ctrl_c)
-    with pytest.raises(SystemExit) as e:
-        script.main()
-    assert e.value.code.startswith("\n")
-    _bad_says(e.value.code[1:], f"{name}: ", "interrupted", "data")
+    argv = (f"--ckpt={ckpt}", "--device=cpu")
+    _bad_says(_ctrl_c_line(monkeypatch, script, *argv), f"{name}: ", "interrupted", "data")
     monkeypatch.setattr(script, "load_examples", lambda *a, **k: [])
     monkeypatch.setattr(script, "evaluate", ctrl_c)
-    with pytest.raises(SystemExit) as e:
-        script.main()
-    assert e.value.code.startswith("\n")
-    _bad_says(e.value.code[1:], f"{name}: ", "interrupted", "no score")
+    _bad_says(_ctrl_c_line(monkeypatch, script, *argv), f"{name}: ", "interrupted", "no score")
 
 
 def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_checks_its_size(tmp_path, monkeypatch):
@@ -8697,12 +8665,10 @@ def test_eval_load_model_takes_the_tokenizer_flag_over_the_checkpoints_and_check
         args = argparse.Namespace(**{"ckpt": None, "init_from": None, "tokenizer": None, **kw})
         return hellaswag.load_model(args, "cpu")
     assert load(ckpt=str(ckpt))[1].vocab_size == 257
-    with pytest.raises(SystemExit) as e:
-        load(ckpt=str(ckpt), tokenizer=str(byte_tok))
-    _bad_says(e.value.code, f"hellaswag.py: --ckpt {ckpt}: ", repr(str(byte_tok)), 256, 257)
-    with pytest.raises(SystemExit) as e:
-        load(init_from=str(tmp_path / "hf"), tokenizer=str(byte_tok))
-    _bad_says(e.value.code, f"hellaswag.py: --init_from {tmp_path / 'hf'}: ", repr(str(byte_tok)), 256, 300)
+    _bad_says(_exits(load, ckpt=str(ckpt), tokenizer=str(byte_tok)), f"hellaswag.py: --ckpt {ckpt}: ",
+              repr(str(byte_tok)), 256, 257)
+    _bad_says(_exits(load, init_from=str(tmp_path / "hf"), tokenizer=str(byte_tok)),
+              f"hellaswag.py: --init_from {tmp_path / 'hf'}: ", repr(str(byte_tok)), 256, 300)
 
 
 @pytest.mark.parametrize("script, context_length, items", [
@@ -9868,9 +9834,8 @@ def test_experiments_absolute_scratch_outside_the_repo(tmp_path, _experiments_re
     ([f"--train={ROOT / 'README.md'}", f"--valid={ROOT / 'README.md'}", "--preset=cs336"], "experiments.py: --train",
      ["--preset=cs336"])], ids=["negative-steps", "no-names", "unknown", "no-text", "train-alone", "not-cpu"])
 def test_experiments_bad_flags_are_one_line_before_anything_runs(tmp_path, _experiments_results, argv, prefix, named):
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", *argv, f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
-    _bad_says(str(e.value.code), prefix, *named)
+    message = _exits(experiments.main, ["run", *argv, f"--scratch={tmp_path / 'scratch'}", "--no_samples"])
+    _bad_says(message, prefix, *named)
     assert not (tmp_path / "scratch").exists() and not _experiments_results.exists()
 
 
@@ -9880,11 +9845,10 @@ def test_experiments_train_failure_is_one_line_with_absolute_scratch(tmp_path, _
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.bin").write_bytes(b"\0" * 64)   # no sidecar: train.py refuses it
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", f"--preset={_experiments_tiny_preset}", "--only=baseline",
-                          f"--scratch={tmp_path / 's'}", f"--data_dir={data}", "--no_samples"])
+    message = _exits(experiments.main, ["run", f"--preset={_experiments_tiny_preset}", "--only=baseline",
+                                             f"--scratch={tmp_path / 's'}", f"--data_dir={data}", "--no_samples"])
     console = tmp_path / "s" / f"tiny{_experiments_tag(data)}" / "runs" / "baseline" / "console.txt"
-    _bad_says(str(e.value.code), "experiments.py: run baseline ", "train.py", "exit 1", "sidecar", console)
+    _bad_says(message, "experiments.py: run baseline ", "train.py", "exit 1", "sidecar", console)
 
 
 def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _experiments_results, monkeypatch):
@@ -9892,17 +9856,13 @@ def test_experiments_run_interrupted_or_unwritable_is_one_line(tmp_path, _experi
         raise KeyboardInterrupt
     # Ctrl-C: one line after a newline (which leaves the terminal's ^C line), saying how to go on
     monkeypatch.setattr(experiments, "prepare_data", interrupted)
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", "--only=baseline"])
-    assert e.value.code.startswith("\n")
-    _bad_says(e.value.code[1:], "experiments.py: ", "interrupted", "python experiments.py run")
+    message = _ctrl_c_line(monkeypatch, experiments, "run", "--only=baseline")
+    _bad_says(message, "experiments.py: ", "interrupted", "python experiments.py run")
     # a results folder that cannot be made: the path
     (tmp_path / "a_file").write_text("x")
     monkeypatch.setattr(experiments, "prepare_data", lambda *a, **k: tmp_path)
     monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "a_file")
-    with pytest.raises(SystemExit) as e:
-        experiments.main(["run", "--only=baseline"])
-    _bad_says(e.value.code, "experiments.py: ", tmp_path / "a_file" / "logs")
+    _bad_says(_exits(experiments.main, ["run", "--only=baseline"]), "experiments.py: ", tmp_path / "a_file" / "logs")
 
 
 # ==== bench.py: the side-by-side benchmarks' command line and their GPU checks' own faults
@@ -10251,11 +10211,7 @@ def test_bench_ctrl_c_is_one_line(monkeypatch):
     def ctrl_c(args):
         raise KeyboardInterrupt
     monkeypatch.setattr(bench, "bench_sample", ctrl_c)
-    monkeypatch.setattr(sys, "argv", ["bench.py", "sample"])
-    with pytest.raises(SystemExit) as e:
-        bench.main()
-    assert e.value.code.startswith("\n")
-    _bad_says(e.value.code[1:], "bench.py: ", "interrupted")
+    _bad_says(_ctrl_c_line(monkeypatch, bench, "sample"), "bench.py: ", "interrupted")
 
 
 # ==== command lines and bad input: every script's flags, one clear line per mistake, nothing half-written
@@ -10433,9 +10389,9 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     encode("train")
     assert train.train(_train_cfg(d, tmp_path / "o2", vocab_size=300, max_iters=1), log=_train_quiet)["step"] == 1
     # the model trained on the old ids is not resumed on the new ones
-    with pytest.raises(ValueError) as e:
-        train.train(_train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True), log=_train_quiet)
-    _bad_says(str(e.value), f"{ckpt}: ", old, new, "--fresh")
+    message = _raises(train.train, _train_cfg(d, tmp_path / "o", vocab_size=300, max_iters=2, resume=True),
+                      log=_train_quiet)
+    _bad_says(message, f"{ckpt}: ", old, new, "--fresh")
 
 
 # ---- CI: .ci/run lints before it tests
