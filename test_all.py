@@ -3259,8 +3259,9 @@ def test_train_bits_per_byte_are_measured_on_the_scored_validation_file(tmp_path
     assert s["val_bpb"] == pytest.approx(s["val_loss"] / math.log(2) / bpt, rel=1e-9)
 
 
-def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
-    # one token per byte, 0 bytes per eot: bytes/token by hand, and every evaluation logs val_loss / ln 2 / it
+def test_train_bits_per_byte_hand_computed_and_samples_of_a_prompt_cut_to_the_context(tmp_path):
+    # one token per byte, 0 bytes per eot: bytes/token by hand, and every evaluation logs val_loss / ln 2 / it; a
+    # sample prompt longer than the context is said once and cut, and each evaluation's record carries its samples
     d, tok = _train_byte_data(tmp_path)
     eot = tok.eot_id
     val = np.fromfile(d / "val.bin", dtype=np.uint16).tolist()
@@ -3269,29 +3270,22 @@ def test_train_bits_per_byte_hand_computed_with_a_byte_tokenizer(tmp_path):
     targets = val[1:n + 1]
     bpt = sum(t != eot for t in targets) / len(targets)
     assert train.bytes_per_token(tok, targets, eot) == pytest.approx(bpt, rel=1e-12)
-    s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, eval_iters=2),
-                    log=_train_quiet)
+    lines = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no Python warning (two lines, with a source line) from generate()
+        s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, eval_iters=2,
+                                   num_samples=1, sample_tokens=2, sample_prompt="abcdefghijklmnopqrstuvwxyz"),
+                        log=lines.append)
     evals = _train_records(tmp_path / "o", "eval")
     assert [r["step"] for r in evals] == [0, 1, 2]
     for r in evals:
         assert r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2) / bpt, rel=1e-9)
     assert s["val_bpb"] == pytest.approx(s["val_loss"] / math.log(2) / bpt, rel=1e-9)
-
-
-def test_train_sample_prompt_longer_than_the_context_is_said_once_and_cut(tmp_path):
-    d, tok = _train_byte_data(tmp_path)
-    lines = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")   # no Python warning (two lines, with a source line) from generate()
-        s = train.train(_train_cfg(d, tmp_path / "o", vocab_size=257, max_iters=2, eval_interval=1, num_samples=1,
-                                   sample_tokens=2, sample_prompt="abcdefghijklmnopqrstuvwxyz"), log=lines.append)
     (note,) = [line for line in lines if "--sample_prompt" in line]
     _one_line_naming(note, "train.py: --sample_prompt", "26", "16")
     _named_in_order(note, "26", "16", "16")   # the prompt's length, the context's, the tokens kept
     assert len(s["samples"]) == 1 and s["samples"][0].startswith("klmnopqrstuvwxyz")
-    # each evaluation's log record carries its samples (the last: the ones the run returns)
-    evals = _train_records(tmp_path / "o", "eval")
-    assert [len(r["samples"]) for r in evals] == [1, 1, 1] and evals[-1]["samples"] == s["samples"]
+    assert [len(r["samples"]) for r in evals] == [1, 1, 1] and evals[-1]["samples"] == s["samples"]   # the last: s's
 
 
 _TRAIN_LAMBADA_TEXTS = [
@@ -3306,8 +3300,7 @@ _TRAIN_LAMBADA_TEXTS = [
 def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compiled):
     # both tasks logged at every evaluation (compiled or not), the last equal to their evaluate() on the weights
     hs = _hs_write_rows(tmp_path / "hs.jsonl")
-    lam = tmp_path / "lambada.jsonl"
-    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in _TRAIN_LAMBADA_TEXTS))
+    lam = _lb_write(tmp_path / "lambada.jsonl", _TRAIN_LAMBADA_TEXTS)
     cfg = _train_cfg(_train_token_folder(tmp_path / "data", 50257, "gpt2"), tmp_path / "o", model="gpt2",
                      vocab_size=50257, context_length=64, max_iters=3, eval_interval=2, hellaswag=True,
                      hellaswag_path=str(hs), lambada=True, lambada_path=str(lam), compile=compiled,
@@ -3335,8 +3328,7 @@ def test_train_downstream_examples_the_context_cannot_hold_are_said_once_and_nev
     assert all(max(len(tok.encode(" " + e)) for e in endings) >= 4 for _, _, endings in _HS_ROWS)
     hs = _hs_write_rows(tmp_path / "hs.jsonl")
     texts = _TRAIN_LAMBADA_TEXTS + ["Mary Poppins taught the children a long word: supercalifragilisticexpialidocious"]
-    lam = tmp_path / "lambada.jsonl"
-    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    lam = _lb_write(tmp_path / "lambada.jsonl", texts)
     cfg = _train_cfg(_train_token_folder(tmp_path / "data", 50257, "gpt2"), tmp_path / "o", model="gpt2",
                      vocab_size=50257, context_length=4, max_iters=2, eval_interval=1, hellaswag=True,
                      hellaswag_path=str(hs), lambada=True, lambada_path=str(lam))
@@ -5655,7 +5647,6 @@ def test_fw_round_trip_shards_sidecars_and_meta(tmp_path, _fw_bpe_dir, which, dt
             "format": "tokens-v1", "dtype": dtype, "vocab_size": tok.vocab_size, "num_tokens": len(a),
             "num_docs": int((a == tok.eot_id).sum()), "tokenizer": ref,
             "tokenizer_fingerprint": bpe.tokenizer_fingerprint(ref), "eot_id": tok.eot_id}
-
 
 
 @needs_data
@@ -10231,8 +10222,6 @@ def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
     torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": str(tmp_path / "tok"),
                 "iteration": 0}, path)
     return path
-
-
 
 
 # ---- every script: a flag argparse rejects, ~ in a path flag, output into a pipe that closes early
