@@ -107,8 +107,7 @@ def _bad_says(message, prefix, *named):
 
 
 def _bad_exit(monkeypatch, script, *argv):
-    """The message script.main() exits with for this command line (status 1: the message on stderr), one line (after
-    a newline that leaves a terminal's ^C line, for Ctrl-C)."""
+    """The one-line message script.main() exits with (status 1) for this command line (after a newline, for Ctrl-C)."""
     monkeypatch.setattr(sys, "argv", [f"{script.__name__}.py", *map(str, argv)])
     with pytest.raises(SystemExit) as e:
         script.main()
@@ -160,8 +159,7 @@ def _watched_rank(rank, fn, seconds, *args):
 
 
 def _spawn_ranks(fn, *args, nprocs=2, timeout=240):
-    """mp.spawn(fn, args=(nprocs, free port, *args)) with a deadline: ranks that hang fail the test (each rank
-    first dumps its stack to stderr) instead of blocking the whole suite."""
+    """mp.spawn(fn, args=(nprocs, free port, *args)) with a deadline: hung ranks dump their stack and fail the test."""
     ctx = mp.spawn(_watched_rank, args=(fn, timeout - 30, nprocs, _free_port(), *args), nprocs=nprocs, join=False)
     try:
         finished = any(ctx.join(timeout=5) for _ in range(timeout // 5))
@@ -254,8 +252,7 @@ def _bpe_cli(*args, cwd=None, preexec_fn=None):
 
 
 def _file_size_limit(n):
-    """A subprocess's preexec_fn: its files cannot grow past n bytes, so a longer write fails (EFBIG) as a full disk
-    fails it, without root or a small filesystem (Python ignores the SIGXFSZ that comes with it)."""
+    """A subprocess's preexec_fn: files cannot grow past n bytes, so a longer write fails (EFBIG) as on a full disk."""
     import resource
     return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
 
@@ -1274,8 +1271,7 @@ def _model_ids(vocab, shape=(2, 32), seed=1):
 
 
 def _named_in_order(message, *named):
-    """A message that names two values of one kind names them in the order that gives them their meaning (the
-    offending value before the limit it breaks, the file's shape before the model's): swapped, they would mislead."""
+    """message names these values in this order: the value before the limit it breaks, the file's before the model's."""
     at = 0
     for n in map(str, named):
         at = message.find(n, at)
@@ -2331,8 +2327,7 @@ def _train_fake_clock():
 
 
 def _train_slow_first_step_clock():
-    """A fake clock whose first optimizer step takes 61 s (a compilation) and every other step 1 s (clock calls:
-    the run's start, then each step's start and end)."""
+    """A fake clock: the first optimizer step takes 61 s (a compilation), every other step 1 s."""
     t, calls = [0.0], [0]
 
     def clock():
@@ -3591,8 +3586,7 @@ def test_train_time_budget_leaves_a_compiled_runs_first_step_off_the_clock(tmp_p
 
 
 class _FakeCudaEvent:
-    """torch.cuda.Event on the CPU: record() reads the test's fake clock, elapsed_time() is in ms as CUDA's, and
-    synchronize() (a sync of the GPU) is counted."""
+    """torch.cuda.Event on the CPU: record() reads the fake clock, elapsed_time() in ms, synchronize() counted."""
     clock, syncs = None, []
 
     def __init__(self, enable_timing=False):
@@ -4558,8 +4552,7 @@ def test_train_a_folder_named_on_the_command_line_is_never_written_whatever_out_
 
 @pytest.fixture(scope="module")
 def _train_finished_run(tmp_path_factory):
-    """_train_data's folder and a finished 2-step run on it (out: ckpt.pt, log.jsonl), made once for the tests that
-    resume it: each works on its own copy (_train_copy_run)."""
+    """_train_data's folder and a finished 2-step run on it, made once: each test resumes a copy (_train_copy_run)."""
     base = tmp_path_factory.mktemp("finished_run")
     _train_two_steps(_train_token_folder(base / "data"), base / "o")
     return base
@@ -5327,8 +5320,7 @@ def _fw_crashing(docs, n):
 
 
 def _fw_steps(monkeypatch):
-    """The steps prepare_tinystories runs rather than reuses, in order: "corpus" (stories.py's, once per split),
-    "tokenizer", "tokens" (once per split)."""
+    """The steps prepare_tinystories runs (not reuses), in order: "corpus" and "tokens" once per split, "tokenizer"."""
     steps = []
 
     def spy(module, name, step):
@@ -5771,8 +5763,7 @@ _FW_KW = dict(shard_size=10**6, num_workers=1, progress=False, log=lambda *a: No
 
 @pytest.fixture(scope="module")
 def _fw_written(tmp_path_factory, _fw_bpe_dir):
-    """(out, docs): 20 stories written into one complete shard folder with _fw_bpe_dir, once for the tests that
-    continue it (each on its own copy)."""
+    """(out, docs): 20 stories written once into a complete shard folder (_fw_bpe_dir); each test continues a copy."""
     tmp = tmp_path_factory.mktemp("fw_written")
     _, docs = _fw_corpus(tmp, n=20)
     fineweb.write_shards(iter(docs), tmp / "out", _fw_bpe_dir, **_FW_KW)
@@ -6666,8 +6657,7 @@ def _sample_byte_llama(tmp_path, vocab_size=257, tokenizer=None):
 
 
 def _sample_texts(out):
-    """The samples sample.py printed, each the prompt and its continuation, without the numbered line (sample k
-    of n) before each."""
+    """The samples sample.py printed (each the prompt and its continuation), without their "sample k/n" lines."""
     parts = re.split(r"^-+ sample (\d+)/(\d+)\n", out, flags=re.M)
     assert parts[0] == "", out   # nothing before the first sample
     texts = parts[3::3]
@@ -7503,8 +7493,7 @@ def test_flops_an_odd_head_width_is_fine_for_gpt2(monkeypatch, capsys):
 
 
 class _TableLM(torch.nn.Module):
-    """Stand-in LM with controlled preferences: the logits after token a are table[a] (a bigram model;
-    a unigram one when all rows are equal). Records its mode during forward."""
+    """Stand-in LM: the logits after token a are table[a] (a bigram model; unigram if all rows are equal)."""
 
     def __init__(self, table, gpt_style=False):
         super().__init__()
@@ -7574,8 +7563,7 @@ def _eval_figures(line):
 
 
 def _eval_progress(err):
-    """The words of the last progress line evaluate(progress=True) drew on stderr (tqdm's bar: in a log file, as
-    under pytest, a line per redraw), and whether that line was ended."""
+    """The words of evaluate(progress=True)'s last progress line on stderr (a line per redraw here), and if it ended."""
     last = err.rstrip("\n").split("\n")[-1]
     return {w.strip("[],") for w in last.split()}, err.endswith("\n") and "\r" not in err
 
@@ -9870,8 +9858,7 @@ def _bench_gpu_args(**kw):
 
 
 def _bench_checks(out):
-    """bench_gpu's checks read back from what it printed: (passed, what it checked) for each line that starts with
-    OK or FAIL."""
+    """bench_gpu's checks read back from what it printed: (passed, what) for each line starting with OK or FAIL."""
     return [(line.split()[0] == "OK", line.split(None, 1)[1]) for line in out.splitlines()
             if line.split()[:1] in (["OK"], ["FAIL"])]
 
