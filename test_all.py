@@ -6648,11 +6648,11 @@ def _sample_byte_tokenizer(tmp_path):
     return str(tmp_path / "tok")
 
 
-def _sample_byte_llama(tmp_path, vocab_size=257, tokenizer=None):
+def _sample_byte_llama(tmp_path, vocab_size=257, tokenizer=None, context_length=8):
     """A tiny Llama checkpoint (context 8) with a byte-level tokenizer -> (model, checkpoint path)."""
-    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=8, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=tokenizer or _sample_byte_tokenizer(tmp_path))
+    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=16,
+                           num_layers=1, num_heads=2, d_ff=32))
+    _sample_write_ckpt(tmp_path / "ckpt.pt", m, _sample_byte_tokenizer(tmp_path) if tokenizer is None else tokenizer)
     return m, tmp_path / "ckpt.pt"
 
 
@@ -6903,10 +6903,7 @@ def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, 
     tok = _bpe_small_tokenizer(tmp_path, vocab_size=300)
     tok.save_dir(tmp_path / "tok")
     torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=tok.vocab_size, context_length=16, d_model=16, num_layers=1,
-                           num_heads=2, d_ff=32))
-    ckpt = tmp_path / "ckpt.pt"
-    _sample_write_ckpt(ckpt, m, tokenizer="")
+    _, ckpt = _sample_byte_llama(tmp_path, tok.vocab_size, tokenizer="", context_length=16)
     argv = [f"--ckpt={ckpt}", "--prompt=the cat", "--num_samples=1", "--max_new_tokens=4", "--temperature=0",
             "--no_stop", "--device=cpu"]
     _one_line_naming(_bad_exit(monkeypatch, sample, *argv), f"sample.py: --ckpt {ckpt}: ", "--tokenizer")
@@ -7847,12 +7844,19 @@ def test_hs_score_endings_matches_hand_computed_losses(kind):
 
 
 def test_hs_evaluate_controlled_model_gives_known_accuracy():
+    # `datasets` rows store the label as a string: still all right for the truthful model (not 0); the hidden test
+    # split's empty labels are one clear error
     tok = _hs_word_tokenizer()
     examples = _hs_examples()
     truthful = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
-    r = hellaswag.evaluate(truthful, tok, examples, "cpu")
-    assert r == dict(acc=1.0, acc_norm=1.0, acc_norm_char=1.0, num_correct=7, num_correct_norm=7,
-                     num_correct_norm_char=7, num_total=7, num_skipped=0)
+    as_str = [_hs_row(i, *r, label_as_str=True) for i, r in enumerate(_HS_ROWS)]
+    assert all(isinstance(r["label"], str) for r in as_str)
+    for rows in (examples, as_str):
+        assert hellaswag.evaluate(truthful, tok, rows, "cpu") == dict(
+            acc=1.0, acc_norm=1.0, acc_norm_char=1.0, num_correct=7, num_correct_norm=7, num_correct_norm_char=7,
+            num_total=7, num_skipped=0)
+    message = _raises(hellaswag.evaluate, truthful, tok, [dict(as_str[1], label="")], "cpu")
+    _bad_says(message, "hellaswag example 101: ", "'label'", "''")
     # a model that believes in the wrong ending of the last 3 rows gets exactly 4/7
     misled = _TableLM(_hs_bigram_table(tok, _HS_LABELS[:4] + [(l + 1) % 4 for l in _HS_LABELS[4:]]))
     for batch_examples in (1, 3, 8):  # batching and padding never change the result
@@ -7909,19 +7913,6 @@ def test_hs_per_example_losses_do_not_depend_on_batching(capsys):
         outputs.append(capsys.readouterr().out)
     assert len(re.findall(r"\d\.\d{3}", outputs[0])) >= 2 * 4 * len(examples)   # a sum and a mean loss per ending
     assert outputs[0] == outputs[1]
-
-
-def test_hs_evaluate_takes_rows_with_string_labels_and_refuses_unlabelled_ones():
-    # `datasets` rows store the label as a string: still all right for the truthful model (not 0); the hidden test
-    # split's empty labels are one clear error
-    tok = _hs_word_tokenizer()
-    truthful = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
-    rows = [_hs_row(i, *r, label_as_str=True) for i, r in enumerate(_HS_ROWS)]
-    assert all(isinstance(r["label"], str) for r in rows)
-    r = hellaswag.evaluate(truthful, tok, rows, "cpu")
-    assert (r["num_correct"], r["num_correct_norm"], r["num_total"]) == (7, 7, 7)
-    message = _raises(hellaswag.evaluate, truthful, tok, [dict(rows[1], label="")], "cpu")
-    _bad_says(message, "hellaswag example 101: ", "'label'", "''")
 
 
 def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
@@ -9014,11 +9005,6 @@ def _hs_rows():
     return rows
 
 
-def _write_jsonl(path, rows):
-    Path(path).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 def _task(folder, name, split, data, include=None, **fields):
     """A task YAML in folder (JSON is YAML): a shipped task read from another file, or one of its own."""
     cfg = dict(include=str(include)) if include else {}
@@ -9038,10 +9024,10 @@ def tasks(tmp_path_factory):
     """A folder of tasks on small local files: the shipped hellaswag_local and lambada_openai_local on them, and
     HellaSwag rendered as hellaswag.py renders it (context, then " " + ending)."""
     d = tmp_path_factory.mktemp("tasks")
-    hs = _write_jsonl(d / "hs.jsonl", _hs_rows())
+    hs = _hs_write_rows(d / "hs.jsonl", _hs_rows())
     _task(d, "hs_test", "validation", hs, include=ROOT / "tasks" / "hellaswag_local.yaml")
     _task(d, "hs_nanogpt", "validation", hs, **AS_HELLASWAG_PY)
-    _task(d, "lambada_test", "test", _write_jsonl(d / "lambada.jsonl", [{"text": t} for t in LAMBADA_TEXTS]),
+    _task(d, "lambada_test", "test", _lb_write(d / "lambada.jsonl", LAMBADA_TEXTS),
           include=ROOT / "tasks" / "lambada_openai_local.yaml")
     return d
 
@@ -9133,7 +9119,7 @@ def test_hellaswag_acc_norm_char_divides_by_the_endings_characters_as_lm_eval(tm
     row = dict(ind=0, ctx="The cat", endings=["aaaaaaaaa", "b", "c", "d"], label=0)
     r = hellaswag.evaluate(model, tok, [row], "cpu")
     assert (r["acc"], r["acc_norm"], r["acc_norm_char"]) == (0.0, 0.0, 1.0)
-    _task(tmp_path, "hs_one", "validation", _write_jsonl(tmp_path / "one.jsonl", [row]), **AS_HELLASWAG_PY)
+    _task(tmp_path, "hs_one", "validation", _hs_write_rows(tmp_path / "one.jsonl", [row]), **AS_HELLASWAG_PY)
     res = _lm_eval(harness.HarnessLM(model, tok), tmp_path, "hs_one")["results"]["hs_one"]
     assert (res["acc,none"], res["acc_norm,none"]) == (0.0, 1.0)
 
@@ -9280,7 +9266,7 @@ def test_eval_without_lm_eval_says_how_to_install_it(monkeypatch):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     message = _bad_exit(monkeypatch, script, "--ckpt", "ckpt.pt", "--tasks", "hellaswag")
-    assert message == "eval.py: lm-eval is not installed: pip install -r requirements-eval.txt"
+    _one_line_naming(message, "eval.py: ", "lm-eval", "pip install -r requirements-eval.txt")
 
 
 # ==== experiments.py: the sweeps and ablations: plans, reuse of finished logs, the report
@@ -10200,15 +10186,8 @@ def test_bench_ctrl_c_is_one_line(monkeypatch):
 
 def _tiny_llama_ckpt(tmp_path, vocab_size=257, context_length=16):
     """A tiny train.py-format Llama checkpoint with a byte-level bpe.py tokenizer (257 tokens with <|endoftext|>)."""
-    tok = bpe.Tokenizer({i: bytes([i]) for i in range(256)}, [], special_tokens=["<|endoftext|>"])
-    tok.save_dir(str(tmp_path / "tok"))
     torch.manual_seed(0)
-    m = M.build_model(dict(arch="llama", vocab_size=vocab_size, context_length=context_length, d_model=16,
-                           num_layers=1, num_heads=2, d_ff=32))
-    path = tmp_path / "ckpt.pt"
-    torch.save({"model": m.state_dict(), "model_config": m.model_config(), "tokenizer": str(tmp_path / "tok"),
-                "iteration": 0}, path)
-    return path
+    return _sample_byte_llama(tmp_path, vocab_size, context_length=context_length)[1]
 
 
 # ---- every script: a flag argparse rejects, ~ in a path flag, output into a pipe that closes early
@@ -10249,10 +10228,8 @@ def test_output_piped_into_head_ends_quietly(tmp_path, which):
     if which == "stories":
         cmd = ["stories.py", "--print", "2000"]
     else:
-        m = M.build_model(dict(arch="llama", vocab_size=257, context_length=8, d_model=16, num_layers=1,
-                               num_heads=2, d_ff=32))
-        _sample_write_ckpt(tmp_path / "ckpt.pt", m, tokenizer=_sample_byte_tokenizer(tmp_path))
-        cmd = ["sample.py", f"--ckpt={tmp_path / 'ckpt.pt'}", "--max_new_tokens=100000", "--no_stop", "--device=cpu"]
+        cmd = ["sample.py", f"--ckpt={_sample_byte_llama(tmp_path)[1]}", "--max_new_tokens=100000", "--no_stop",
+               "--device=cpu"]
     p = subprocess.Popen([sys.executable, *cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.readline()
     p.stdout.close()
