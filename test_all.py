@@ -206,9 +206,13 @@ def _bpe_synthetic_text(n_docs, seed=0, special=_BPE_EOT):
     return f"\n{special}\n".join(docs) + "\n"
 
 
-def _bpe_small_tokenizer(tmp_path=None, specials=(_BPE_EOT,), vocab_size=400):
-    """A tokenizer trained on 150 synthetic documents: trained once per (specials, size), a new object each call."""
-    return bpe.Tokenizer(*_bpe_small_trained(tuple(specials), vocab_size), list(specials))
+def _bpe_small_tokenizer(tmp_path=None, specials=(_BPE_EOT,), vocab_size=400, save_to=None):
+    """A tokenizer trained on 150 synthetic documents: trained once per (specials, size), a new object each call;
+    saved as a tokenizer folder at save_to if given."""
+    tok = bpe.Tokenizer(*_bpe_small_trained(tuple(specials), vocab_size), list(specials))
+    if save_to:
+        tok.save_dir(save_to)
+    return tok
 
 
 @functools.lru_cache(maxsize=None)
@@ -897,8 +901,7 @@ def test_bpe_tokenizer_fingerprint_changes_with_the_special_tokens_alone(tmp_pat
 
 
 def test_bpe_encode_file_matches_encode_and_writes_sidecar(tmp_path):
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
+    tok = _bpe_small_tokenizer(save_to=tmp_path / "tok")
     text = _bpe_synthetic_text(300, seed=10)
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=2,
@@ -945,8 +948,7 @@ def test_bpe_encode_file_counts_documents_not_separators(tmp_path, layout):
     sep = "\n" + _BPE_EOT + "\n"
     text = {"after_each": "".join(d + sep for d in docs), "between": sep.join(docs),
             "leading": "".join(sep + d for d in docs), "blank_docs": sep + " \n" + sep.join(docs) + sep + sep}[layout]
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
+    _bpe_small_tokenizer(save_to=tmp_path / "tok")
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     for chunk_bytes in (12, 40, 1 << 21):  # documents split across chunks are counted once
         meta = bpe.encode_file(tmp_path / "in.txt", str(tmp_path / "tok"), tmp_path / "o.bin", num_workers=1,
@@ -969,8 +971,7 @@ def test_bpe_encode_file_writes_uint16_up_to_65536_ids_and_uint32_above(tmp_path
 
 def test_bpe_encode_file_invalid_utf8_is_replaced_and_its_bytes_counted_in_a_warning(tmp_path, capsys):
     # --encode decodes each chunk with U+FFFD replacement as training does, and says how many bytes it replaced
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
+    tok = _bpe_small_tokenizer(save_to=tmp_path / "tok")
     data = b"good text \xff\xfe here\n" + _BPE_EOT.encode() + b"\nmore \xe2\x82 text\n"
     (tmp_path / "bad.txt").write_bytes(data)
     capsys.readouterr()
@@ -983,8 +984,7 @@ def test_bpe_encode_file_invalid_utf8_is_replaced_and_its_bytes_counted_in_a_war
 
 def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_as_nothing(tmp_path, monkeypatch):
     # a chunk that fails to encode must stop the run with its error, never leave its ids out of the file in silence
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
+    _bpe_small_tokenizer(save_to=tmp_path / "tok")
     (tmp_path / "in.txt").write_text(_bpe_synthetic_text(50, seed=3), encoding="utf-8")
 
     def broken(self, text):
@@ -997,8 +997,7 @@ def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_a
 
 def test_bpe_encode_file_cut_short_keeps_the_old_pair_and_no_temp(tmp_path, monkeypatch):
     # an encoding that fails halfway leaves the previous out.bin and its sidecar untouched (a temp file, renamed)
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
+    tok = _bpe_small_tokenizer(save_to=tmp_path / "tok")
     (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
     (tmp_path / "b.txt").write_text(_bpe_synthetic_text(300, seed=11), encoding="utf-8")
     kw = dict(num_workers=1, chunk_bytes=4000, min_chunk_bytes=1000)
@@ -1018,8 +1017,7 @@ def test_bpe_encode_file_cut_short_keeps_the_old_pair_and_no_temp(tmp_path, monk
 def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_beside_new_ids(tmp_path, monkeypatch):
     # the old sidecar is gone before the new ids replace out.bin: a run dying while writing it leaves ids without a
     # sidecar (refused by train.py), never new ids under old counts, and no temp file
-    tok = _bpe_small_tokenizer(tmp_path)
-    tok.save_dir(tmp_path / "tok")
+    tok = _bpe_small_tokenizer(save_to=tmp_path / "tok")
     (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
     (tmp_path / "b.txt").write_text(_bpe_synthetic_text(100, seed=11), encoding="utf-8")
     bpe.encode_file(tmp_path / "a.txt", str(tmp_path / "tok"), tmp_path / "out.bin", num_workers=1)
@@ -6781,7 +6779,7 @@ def test_sample_cli_stops_at_end_of_text_unless_no_stop(tmp_path, capsys, monkey
     _sample_write_ckpt(ckpt, m, tokenizer=str(tmp_path / "tok"))
     base = [f"--ckpt={ckpt}", "--device=cpu", "--prompt=hi", "--num_samples=1"]
     assert _sample_cli(monkeypatch, capsys, *base, "--max_new_tokens=5") == ["hi"]
-    assert _sample_cli(monkeypatch, capsys, *base, "--max_new_tokens=2", "--no_stop") == ["hi<|endoftext|><|endoftext|>"]
+    assert _sample_cli(monkeypatch, capsys, *base, "--max_new_tokens=2", "--no_stop") == ["hi" + 2 * "<|endoftext|>"]
 
 
 def test_sample_without_ckpt_or_init_from_samples_the_default_runs_checkpoint(tmp_path, monkeypatch, capsys):
@@ -6900,8 +6898,7 @@ def test_sample_cli_refuses_bad_input_before_anything_is_printed(tmp_path, monke
 def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, monkeypatch):
     # no tokenizer named in the checkpoint's data: one line asking for --tokenizer (never a guessed gpt2); one of
     # another size is refused, naming where it came from, its size, then the model's; one that fits is used
-    tok = _bpe_small_tokenizer(tmp_path, vocab_size=300)
-    tok.save_dir(tmp_path / "tok")
+    tok = _bpe_small_tokenizer(vocab_size=300, save_to=tmp_path / "tok")
     torch.manual_seed(0)
     _, ckpt = _sample_byte_llama(tmp_path, tok.vocab_size, tokenizer="", context_length=16)
     argv = [f"--ckpt={ckpt}", "--prompt=the cat", "--num_samples=1", "--max_new_tokens=4", "--temperature=0",
@@ -6911,8 +6908,7 @@ def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, 
         message = _bad_exit(monkeypatch, sample, *argv, "--tokenizer=gpt2")
         _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", "'gpt2'")
         _named_in_order(message.replace(str(tmp_path), ""), "50257", "300")
-    small = _bpe_small_tokenizer(tmp_path, vocab_size=280)   # fewer ids: the model could sample one it cannot decode
-    small.save_dir(tmp_path / "small")
+    _bpe_small_tokenizer(vocab_size=280, save_to=tmp_path / "small")   # fewer ids: it may sample undecodable ones
     message = _bad_exit(monkeypatch, sample, *argv, f"--tokenizer={tmp_path / 'small'}")
     _one_line_naming(message, f"sample.py: --ckpt {ckpt}: ", repr(str(tmp_path / "small")))
     _named_in_order(message.replace(str(tmp_path), ""), "280", "300")
