@@ -9949,10 +9949,16 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"]),
     (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
     (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
-    (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"])])
+    (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"]),
+    (["speedrun", "--minutes", "0"], "--minutes", ["0"]), (["speedrun", "--curve_every", "0"], "--curve_every", ["0"]),
+    (["speedrun", "--peer_lr", "0"], "--peer_lr", ["'0'"]), (["speedrun", "--seeds", "a"], "--seeds", ["'a'"]),
+    (["speedrun", "--num_heads", "3"], "--num_heads", ["3", "256"]),
+    (["speedrun", "--train", "/no/such.txt"], "--train", ["/no/such.txt"]),
+    (["speedrun", "--valid", str(ROOT / "README.md")], "--train", []),
+    (["speedrun", "--vocab_size", "100"], "--vocab_size", ["100", "257"])])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    for section in ("tokenizer", "model", "train", "gpu", "sample", "memory", "dtype"):
+    for section in ("tokenizer", "model", "train", "gpu", "sample", "memory", "dtype", "speedrun"):
         monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
     _bad_says(_exits(bench.main), f"bench.py: {flag}", *named)
 
@@ -9978,17 +9984,6 @@ def test_bench_gpu_under_torchrun_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench.py", "gpu", "--tiny"])
     monkeypatch.setattr(bench, "bench_gpu", lambda args: pytest.fail("ran"))
     _bad_says(_exits(bench.main), "bench.py gpu: ", "torchrun", "python bench.py gpu")
-
-
-def test_bench_mix20_expands_a_leading_tilde(tmp_path, monkeypatch):
-    # --mix20 names a file: ~ is expanded as in every script's path flags (README), not made into a folder "~"
-    monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "mix.txt").write_text("x")
-    ran = []
-    monkeypatch.setattr(sys, "argv", ["bench.py", "tokenizer", "--parts", "encode_file", "--mix20", "~/mix.txt"])
-    monkeypatch.setattr(bench, "bench_tokenizer", lambda args: ran.append(args.mix20))
-    bench.main()
-    assert ran == [str(tmp_path / "mix.txt")]
 
 
 def test_bench_tokenizer_texts_default_to_the_fetched_tinystories_and_make_the_mix_from_them(tmp_path, monkeypatch):
@@ -10146,18 +10141,6 @@ def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeyp
     assert (cfg["d_model"], cfg["time_budget"]) == (16, "0.6s")
 
 
-@pytest.mark.parametrize("argv, flag, named", [
-    (["--minutes", "0"], "--minutes", ["0"]), (["--seeds", "a"], "--seeds", ["'a'"]),
-    (["--curve_every", "0"], "--curve_every", ["0"]),
-    (["--peer_lr", "0"], "--peer_lr", ["'0'"]), (["--train", "/no/such.txt"], "--train", ["/no/such.txt"]),
-    (["--valid", str(ROOT / "README.md")], "--train", []),
-    (["--num_heads", "3"], "--num_heads", ["3", "256"]), (["--vocab_size", "100"], "--vocab_size", ["100", "257"])])
-def test_bench_speedrun_bad_flags_are_one_line_before_any_work(monkeypatch, argv, flag, named):
-    monkeypatch.setattr(sys, "argv", ["bench.py", "speedrun", *argv])
-    monkeypatch.setattr(bench, "bench_speedrun", lambda args: pytest.fail("ran"))
-    _bad_says(_exits(bench.main), f"bench.py: {flag}", *named)
-
-
 def test_bench_ctrl_c_is_one_line(monkeypatch):
     # one line after a newline (which leaves the terminal's ^C line)
     def ctrl_c(args):
@@ -10201,7 +10184,8 @@ def test_every_script_reports_a_bad_flag_in_one_line(script, monkeypatch, capsys
     (sample, ["--ckpt=~/missing.pt"]), (flops, ["--ckpt=~/missing.pt"]), (hellaswag, ["--ckpt=~/missing.pt"]),
     (lambada, ["--ckpt=~/missing.pt"]), (lambada, ["--init_from=~/missing"]), (bpe, ["--input=~/missing.txt"]),
     (bpe, ["--encode=~/missing.txt", "--out=~/x.bin"]), (fineweb, ["--input=~/missing.txt"]),
-    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"])])
+    (sample, ["--ckpt=CKPT", "--prompt=FILE:~/missing.txt"]), (experiments, ["run", "--data_dir=~/missing"]),
+    (bench, ["tokenizer", "--mix20=~/missing/mix.txt"])])
 def test_cli_path_flags_expand_a_leading_tilde(tmp_path, monkeypatch, script, argv):
     # the shell leaves --flag=~/x as it is: without expansion a folder named "~" would appear in the working one
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
