@@ -4357,28 +4357,9 @@ def test_train_resume_log_has_each_record_once_and_survives_a_torn_line(tmp_path
 
 
 def test_train_resume_rewrites_the_log_atomically_and_clears_stale_checkpoint_temps(tmp_path, _train_data, monkeypatch):
-    # a SIGKILL right after a resume starts leaves the kept log lines on disk, and the temp files of saves cut short
-    # by such kills are removed
-    out = tmp_path / "o"
-    train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
-    before = (out / "log.jsonl").read_text()
-    (out / "ckpt.pt.tmp4242").write_bytes(b"half a checkpoint")
-    on_disk = []
-
-    class FakeWandb:   # wandb.init runs after the log is set up and before anything is recorded: look at the disk
-        @staticmethod
-        def init(**kw):
-            on_disk.append((out / "log.jsonl").read_text())
-            return types.SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
-    monkeypatch.setitem(sys.modules, "wandb", FakeWandb)
-    train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True, wandb=True),
-                log=_train_quiet)
-    assert on_disk == [before] and before.count("\n") >= 6   # the config, 4 train and 2 eval records
-    assert not list(out.glob("*.tmp*"))
-
-
-def test_train_resume_that_fails_while_rewriting_the_log_leaves_the_old_log_whole(tmp_path, _train_data, monkeypatch):
-    # the kept lines go to a temp file renamed over log.jsonl: a full disk leaves the old log, not a truncated one
+    # the kept lines go to a temp file renamed over log.jsonl: a full disk leaves the old log, not a truncated one; a
+    # SIGKILL right after a resume starts leaves the kept log lines on disk, and the temp files of saves cut short by
+    # such kills are removed
     out = tmp_path / "o"
     train.train(_train_cfg(_train_data, out, max_iters=4, ckpt_interval=2, log_interval=1), log=_train_quiet)
     before = (out / "log.jsonl").read_text()
@@ -4394,17 +4375,21 @@ def test_train_resume_that_fails_while_rewriting_the_log_leaves_the_old_log_whol
     with pytest.raises(OSError, match="No space left"):
         train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True),
                     log=_train_quiet)
-    assert (out / "log.jsonl").read_text() == before and before.count("\n") >= 6
+    assert (out / "log.jsonl").read_text() == before
+    monkeypatch.undo()
+    (out / "ckpt.pt.tmp4242").write_bytes(b"half a checkpoint")
+    on_disk = []
 
-
-def test_train_resume_after_its_log_was_deleted_starts_a_new_log(tmp_path, _train_data):
-    # the log is the user's to delete: the checkpoint still resumes, into a new log
-    out = tmp_path / "o"
-    train.train(_train_cfg(_train_data, out, max_iters=2), log=_train_quiet)
-    (out / "log.jsonl").unlink()
-    assert train.train(_train_cfg(_train_data, out, max_iters=3, resume=True), log=_train_quiet)["step"] == 3
-    assert [r["resumed_at_step"] for r in _train_records(out, "config")] == [2]
-    assert [r["step"] for r in _train_records(out, "eval")] == [3]
+    class FakeWandb:   # wandb.init runs after the log is set up and before anything is recorded: look at the disk
+        @staticmethod
+        def init(**kw):
+            on_disk.append((out / "log.jsonl").read_text())
+            return types.SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb)
+    train.train(_train_cfg(_train_data, out, max_iters=6, ckpt_interval=2, log_interval=1, resume=True, wandb=True),
+                log=_train_quiet)
+    assert on_disk == [before] and before.count("\n") >= 6   # the config, 4 train and 2 eval records
+    assert not list(out.glob("*.tmp*"))
 
 
 def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_path, _train_data):
@@ -4419,13 +4404,19 @@ def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_pat
     assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == [0, 3]
 
 
-def test_train_resume_at_its_evaluated_step_reports_the_checkpoints_validation_loss(tmp_path, _train_data):
-    # resumed at its evaluated step, no new evaluation: the loss reported (and checkpointed) is the checkpoint's
+def test_train_resume_at_its_evaluated_step_reports_the_checkpoints_loss_and_without_its_log_starts_one(tmp_path,
+                                                                                                        _train_data):
+    # resumed at its evaluated step, no new evaluation: the loss reported (and checkpointed) is the checkpoint's; the
+    # log is the user's to delete: the checkpoint still resumes, into a new log
     out = tmp_path / "o"
     first = train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
     again = train.train(_train_cfg(_train_data, out, max_iters=4, resume=True), log=_train_quiet)
     assert first["val_loss"] is not None
     assert (again["step"], again["val_loss"], again["val_step"]) == (4, first["val_loss"], 4)
+    (out / "log.jsonl").unlink()
+    assert train.train(_train_cfg(_train_data, out, max_iters=5, resume=True), log=_train_quiet)["step"] == 5
+    assert [r["resumed_at_step"] for r in _train_records(out, "config")] == [4]
+    assert [r["step"] for r in _train_records(out, "eval")] == [5]
 
 
 def test_train_resume_from_a_step_0_checkpoint_keeps_its_log(tmp_path, _train_data, capsys):
