@@ -4626,38 +4626,30 @@ def test_train_check_same_run_takes_only_the_same_files_under_the_same_tokenizer
 # ---- stop requests: Ctrl-C and SIGTERM finish the step, write a checkpoint and stop
 
 
-def test_train_ctrl_c_checkpoints_and_resumes_exactly(tmp_path, _train_data):
-    # Ctrl-C (the SIGINT handler called after step 3) finishes the step, checkpoints step 3 and stops; resumed, the
-    # straight run's weights
-    train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=6), log=_train_quiet)
-    cfg = _train_cfg(_train_data, tmp_path / "b", max_iters=6)
-    s = train.train(cfg, on_step=lambda step: step == 3 and runs.Stop.handler(None, None), log=_train_quiet)
-    assert s["interrupted"] and s["step"] == 3
-    train.train(dict(cfg, resume=True), log=_train_quiet)
-    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_train_sigterm_checkpoints_without_an_extra_evaluation_and_resumes_exactly(tmp_path, _train_data):
-    # a real SIGTERM after step 3: the step finishes, the checkpoint is written at once, without the final evaluation,
-    # so the resumed run evaluates at the straight run's steps
+def test_train_ctrl_c_and_sigterm_checkpoint_without_an_extra_evaluation_and_resume_exactly(tmp_path, _train_data):
+    # a stop request after step 3 (Ctrl-C: the SIGINT handler called; SIGTERM: sent for real): the step finishes, the
+    # checkpoint is written at once, without the final evaluation, so the resumed run evaluates at the straight run's
+    # steps and ends with its weights
     import signal
     before = signal.getsignal(signal.SIGTERM)
     kw = dict(max_iters=6, eval_interval=2)
     train.train(_train_cfg(_train_data, tmp_path / "a", **kw), log=_train_quiet)
-    cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
-    s = train.train(cfg, on_step=lambda step: step == 3 and os.kill(os.getpid(), signal.SIGTERM), log=_train_quiet)
-    assert s["interrupted"] and s["stopped_by"] == "SIGTERM" and s["step"] == 3
-    assert signal.getsignal(signal.SIGTERM) is before
-    ck = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)
-    assert ck["iteration"] == 3 and ck["val_step"] == 2
-    assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == [0, 2]
-    s = train.train(dict(cfg, resume=True), log=_train_quiet)
-    assert not s["interrupted"] and s["stopped_by"] == "max_iters"
-    assert [r["step"] for r in _train_records(tmp_path / "b", "eval")] == \
-        [r["step"] for r in _train_records(tmp_path / "a", "eval")] == [0, 2, 4, 6]
-    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    a = _train_weights(tmp_path / "a" / "ckpt.pt")
+    for by, stop in (("ctrl-c", lambda: runs.Stop.handler(None, None)),
+                     ("SIGTERM", lambda: os.kill(os.getpid(), signal.SIGTERM))):
+        cfg = _train_cfg(_train_data, tmp_path / by, **kw)
+        s = train.train(cfg, on_step=lambda step: step == 3 and stop(), log=_train_quiet)
+        assert s["interrupted"] and s["stopped_by"] == by and s["step"] == 3
+        assert signal.getsignal(signal.SIGTERM) is before
+        ck = torch.load(tmp_path / by / "ckpt.pt", weights_only=True)
+        assert ck["iteration"] == 3 and ck["val_step"] == 2
+        assert [r["step"] for r in _train_records(tmp_path / by, "eval")] == [0, 2]
+        s = train.train(dict(cfg, resume=True), log=_train_quiet)
+        assert not s["interrupted"] and s["stopped_by"] == "max_iters"
+        assert [r["step"] for r in _train_records(tmp_path / by, "eval")] == \
+            [r["step"] for r in _train_records(tmp_path / "a", "eval")] == [0, 2, 4, 6]
+        b = _train_weights(tmp_path / by / "ckpt.pt")
+        assert all(torch.equal(a[k], b[k]) for k in a), by
     # a stop request at the last step changes nothing: the run is finished, not cut short
     s = train.train(_train_cfg(_train_data, tmp_path / "c", max_iters=2),
                     on_step=lambda step: step == 2 and os.kill(os.getpid(), signal.SIGTERM), log=_train_quiet)
