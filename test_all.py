@@ -7471,11 +7471,13 @@ def test_flops_an_odd_head_width_is_fine_for_gpt2(monkeypatch, capsys):
 class _TableLM(torch.nn.Module):
     """Stand-in LM: the logits after token a are table[a] (a bigram model; unigram if all rows are equal)."""
 
-    def __init__(self, table, gpt_style=False):
+    def __init__(self, table, gpt_style=False, context_length=None):
         super().__init__()
         self.register_buffer("table", torch.as_tensor(table, dtype=torch.float32))
         self.gpt_style = gpt_style
         self.seen = []
+        if context_length:
+            self.context_length = context_length
 
     def forward(self, idx):
         self.seen.append((self.training, torch.is_grad_enabled(), tuple(idx.shape)))
@@ -7899,8 +7901,7 @@ def test_hs_evaluate_skips_examples_whose_ending_outgrows_the_context(capsys):
     tok = _hs_word_tokenizer()
     examples = _hs_examples()
     longest = [max(len(tok.encode(" " + e)) for e in r[2]) for r in _HS_ROWS]
-    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
-    model.context_length = sorted(longest)[3] + 1  # the 3 examples with the longest endings no longer fit
+    model = _TableLM(_hs_bigram_table(tok, _HS_LABELS), context_length=sorted(longest)[3] + 1)   # the 3 longest out
     too_long = sum(n + 1 > model.context_length for n in longest)
     assert 0 < too_long < len(examples)
     for batch_examples in (1, 4):
@@ -7957,9 +7958,7 @@ def _eval_ddp_case(name):
         return (_TableLM(_hs_bigram_table(tok, _HS_LABELS[:2] + [(label + 3) % 4 for label in _HS_LABELS[2:]])), tok,
                 _hs_examples(), dict(batch_examples=2))
     tok = _lb_tokenizer()
-    model = _TableLM(_lb_designed_table(tok))
-    model.context_length = 1
-    return model, tok, _lb_examples(), dict(batch_size=2)
+    return _TableLM(_lb_designed_table(tok), context_length=1), tok, _lb_examples(), dict(batch_size=2)
 
 
 def _eval_ddp_worker(rank, world_size, port, name, out_dir):
@@ -8372,8 +8371,7 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
     kept = [i for i, g in enumerate(_LB_TARGETS) if len(tok.encode(g)) == 1]
     assert kept == [0, 1, 2, 3, 6]
     for batch_size in (1, 2, 8):
-        model = _TableLM(table)
-        model.context_length = 1
+        model = _TableLM(table, context_length=1)
         r = lambada.evaluate(model, tok, _lb_examples(), "cpu", batch_size=batch_size)
         assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (2, 5, 3, 5)
         assert r["acc"] == pytest.approx(3 / 5)
@@ -8383,15 +8381,13 @@ def test_lambada_evaluate_skips_targets_longer_than_the_context(capsys):
     assert _eval_figures(lambada.result_line(r)) == {"acc": (0.6, 3, 5), "ppl": pytest.approx(r["ppl"], abs=0.005),
                                                      "skipped": 2}
     # context_length 2: every target fits, the 2-piece ones with one context token: nothing skipped, all cut
-    model = _TableLM(table)
-    model.context_length = 2
+    model = _TableLM(table, context_length=2)
     r = lambada.evaluate(model, tok, _lb_examples(), "cpu")
     assert (r["num_skipped"], r["num_total"], r["num_correct"], r["num_cut"]) == (0, 7, 4, 7)
     assert r["nll"] == pytest.approx(sum(n for n, _ in refs), rel=1e-6)
     assert _eval_figures(lambada.result_line(r))["skipped"] == 0
     # nothing fits at all: no passage scored, nan perplexity, every one skipped
-    model = _TableLM(table)
-    model.context_length = 1
+    model = _TableLM(table, context_length=1)
     r = lambada.evaluate(model, tok, [_lb_examples()[4], _lb_examples()[5]], "cpu")
     assert (r["num_total"], r["num_skipped"], r["acc"]) == (0, 2, 0.0) and math.isnan(r["ppl"])
     # the progress line counts skipped passages too, also when a whole batch is skipped (here: every batch)
