@@ -1998,10 +1998,7 @@ def test_model_parameter_counts():
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_model_random_init_loss_is_ln_vocab(arch):
     vocab = 50257 if arch == "gpt2" else 10000
-    if arch == "gpt2":
-        m = _model_gpt(vocab_size=vocab, n_embd=64)
-    else:
-        m = _model_llama(vocab_size=vocab)
+    m = _model_gpt(vocab_size=vocab, n_embd=64) if arch == "gpt2" else _model_llama(vocab_size=vocab)
     ids = _model_ids(vocab, (4, 32))
     targets = _model_ids(vocab, (4, 32), seed=2)
     with torch.no_grad():
@@ -2139,14 +2136,17 @@ def test_model_rank_gpu_refuses_a_local_rank_past_the_visible_gpus(monkeypatch, 
 
 
 def test_model_checkpoint_round_trip_and_wrappers(tmp_path):
+    # DDP(torch.compile(m)) saves module._orig_mod.*, torch.compile(DDP(m)) _orig_mod.module.*: either loads
     for m in (_model_llama(remove_rope=True, attn_impl="sdpa"), _model_gpt(pad_vocab_to_multiple_of=64)):
         cfg = m.model_config()
         assert cfg["arch"] in ("llama", "gpt2") and json.loads(json.dumps(cfg)) == cfg
-        ckpt = {"model": {"_orig_mod.module." + k: v for k, v in m.state_dict().items()}, "model_config": cfg}
-        torch.save(ckpt, tmp_path / "ckpt.pt")
-        loaded = M.model_from_checkpoint(torch.load(tmp_path / "ckpt.pt", weights_only=True))
         ids = _model_ids(97)
-        torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
+        for prefix in ("_orig_mod.module.", "module._orig_mod.", "_orig_mod._orig_mod."):
+            ckpt = {"model": {prefix + k: v for k, v in m.state_dict().items()}, "model_config": cfg}
+            torch.save(ckpt, tmp_path / "ckpt.pt")
+            loaded = M.model_from_checkpoint(torch.load(tmp_path / "ckpt.pt", weights_only=True))
+            torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
+            assert M.unwrapped_state_dict(ckpt["model"]).keys() == m.state_dict().keys()
 
         class Wrapper(torch.nn.Module):  # stands in for DDP (.module) / torch.compile (._orig_mod)
             def __init__(self, inner):
@@ -2159,17 +2159,6 @@ def test_model_checkpoint_round_trip_and_wrappers(tmp_path):
         torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids, arch=cfg["arch"]), M.lm_loss(m, ids, ids))
         torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids), M.lm_loss(m, ids, ids))
         assert len(M.param_groups(Wrapper(m), 0.1)[0]["params"]) == len(M.param_groups(m, 0.1)[0]["params"])
-
-
-def test_model_checkpoint_keys_from_any_wrapper_order(tmp_path):
-    # DDP(torch.compile(m)) saves module._orig_mod.*, torch.compile(DDP(m)) _orig_mod.module.*
-    m = _model_llama()
-    ids = _model_ids(97)
-    for prefix in ("_orig_mod.module.", "module._orig_mod.", "_orig_mod._orig_mod."):
-        ckpt = {"model": {prefix + k: v for k, v in m.state_dict().items()}, "model_config": m.model_config()}
-        loaded = M.model_from_checkpoint(ckpt)
-        torch.testing.assert_close(M.lm_loss(loaded, ids, ids), M.lm_loss(m, ids, ids))
-        assert M.unwrapped_state_dict(ckpt["model"]).keys() == m.state_dict().keys()
 
 
 def test_model_checkpoint_that_does_not_fit_its_model_config_is_refused():
