@@ -733,8 +733,7 @@ def test_bpe_a_merge_of_hash_signs_survives_the_merges_file_round_trip(tmp_path)
 
 
 def test_bpe_saved_special_tokens_with_spaces_or_non_ascii_are_their_text_and_load_back(tmp_path):
-    # vocab.json holds special tokens as their own text (as GPT-2's "<|endoftext|>"), not in the bytes-to-unicode
-    # alphabet, and they are read back without it (" " is no byte character there; "ü" is byte 0xFC)
+    # special tokens are vocab.json's own text (as GPT-2's "<|endoftext|>"), not bytes-to-unicode, and read back so
     import tokenizers  # the independent reference (requirements-dev.txt)
     specials = [_BPE_EOT, "<|end of text|>", "<|ü|>"]
     tok = _bpe_byte_tokenizer(specials)
@@ -790,8 +789,7 @@ def _bpe_edit_vocab(d, change):
 
 @pytest.mark.parametrize("broken", list(_BPE_BROKEN_FOLDERS))
 def test_bpe_a_broken_tokenizer_folder_is_refused_in_one_line_naming_the_file(tmp_path, monkeypatch, broken):
-    # load_tokenizer, Tokenizer.from_dir and --encode refuse it before anything is written, naming the file at fault
-    # (the folder, for a missing file); a special token missing from vocab.json is refused, not appended
+    # load_tokenizer, from_dir and --encode name the file at fault; a special token not in vocab.json is not appended
     d = _bpe_tok_dir(tmp_path)
     breaks, name, named = _BPE_BROKEN_FOLDERS[broken]
     breaks(d)
@@ -1015,8 +1013,7 @@ def test_bpe_encode_file_cut_short_keeps_the_old_pair_and_no_temp(tmp_path, monk
 
 
 def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_beside_new_ids(tmp_path, monkeypatch):
-    # the old sidecar is gone before the new ids replace out.bin: a run dying while writing it leaves ids without a
-    # sidecar (refused by train.py), never new ids under old counts, and no temp file
+    # the old sidecar goes before new ids replace out.bin: never new ids under old counts, and no temp file
     tok = _bpe_small_tokenizer(save_to=tmp_path / "tok")
     (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
     (tmp_path / "b.txt").write_text(_bpe_synthetic_text(100, seed=11), encoding="utf-8")
@@ -1037,8 +1034,7 @@ def test_bpe_encode_file_failing_to_write_the_sidecar_leaves_no_old_sidecar_besi
 
 
 def test_bpe_cli_trains_saves_reports_and_encodes(tmp_path):
-    # training reports its phases' wall time, peak memory, the longest token and bytes per token (recomputed here
-    # from the saved tokenizer, every document sampled: --sample_docs above them); encoding its speed
+    # the report's phases, peak memory, longest token and bytes per token (recomputed here); encoding's speed
     text = _bpe_synthetic_text(30, seed=14)
     (tmp_path / "in.txt").write_text(text, encoding="utf-8")
     r = _bpe_cli("--vocab", 350, "--input", tmp_path / "in.txt", "--out", tmp_path / "tok", "--workers", 1,
@@ -1153,8 +1149,7 @@ _BPE_CLI_REFUSALS = {   # case: (command line, the line's start, what it names);
 
 @pytest.mark.parametrize("case", list(_BPE_CLI_REFUSALS))
 def test_bpe_cli_refuses_bad_input_before_any_work(tmp_path, monkeypatch, capsys, case):
-    # bad counts, inputs and --out paths (/proc takes no new file, even from root, whom os.access lets): refused
-    # before any training or encoding
+    # bad counts, inputs and --out paths (/proc takes no new file, even from root): refused before any work
     if "proc" in case and not os.path.isdir("/proc/self"):
         pytest.skip("Linux's /proc")
     argv, prefix, named = _BPE_CLI_REFUSALS[case]
@@ -1301,8 +1296,7 @@ def test_model_linear_and_embedding_match_torch():
 
 
 def test_model_rmsnorm_matches_torch_and_normalises_16_bit_inputs_in_float32():
-    # fp16 activations of a few hundred: their squares overflow fp16, so the norm must be taken in float32; the
-    # output keeps the input's dtype
+    # fp16 activations of a few hundred square past fp16: the norm is taken in float32, the output in the input's dtype
     norm = M.RMSNorm(32)
     with torch.no_grad():
         norm.weight.copy_(torch.rand(32) + 0.5)
@@ -1846,8 +1840,7 @@ def test_model_from_pretrained_takes_the_block_size_from_n_positions_before_n_ct
 
 
 def test_model_from_pretrained_hub_names_download_then_load(tmp_path, monkeypatch):
-    # huggingface_hub's download faked by a local folder: the names asked for, pytorch_model.bin without safetensors,
-    # offline the cache's copy (local_files_only), and the local load's logits
+    # hub downloads faked by a local folder: the names asked for, the .bin fallback, offline the cache, the logits
     hub = pytest.importorskip("huggingface_hub")
     hf = _model_hf_gpt2()
     hf.save_pretrained(tmp_path / "safe")
@@ -1919,8 +1912,7 @@ def test_model_from_pretrained_refuses_an_unknown_name_and_a_folder_without_weig
                                         ("scale_attn_by_inverse_layer_idx", True), ("n_inner", 48),
                                         ("model_type", "gpt_bigcode")])
 def test_model_from_pretrained_refuses_gpt2_settings_it_does_not_implement(tmp_path, key, value):
-    # settings transformers loads with other logits than GPT-2's (exact "gelu", CRFM's attention scaling, GPTBigCode's
-    # config): refused, naming the file, setting and value
+    # what transformers would load with other logits than GPT-2's: refused, naming the file, setting and value
     from transformers import GPT2Config, GPT2LMHeadModel
     GPT2LMHeadModel(GPT2Config(**_MODEL_HF_SHAPE)).save_pretrained(tmp_path)
     config = tmp_path / "config.json"
@@ -2650,8 +2642,7 @@ def test_train_sequential_sampler_keeps_a_shards_opening_piece_first():
 
 
 def test_train_sequential_sampler_without_document_boundaries_never_repeats_an_epoch():
-    # nothing to shuffle (no eot id, one document, or its only eot opens it): each epoch starts the shard elsewhere,
-    # so no epoch repeats the last one's batches, and still reads the whole shard
+    # nothing to shuffle (no eot, one document): each epoch starts elsewhere, repeats no batch, reads the whole shard
     arr = np.arange(1000, dtype=np.uint16)
     for eot_id in (None, 5000, 0):
         s = train.SequentialSampler([("a", arr, {})], 2, 8, seed=0, eot_id=eot_id)
@@ -2791,8 +2782,7 @@ def test_train_checkpoint_that_is_not_a_whole_train_py_checkpoint_is_one_line(tm
     OSError(28, "No space left on device")], ids=["torch-writer", "enospc"])
 def test_train_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, _train_data, monkeypatch,
                                                                             error):
-    # the disk fills while step 4's checkpoint is written: one line naming the checkpoint, both steps and --resume;
-    # step 2's is kept byte for byte, no temp file left, and --resume finishes the run
+    # a full disk at step 4's checkpoint: one line naming it, both steps and --resume; step 2's kept, no temp file
     out, real_save, kept = tmp_path / "o", torch.save, []
 
     def save(obj, f, *a, **k):
@@ -2815,8 +2805,7 @@ def test_train_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_
 
 def test_train_full_disk_at_a_sharded_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, _train_data,
                                                                                       monkeypatch):
-    # --fsdp: the disk fills while step 4's shards are written (DCP's CheckpointException, a BaseException): the
-    # same one line, step 2's checkpoint kept, and --resume finishes the run
+    # --fsdp: a full disk at step 4's shards (DCP's CheckpointException): the same line, step 2's kept, --resume works
     import torch.distributed.checkpoint as dcp
     out, real_save = tmp_path / "o", dcp.save
 
@@ -2950,8 +2939,7 @@ def test_train_default_d_ff_is_eight_thirds_of_d_model_rounded_to_64():
 
 
 def test_train_tf32_num_threads_and_the_auto_dtype_reach_torch_and_the_log(tmp_path, _train_data, monkeypatch):
-    # --tf32: matmul precision "high"; --num_threads=0 leaves torch's count alone. Both recorded, not applied; the
-    # dtype --dtype=auto picked, and why, is said in the start line and logged
+    # --tf32: matmul precision "high"; --num_threads=0 leaves torch's count alone; --dtype=auto's pick said and logged
     precision, threads, lines = [], [], []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", precision.append)
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
@@ -3046,8 +3034,7 @@ _TRAIN_REFUSALS = {   # case: (settings over _train_cfg's, a change to _train_da
 
 @pytest.mark.parametrize("case", list(_TRAIN_REFUSALS))
 def test_train_refuses_bad_settings_and_data_before_anything_is_written(tmp_path, _train_data, monkeypatch, case):
-    # a device missing, token files or sidecars that cannot be right, ids past the vocabulary, short files, a task
-    # file missing, settings out of range: one line naming the file, flag or value, before the out_dir is made
+    # bad devices, token files, sidecars, ids, lengths, task files, settings: one line naming them, no out_dir made
     if case.startswith("gpt2-") and "with" not in case and not HAVE_GPT2_FILES:
         pytest.skip("GPT-2's tokenizer files are unavailable offline")
     settings, change, prefix, named = _TRAIN_REFUSALS[case]
@@ -3065,8 +3052,7 @@ def test_train_refuses_bad_settings_and_data_before_anything_is_written(tmp_path
 
 
 def test_train_takes_the_tokenizer_copied_with_its_data_and_one_tokenizer_named_by_two_paths(tmp_path, monkeypatch):
-    # token files naming one tokenizer two ways; the data copied with it, the original retrained in place: the copy
-    # beside the data (its fingerprint matches) is taken, and the checkpoint names it
+    # one tokenizer named two ways; the data copied, the original retrained: the copy beside the data is taken
     a = tmp_path / "a" / "data"
     a.mkdir(parents=True)
     _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(a / "tok")
@@ -3175,8 +3161,7 @@ def test_train_weight_decay_only_on_matrices(tmp_path, _train_data, monkeypatch)
 
 @pytest.mark.parametrize("warmup_iters, outlasts", [(5, True), (3, True), (2, False)])
 def test_train_says_when_the_warmup_outlasts_the_schedule(tmp_path, _train_data, warmup_iters, outlasts):
-    # a run of 3 steps below a warmup of 5, or of 3, never reaches the peak lr: said once, naming the warmup and the
-    # schedule's length; a warmup of 2 reaches it at step 2: nothing said
+    # 3 steps under a warmup of 5 or 3 never reach the peak lr: said once (warmup, length); a warmup of 2 does
     said = []
     s = train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=3, warmup_iters=warmup_iters), log=said.append)
     notes = [line for line in said if "--warmup_iters" in line]
@@ -3304,8 +3289,7 @@ def test_train_scores_hellaswag_and_lambada_at_each_evaluation(tmp_path, compile
 
 @needs_gpt2_files
 def test_train_downstream_examples_the_context_cannot_hold_are_said_once_and_never_scored_as_zero(tmp_path):
-    # a 4-token context: no HellaSwag ending fits (no figure at all, not 0.0), and LAMBADA scores the 3 passages that
-    # fit; each task says so once
+    # a 4-token context: no HellaSwag ending fits (no figure, not 0.0), LAMBADA scores the 3 that fit; each said once
     tok = bpe.load_tokenizer("gpt2")
     assert all(max(len(tok.encode(" " + e)) for e in endings) >= 4 for _, _, endings in _HS_ROWS)
     hs = _hs_write_rows(tmp_path / "hs.jsonl")
@@ -3397,8 +3381,7 @@ def test_train_fresh_with_a_bad_task_file_keeps_the_old_run(tmp_path):
 
 
 def test_train_optimizer_steps_with_the_scheduled_lr_and_the_clipped_gradients(tmp_path, _train_data, monkeypatch):
-    # what the optimizer is handed: group["lr"] set to the schedule's value (not only logged), and gradients of
-    # global norm min(pre-clip norm, --grad_clip)
+    # the optimizer is handed the schedule's lr (not only logged) and gradients of norm min(pre-clip, --grad_clip)
     seen = []
 
     class Spy(train.AdamW):
@@ -3469,8 +3452,7 @@ def test_train_z_loss_adds_the_squared_log_normaliser():
 
 
 def test_train_accumulation_matches_one_big_batch_and_logs_its_loss(tmp_path, _train_data):
-    # 1 x (B=8) == 2 x (B=4) with total_batch_tokens = 8*16: same tokens, gradient averaged the same way; the logged
-    # training loss is the mean over all micro-steps, not the last micro-step's share
+    # 1 x (B=8) == 2 x (B=4) accumulated: the same weights, and the logged loss is over all micro-steps
     kw = dict(max_iters=4, log_interval=1)
     train.train(_train_cfg(_train_data, tmp_path / "a", batch_size=8, **kw), log=_train_quiet)
     train.train(_train_cfg(_train_data, tmp_path / "b", batch_size=4, total_batch_tokens=8 * 16, **kw),
@@ -3486,8 +3468,7 @@ def test_train_accumulation_matches_one_big_batch_and_logs_its_loss(tmp_path, _t
 
 
 def test_train_fetches_each_batch_while_the_micro_step_before_it_runs(tmp_path, _train_data, monkeypatch):
-    # nanochat's order: micro-step m's forward, the fetch of batch m+1, m's backward (the batches, and a resume's
-    # position, stay those of reading each batch when used: the resume tests)
+    # nanochat's order: forward of m, fetch of m+1, backward of m (a resume's position unchanged: the resume tests)
     events = []
     real_next, real_forward = train.ReadAhead.next_batch, train.LossOf.forward
 
@@ -3511,8 +3492,7 @@ def test_train_checkpoints_at_every_evaluation_when_ckpt_interval_is_0(tmp_path,
 
 
 def test_train_log_records_carry_the_run_and_step_figures(tmp_path, _train_data, monkeypatch):
-    # one config record, a train record every log_interval and at the end, an eval record per evaluation; with the
-    # fake clock (1 s a step) tokens/s, tokens, elapsed and the MFU are exact
+    # a config record, train records every log_interval and at the end, eval records; 1 s steps: exact figures
     monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 3e7)   # a peak that puts MFU near 30 %
     s = train.train(_train_cfg(_train_data, tmp_path / "o", max_iters=6, log_interval=4), clock=_train_fake_clock(),
                     log=_train_quiet)
@@ -3639,8 +3619,7 @@ def test_train_compile_wraps_the_training_module_only(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_train_compiled_run_equals_the_eager_run(tmp_path, _train_data, arch):
-    # compiled (aot_eager): the eager run's losses, weights and validation losses; its checkpoint a plain model's,
-    # that loads and generates
+    # compiled (aot_eager): the eager run's losses, weights, validation losses; its checkpoint loads and generates
     from sample import generate
     results = {}
     for compiled in (False, True):
@@ -3688,8 +3667,7 @@ def test_train_bf16_autocast_on_cpu_covers_training_and_evaluation(tmp_path, _tr
     ("batch_size", 1), ("eval_interval", 1), ("log_interval", 1), ("d_ff", 0), ("max_iters", 0), ("grad_clip", 0.0),
     ("learning_rate", 0.0), ("seed", 0), ("seed", 2 ** 32 - 1), ("vocab_size", 256)])
 def test_train_check_config_accepts_each_range_at_its_closed_ends(tmp_path, name, value):
-    # closed ends are settings, not errors: min_lr_ratio=1, top_p=1, beta 0, greedy, the largest 32-bit seed, and a
-    # vocabulary of 256 for one's own data (257 ids only for the main job's tokenizer)
+    # closed ends are settings, not errors (a vocabulary of 256 too, for one's own data: 257 for the main job's)
     train.check_config(_train_cfg(tmp_path / "d", tmp_path / "o", **{name: value}))
     assert not (tmp_path / "o").exists()
 
@@ -3747,8 +3725,7 @@ def _scripts_copy(tmp_path):
     return copy
 
 
-# runs `python SCRIPT ARGS` command lines one after the other in one interpreter (runpy), printing as JSON each one's
-# exit code or message and stdout: one torch import
+# runs `python SCRIPT ARGS` command lines in one interpreter (runpy): each one's exit code or message and stdout, JSON
 _RUN_SCRIPTS = """
 import contextlib, io, json, runpy, sys
 sys.path.insert(0, "")
@@ -3882,8 +3859,7 @@ def test_train_cli_refuses_bad_input_before_any_work(tmp_path, _train_data, monk
 
 
 def test_train_presets_resolve_to_documented_values():
-    # CS336's TinyStories baseline (40.96M tokens on a CPU, 327.68M on a GPU), on OpenWebText, build-nanogpt's GPT-2
-    # 124M; a flag given with a preset wins
+    # CS336's TinyStories baseline (40.96M tokens on CPU, 327.68M on GPU), OpenWebText, GPT-2 124M; a flag still wins
     cfg, _ = train.get_config(["--preset=tinystories-cpu"])
     assert (cfg["vocab_size"], cfg["context_length"], cfg["d_model"], cfg["num_layers"], cfg["num_heads"],
             cfg["d_ff"], cfg["rope_theta"]) == (10000, 256, 512, 4, 16, 1344, 10000.0)
@@ -3933,8 +3909,7 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
 
 
 def test_train_speedrun_cpu_prepare_command_runs_on_a_fresh_clone(tmp_path, monkeypatch):
-    # --preset=speedrun-cpu's printed command runs in a copy of the scripts with nothing beside it (offline:
-    # stories.py's text, said in one line); the preset then trains on what it made
+    # the printed preparation runs in a bare copy of the scripts (offline: stories.py's text, said); the preset trains
     command = train.PREPARE_COMMANDS["speedrun-cpu"]
     assert "shared" not in command and ".." not in command and "--vocab 4096" in command
     copy = _scripts_copy(tmp_path)
@@ -4216,8 +4191,7 @@ def test_train_resume_drops_torn_and_non_object_log_lines():
 @pytest.mark.parametrize("optimizer, sampler, budget", [("adamw", "sequential", ""), ("muon", "sequential", ""),
                                                         ("adamw", "random", ""), ("adamw", "sequential", "8s")])
 def test_train_resume_is_bit_identical(tmp_path, _train_data, optimizer, sampler, budget):
-    # crashed after step 6, checkpointed at 4, resumed: step 8 with the uninterrupted run's weights, bit for bit;
-    # under --time_budget (1 s a step) the resumed run spends what was left of the budget
+    # crashed after step 6, resumed from 4: step 8 bit for bit; under --time_budget, the budget left is spent
     kw = dict(max_iters=100 if budget else 8, ckpt_interval=4, optimizer=optimizer, sampler=sampler,
               time_budget=budget, warmup_iters=0 if budget else 2)
     straight = train.train(_train_cfg(_train_data, tmp_path / "a", **kw), clock=_train_fake_clock(), log=_train_quiet)
@@ -4233,8 +4207,7 @@ def test_train_resume_is_bit_identical(tmp_path, _train_data, optimizer, sampler
 
 
 def test_train_resume_restores_the_global_rngs_after_building_the_model(tmp_path, _train_data, monkeypatch):
-    # the python / numpy / torch generators put back after the model is rebuilt: on_step draws the uninterrupted
-    # run's numbers; each run measures the CPU peak again (a new process), from its own generator
+    # the generators are restored after the model is rebuilt: on_step draws the straight run's numbers
     peaks = {}
     monkeypatch.setattr(flops, "_cpu_peak_cache", peaks)
 
@@ -4392,8 +4365,7 @@ def test_train_resume_at_a_checkpoint_without_an_evaluation_evaluates_it(tmp_pat
 
 def test_train_resume_at_its_evaluated_step_reports_the_checkpoints_loss_and_without_its_log_starts_one(tmp_path,
                                                                                                         _train_data):
-    # resumed at its evaluated step, no new evaluation: the loss reported (and checkpointed) is the checkpoint's; the
-    # log is the user's to delete: the checkpoint still resumes, into a new log
+    # resumed at its evaluated step: the checkpoint's loss, no new evaluation; a deleted log: resumed into a new one
     out = tmp_path / "o"
     first = train.train(_train_cfg(_train_data, out, max_iters=4), log=_train_quiet)
     again = train.train(_train_cfg(_train_data, out, max_iters=4, resume=True), log=_train_quiet)
@@ -4437,8 +4409,7 @@ def test_train_resume_with_a_longer_cosine_says_so(tmp_path, _train_data):
 
 
 def test_train_resume_under_a_budget_says_when_the_clock_moves_the_schedule(tmp_path, _train_data):
-    # under --time_budget another --max_iters or budget moves the lr even with --lr_decay_iters fixed: one line from
-    # what to what; with both kept, the uninterrupted run's schedule and nothing said
+    # under --time_budget another --max_iters or budget moves the lr: one line from what to what; kept, nothing said
     kw = dict(time_budget="20s", max_iters=20, lr_decay_iters=20, warmup_iters=2, log_interval=1, ckpt_interval=5)
     train.train(_train_cfg(_train_data, tmp_path / "full", **kw), clock=_train_fake_clock(), log=_train_quiet)
     full = {r["step"]: r["lr"] for r in _train_records(tmp_path / "full", "train")}
@@ -4504,8 +4475,7 @@ def test_train_resume_takes_an_explicit_prepare_data_flag(tmp_path):
 
 
 def test_train_a_folder_named_on_the_command_line_is_never_written_whatever_out_dir_holds(tmp_path, monkeypatch):
-    # the main job's out/ckpt.pt, then one's own data/x at another vocabulary: `--data_dir=data/x` neither prepares
-    # nor resumes it, naming the ways on (not --resume=true: that model cannot read it); --fresh trains on it
+    # out/ckpt.pt of the main job, then --data_dir=data/x of another vocabulary: neither prepared nor resumed; --fresh
     monkeypatch.chdir(tmp_path)
     small = ["--download=false", "--corpus_bytes=60000", "--vocab_size=300", "--d_model=32", "--num_layers=1",
              "--num_heads=2", "--context_length=32", "--batch_size=4", "--max_iters=2", "--eval_iters=2",
@@ -4576,8 +4546,7 @@ _TRAIN_RESUME_REFUSALS = {   # case: (train.train's settings over _train_cfg(res
 
 @pytest.mark.parametrize("case", list(_TRAIN_RESUME_REFUSALS))
 def test_train_resume_refuses_what_would_not_continue_the_run(tmp_path, _train_finished_run, case):
-    # settings that would make it another run (the checkpoint's value, then the new one), a bad flag, weights that do
-    # not fit, data it cannot continue on: one line, before a step is trained; the checkpoint and log stay
+    # what would make it another run, a bad flag, weights or data that do not fit: one line, no step, nothing changed
     data, out = _train_copy_run(_train_finished_run, tmp_path)
     how, change, prefix, named = _TRAIN_RESUME_REFUSALS[case]
     fill = lambda s: s.replace("{data}", str(data)).replace("{out}", str(out))
@@ -4643,8 +4612,7 @@ def test_train_ctrl_c_and_sigterm_checkpoint_without_an_extra_evaluation_and_res
 
 
 def test_train_restores_the_sigint_handler_and_a_second_ctrl_c_aborts_without_a_checkpoint(tmp_path, _train_data):
-    # the Ctrl-C handler is train()'s for the loop only (the caller's back after, even on an abort); a second Ctrl-C
-    # interrupts at once, without a checkpoint
+    # train()'s Ctrl-C handler is the loop's only (the caller's is back, even on an abort); a second Ctrl-C aborts
     import signal
     before = signal.getsignal(signal.SIGINT)
     train.train(_train_cfg(_train_data, tmp_path / "a", max_iters=1), log=_train_quiet)
@@ -4685,8 +4653,7 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
 
 
 def test_train_summary_after_a_stop_gives_no_stale_figures_or_sample(tmp_path, monkeypatch, capsys):
-    # Ctrl-C at step 2, last evaluated at step 0: the summary says so and gives neither that loss nor that sample as
-    # the run's result; the resumed run ends evaluated, and gives both
+    # Ctrl-C at step 2, evaluated at 0: the summary gives neither that loss nor its sample; resumed, it gives both
     d, _ = _train_byte_data(tmp_path)
     real_train = train.train
     monkeypatch.setattr(train, "train", lambda cfg, **kw: real_train(cfg, on_step=lambda step: step == 2 and
@@ -4756,8 +4723,7 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
                       ("rand_b", dict(max_iters=4, resume=True))):
         train.train(_train_cfg(data_dir, Path(out_dir) / sub, **kw, **more), log=_train_quiet, teardown=False)
         dist.barrier()   # rank 0's checkpoint is on disk before any rank resumes from it
-    # a SIGTERM to rank 1 only (after step 1): the ranks agree on stop requests every log_interval (3) steps, so both
-    # stop after step 3 with a checkpoint; resumed to step 4 it ends where rand_a did
+    # a SIGTERM to rank 1 only (after step 1): both stop after step 3 (agreed every 3) and resume to rand_a's end
     import signal
     term = Path(out_dir) / "term"
     stopped = train.train(_train_cfg(data_dir, term, **kw, max_iters=4, log_interval=3), log=_train_quiet,
@@ -4776,8 +4742,7 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
     train.train(_train_cfg(data_dir, Path(out_dir) / "muon", **_TRAIN_DDP_KW, optimizer="muon"), log=_train_quiet,
                 teardown=False)
     dist.barrier()
-    # a step takes 1 s on rank 0, 3 s on rank 1: every rank takes rank 0's clock, so all stop after the same step on
-    # the same schedule (else the weights drift apart, and a rank stopping alone hangs its peers)
+    # 1 s a step on rank 0, 3 s on rank 1: every rank takes rank 0's clock and stops after the same step
     t = [0.0]
 
     def clock():
@@ -4809,8 +4774,7 @@ def _train_ddp_worker(rank, world, port, data_dir, out_dir):
 
 def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_logged_figure(tmp_path, _train_data,
                                                                                              monkeypatch):
-    # 1 process x 4 micro-steps == 2 x 2 (all-reduced once, after the last): the same weights, validation loss,
-    # logged loss, tokens and tokens/s (all ranks'), and MFU per process
+    # 1 process x 4 micro-steps == 2 x 2: the same weights, losses, tokens, tokens/s (all ranks'), MFU per process
     monkeypatch.setattr(flops, "peak_flops", lambda device, dtype: 1e9)
     train.train(_train_cfg(_train_data, tmp_path / "one", **_TRAIN_DDP_KW), clock=_train_fake_clock(), log=_train_quiet)
     _spawn_ranks(_train_ddp_worker, str(_train_data), str(tmp_path / "two"))
@@ -4939,8 +4903,7 @@ def test_train_ddp_two_gloo_processes_match_one(tmp_path, _train_data, compiled)
 
 
 def test_train_ddp_main_job_prepares_the_data_once_while_the_other_rank_waits(tmp_path):
-    # rank 0 prepares the data while rank 1 waits on a gloo group of its own (not NCCL's 10-minute watchdog); both
-    # then train on the same files
+    # rank 0 prepares the data while rank 1 waits on a gloo group (not NCCL's watchdog); both train on those files
     args = [f"--data_dir={tmp_path}/data", "--prepare_data=true", f"--out_dir={tmp_path}/out", "--download=false",
             "--corpus_bytes=60000", "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2",
             "--context_length=32", "--batch_size=4", "--max_iters=2", "--eval_interval=2", "--eval_iters=2",
@@ -4998,8 +4961,7 @@ _TRAIN_WIDE = dict(d_model=256, num_layers=2, num_heads=4, context_length=64, ba
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_train_two_identical_runs_at_the_default_thread_count_are_bit_for_bit_equal(tmp_path, _train_data, dtype):
-    # d_model 256 at torch's default threads (multi-threaded kernels): two runs end with the same weights and log,
-    # under CPU bf16 autocast too
+    # d_model 256 at torch's default threads: two runs end with the same weights and log, under bf16 autocast too
     assert torch.get_num_threads() >= 2 or pytest.skip("one CPU thread: nothing multi-threaded to check")
     for out in ("a", "b"):
         train.train(_train_cfg(_train_data, tmp_path / out, **_TRAIN_WIDE, dtype=dtype), log=_train_quiet)
@@ -5400,8 +5362,7 @@ def test_fw_an_input_that_cannot_be_read_is_one_error_naming_the_file(tmp_path, 
 
 
 def test_fw_hub_probe_uses_the_endpoint_port(monkeypatch):   # fineweb.py asks model.py's hub_reachable
-    # HF_ENDPOINT's port is probed: (True, "") on a connection, (False, why) without; behind a proxy, or with an
-    # endpoint it cannot read, no probe, and it says so
+    # HF_ENDPOINT's port is probed: (True, "") or (False, why); behind a proxy or a bad endpoint: not probed, said
     for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy", "HF_HUB_OFFLINE",
                 "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
@@ -5665,8 +5626,7 @@ def test_fw_every_shard_size_cuts_the_stream_exactly_and_records_where(tmp_path,
 
 @needs_gpt2_files
 def test_fw_resume_after_interruption(tmp_path, monkeypatch):
-    # a rerun after the stream died goes on after the last complete shard, without tokenising those documents again,
-    # to the uninterrupted run's bytes, saying where; a rerun of a complete folder tokenises nothing
+    # a rerun after the stream died goes on after the last whole shard, to the same bytes; a whole folder: nothing
     path, docs = _fw_corpus(tmp_path, n=150)
     kw = dict(tokenizer="gpt2", shard_size=4000, progress=False, log=lambda *a: None, batch_chars=3000)
     fineweb.write_shards(iter(docs), tmp_path / "clean", num_workers=1, **kw)
@@ -5984,8 +5944,7 @@ def test_fw_prepare_tinystories_falls_back_to_the_generated_corpus_when_the_down
     {"train": [f"Trn story {i:05d}" for i in range(400)], "validation": [f"Val story {i:05d}" for i in range(200)]},
 ], ids=["rows_of_any_length", "rows_of_30_bytes"])
 def test_fw_prepare_tinystories_download_stops_at_the_first_story_that_reaches_each_size(tmp_path, monkeypatch, rows):
-    # train.txt and val.txt get 95 % and 5 % of corpus_bytes up to the first story that reaches the size: 30-byte
-    # rows make 5700 and 300 bytes exactly 190 and 10 rows; both splits streamed from the hub
+    # 95 % and 5 % of corpus_bytes up to the first story reaching it (30-byte rows: 190 and 10), streamed from the hub
     calls = []
     _fw_fake_datasets(monkeypatch, rows, calls)
     got = fineweb.prepare_tinystories(tmp_path / "dl", vocab_size=280, log=lambda *a: None, corpus_bytes=6000,
