@@ -5985,8 +5985,7 @@ def test_fw_tinystories_head_is_the_head_of_each_split_fetched_once(tmp_path, mo
 
 
 def test_fw_tinystories_head_offline_says_in_one_line_that_its_figures_do_not_compare(tmp_path, monkeypatch, capsys):
-    # offline: stories.py's stories of the same sizes, said in one line, each time; online later: TinyStories. The
-    # command line too
+    # offline: stories.py's stories of the same sizes, said in one line each time (the CLI too); online: TinyStories
     monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "cannot reach huggingface.co (test)"))
     logs = []
     train_txt, valid_txt = fineweb.tinystories_head(tmp_path / "h", train_bytes=6000, val_stories=12, log=logs.append)
@@ -6141,8 +6140,7 @@ def test_fw_cli_refuses_shards_of_an_input_that_has_changed(tmp_path, monkeypatc
 
 
 def test_fineweb_a_full_disk_is_one_line_naming_the_shard_and_leaves_nothing_half_written(tmp_path, _fw_bpe_dir):
-    # a full disk at the first shard (files of at most 1,500 bytes): exit status 1, one line naming --out_dir and the
-    # shard, no partial shard and no meta.json
+    # a full disk at the first shard: exit status 1, one line naming --out_dir and the shard, no shard, no meta.json
     path, _ = _fw_corpus(tmp_path)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(ROOT / "fineweb.py"), f"--input={path}", f"--tokenizer={_fw_bpe_dir}",
@@ -6824,8 +6822,7 @@ def test_sample_cli_refuses_bad_input_before_anything_is_printed(tmp_path, monke
 
 
 def test_sample_checkpoint_without_a_tokenizer_needs_the_flag(tmp_path, capsys, monkeypatch):
-    # no tokenizer named in the checkpoint's data: one line asking for --tokenizer (never a guessed gpt2); one of
-    # another size is refused, naming where it came from, its size, then the model's; one that fits is used
+    # no tokenizer named: one line asking for --tokenizer (no guessed gpt2); one of another size: refused, naming both
     tok = _bpe_small_tokenizer(vocab_size=300, save_to=tmp_path / "tok")
     torch.manual_seed(0)
     _, ckpt = _sample_byte_llama(tmp_path, tok.vocab_size, tokenizer="", context_length=16)
@@ -6860,8 +6857,7 @@ _FLOPS_XL = dict(arch="llama", vocab_size=50257, context_length=1024, d_model=16
 
 
 def test_flops_tiny_shape_params_hand_computed():
-    # Llama: V=10, d=4, 1 layer, 2 heads, d_ff=6. Params: embedding 10*4, Q/K/V/O 4*4*4,
-    # SwiGLU 3*4*6, two block norms + final norm 3*4, untied head 4*10.
+    # V=10, d=4, d_ff=6: embedding 10*4, Q/K/V/O 4*4*4, SwiGLU 3*4*6, 3 norms 3*4, untied head 4*10
     p = flops.count_params(_FLOPS_TINY)
     assert (p["embedding"], p["attention"], p["ffn"], p["norm"], p["lm_head"], p["total"]) == (40, 64, 72, 12, 40, 228)
     # SiLU FFN has two matrices; no RMSNorm removes the 12 gains
@@ -7198,13 +7194,9 @@ def _flops_table(monkeypatch, capsys, *argv):
 
 def _flops_shape(table):
     """The key=value pairs of the shape line (arch=...) under the first line's title."""
-    return dict(kv.split("=") for kv in _flops_shape_line(table).split() if "=" in kv)
-
-
-def _flops_shape_line(table):
-    lines = table.splitlines()
-    assert lines[1].startswith("arch="), table
-    return lines[1]
+    line = table.splitlines()[1]
+    assert line.startswith("arch="), table
+    return dict(kv.split("=") for kv in line.split() if "=" in kv)
 
 
 def test_flops_cli_json_record_holds_the_reference_figures(capsys, monkeypatch):
@@ -7256,7 +7248,7 @@ def test_flops_cli_the_models_own_context_is_the_default_context(capsys, monkeyp
     shape = _flops_shape(out)
     assert (shape["layers"], shape["d_model"], shape["heads"], shape["d_ff"], shape["vocab"],
             shape["context"]) == ("4", "512", "16", "1344", "10000", "256")
-    assert "swiglu" in _flops_shape_line(out)
+    assert "swiglu" in out.splitlines()[1]   # (the shape line)
     r = _flops_json(monkeypatch, capsys, "--model=tinystories", "--context_length=512")
     assert r["config"]["context_length"] == 512 and list(r["contexts"]) == ["512"]
     out = _flops_table(monkeypatch, capsys, "--model=tinystories", "--context_length=512", "--train_tokens=1e9")
@@ -7770,8 +7762,7 @@ def test_hs_score_endings_matches_hand_computed_losses(kind):
 
 
 def test_hs_evaluate_controlled_model_gives_known_accuracy():
-    # `datasets` rows store the label as a string: still all right for the truthful model (not 0); the hidden test
-    # split's empty labels are one clear error
+    # `datasets` rows' string labels score as labels (not 0); the hidden test split's empty labels: one clear error
     tok = _hs_word_tokenizer()
     examples = _hs_examples()
     truthful = _TableLM(_hs_bigram_table(tok, _HS_LABELS))
@@ -8845,8 +8836,7 @@ def test_export_an_out_under_proc_is_refused_before_loading(monkeypatch, exporte
 
 
 def test_export_a_full_disk_is_one_line_and_leaves_the_folder_as_it_was(tmp_path, exported):
-    # --force over an earlier export, the write failing as on a full disk: exit status 1, one line naming --out and
-    # the file, the earlier export left byte for byte
+    # --force over an earlier export, on a full disk: exit status 1, one line naming --out and the file, nothing changed
     shutil.copytree(exported["llama"][2], tmp_path / "hf")
     before = _files(tmp_path / "hf")
     r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--ckpt", str(exported["gpt2"][0]), "--out",
@@ -9271,8 +9261,7 @@ def _experiments_listed(out):
 
 @pytest.mark.parametrize("preset", sorted(experiments.PRESETS))
 def test_experiments_plan_has_the_sweeps_and_ablations_on_equal_validation_tokens(preset):
-    # a baseline, >= 5 learning rates, 3 batch sizes, the four ablations and a time-budget run; the same validation
-    # tokens for all, the same training tokens for the batch sizes
+    # a baseline, >= 5 lrs, 3 batch sizes, 4 ablations, a time-budget run; one validation text, equal training tokens
     runs = experiments.plan(preset)
     names = [r["name"] for r in runs]
     assert names[0] == "baseline" and len(names) == len(set(names))
@@ -9787,8 +9776,7 @@ def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
 
 
 def test_bench_gpu_reports_failing_checks_alone_and_exits_nonzero(capsys, monkeypatch):
-    # two faults, each failing its own check alone: a wrong scratch attention, and a DDP check whose one process
-    # steps on its first micro-step only; the last line names both; exit status 1
+    # two faults, each failing its own check alone (a wrong scratch attention, a DDP check of 1 micro-step): exit 1
     real = train.grad_accum_steps
     monkeypatch.setattr(train, "grad_accum_steps", lambda total, B, T, world: 1 if world == 1 else real(total, B, T,
                                                                                                        world))
@@ -9992,8 +9980,7 @@ def _bench_speedrun_args(tmp_path, **kw):
 
 
 def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys, monkeypatch):
-    # both sides train and are scored on the whole validation text; the last line's ratio is ours over the peer's
-    # median; without --train / --valid, the fetched TinyStories head
+    # both sides scored on the whole validation text, the ratio ours over the peer's median; default: TinyStories head
     args = _bench_speedrun_args(tmp_path)
     monkeypatch.setattr(fineweb, "tinystories_head", lambda: (Path(args.train), Path(args.valid)))
     bench.bench_speedrun(argparse.Namespace(**{**vars(args), "train": "", "valid": ""}))
@@ -10196,8 +10183,7 @@ def test_cli_rejects_a_device_torch_cannot_use_here(tmp_path, monkeypatch, scrip
 
 def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_the_evals(tmp_path, monkeypatch,
                                                                                           capsys):
-    # a tokenizer retrained into its folder keeps its path and size: its fingerprint, recorded in the token files and
-    # the checkpoint, makes train, sample, hellaswag and lambada refuse it in one line naming both fingerprints
+    # a tokenizer retrained in its folder: its fingerprint makes train, sample and the evals refuse it, naming both
     d, tok_dir = tmp_path / "data", tmp_path / "data" / "tok"
     d.mkdir()
     _bpe_small_tokenizer(tmp_path, vocab_size=300).save_dir(tok_dir)
