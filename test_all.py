@@ -1222,17 +1222,14 @@ def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, m
     assert len(made) == 1
 
 
-def test_bpe_progress_in_a_log_file_is_a_line_per_update_without_carriage_returns(capsys):
+def test_bpe_progress_in_a_log_file_is_a_line_per_update_and_switched_off_draws_nothing(capsys):
     bar = bpe.progress_bar(3, "work", "step")
     for _ in range(3):
         bar.update()
     bar.close()
     err = capsys.readouterr().err   # (pytest's capture is no terminal)
     assert "\r" not in err and err.strip().splitlines()[-1].startswith("work: 100%")
-
-
-def test_bpe_progress_switched_off_counts_and_draws_nothing(capsys):
-    # (a library call or a worker process: the count a caller reads back, nothing on stderr, no tqdm)
+    # switched off (a library call or a worker process): the count a caller reads back, nothing on stderr, no tqdm
     bar = bpe.progress_bar(10, "work", "step", enabled=False, initial=2)
     bar.update(3)
     bar.set_postfix_str("5 done", refresh=False)
@@ -1286,13 +1283,6 @@ def test_model_linear_and_embedding_init_is_cs336s_truncated_normal():
     emb = M.Embedding(1000, 256)
     assert emb.weight.shape == (1000, 256)
     assert abs(emb.weight.std().item() - 0.9866) < 0.01 and 2.9 < emb.weight.abs().max().item() <= 3.0
-
-
-def test_model_linear_and_embedding_match_torch():
-    lin, emb = M.Linear(16, 8), M.Embedding(50, 8)
-    x, ids = torch.randn(3, 5, 16), torch.randint(0, 50, (3, 7))
-    torch.testing.assert_close(lin(x), F.linear(x, lin.weight))
-    torch.testing.assert_close(emb(ids), F.embedding(ids, emb.weight))
 
 
 def test_model_rmsnorm_matches_torch_and_normalises_16_bit_inputs_in_float32():
@@ -1452,11 +1442,13 @@ def test_model_attn_impl_chooses_the_kernel_in_both_architectures(arch, monkeypa
     _one_line_naming(_raises(make, attn_impl="flash"), "attn_impl", "'flash'")
 
 
-def test_model_embedding_lookup_is_weight_rows_with_their_gradient():
+def test_model_linear_and_embedding_match_torch_with_the_embeddings_gradient():
     # Embedding.forward is weight[ids] (by index_select, whose backward sums in a fixed order): same rows, same grads
     torch.manual_seed(0)
-    emb = M.Embedding(50, 8)
-    ids = torch.randint(0, 50, (3, 7))
+    lin, emb = M.Linear(16, 8), M.Embedding(50, 8)
+    x, ids = torch.randn(3, 5, 16), torch.randint(0, 50, (3, 7))
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight))
+    torch.testing.assert_close(emb(ids), F.embedding(ids, emb.weight))
     g = torch.randn(3, 7, 8)
     out = emb(ids)
     out.backward(g)
