@@ -995,7 +995,7 @@ def test_bpe_encode_file_an_error_while_encoding_a_chunk_is_raised_not_written_a
 
 def test_bpe_encode_file_cut_short_keeps_the_old_pair_and_no_temp(tmp_path, monkeypatch):
     # an encoding that fails halfway leaves the previous out.bin and its sidecar untouched (a temp file, renamed)
-    tok = _bpe_small_tokenizer(save_to=tmp_path / "tok")
+    _bpe_small_tokenizer(save_to=tmp_path / "tok")
     (tmp_path / "a.txt").write_text(_bpe_synthetic_text(300, seed=10), encoding="utf-8")
     (tmp_path / "b.txt").write_text(_bpe_synthetic_text(300, seed=11), encoding="utf-8")
     kw = dict(num_workers=1, chunk_bytes=4000, min_chunk_bytes=1000)
