@@ -4817,9 +4817,8 @@ def test_train_ddp_with_accumulation_matches_one_process_in_weights_and_every_lo
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5)
 
 
-def _train_agree_worker(rank, world, port, root):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world))
+def _train_agree_worker(rank, world, port, root, ports):
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     root = Path(root)
     plain, byte_data = root / "plain", root / "data"   # (_train_data's tokens; _train_byte_data's, with a tokenizer)
     real_tokenizer_for = bpe.tokenizer_for
@@ -4835,7 +4834,9 @@ def _train_agree_worker(rank, world, port, root):
         "tasks": [byte_data, root / f"h{rank}", "--hellaswag=true", f"--hellaswag_path={root / f'hs{rank}.jsonl'}"],
         "settings": [plain, root / f"s{rank}", f"--batch_size={4 - 2 * rank}"]}
     said = {}
-    for case, (data, out, *more) in cases.items():
+    for (case, (data, out, *more)), port in zip(cases.items(), ports):
+        # a port of its own for each case's process group: on the last one's, a rank could reach its closing store
+        os.environ["MASTER_PORT"] = str(port)
         bpe.tokenizer_for = unloadable if case == "tokenizer" and rank == 1 else real_tokenizer_for
         try:
             train.main([*_train_main_args(data, out), *more])
@@ -4859,7 +4860,10 @@ def test_train_ddp_ranks_that_disagree_before_the_first_step_all_stop_with_the_s
     _hs_write_rows(tmp_path / "hs0.jsonl")
     _hs_write_rows(tmp_path / "hs1.jsonl", _hs_examples()[:3])
     train.main(_train_main_args(tmp_path / "plain", tmp_path / "ck0"))   # the checkpoint rank 0 finds
-    _spawn_ranks(_train_agree_worker, str(tmp_path), timeout=120)
+    ports = set()
+    while len(ports) < 7:
+        ports.add(_free_port())
+    _spawn_ranks(_train_agree_worker, str(tmp_path), sorted(ports), timeout=120)
     said = [json.loads((tmp_path / f"agree{r}.json").read_text()) for r in (0, 1)]
     assert said[1] == dict.fromkeys(said[0], "1")   # the same error on each rank: rank 0 says it, rank 1 exits 1
     for case, named in (("checkpoint", ["checkpoint", "None on rank 1", "--out_dir"]),
