@@ -261,15 +261,13 @@ class RandomSampler:
         self.rng = np.random.default_rng([seed, rank])
 
     def next_batch(self, device):
-        if len(self.arrays) == 1:   # train.get_batch's draw, on this sampler's RNG
-            starts = self.rng.integers(0, len(self.arrays[0]) - self.T, size=self.B)
-            rows = [self.arrays[0][s:s + self.T + 1] for s in starts]
-            return batch_to_device(torch.from_numpy(np.stack(rows).astype(np.int64)), device)
-        which = self.rng.choice(len(self.arrays), size=self.B, p=self.p)
-        rows = []
-        for i in which:
-            s = self.rng.integers(0, len(self.arrays[i]) - self.T)
-            rows.append(self.arrays[i][s:s + self.T + 1])
+        if len(self.arrays) == 1:   # train.get_batch's draw (every start in one call), on this sampler's RNG
+            arr = self.arrays[0]
+            rows = [arr[s:s + self.T + 1] for s in self.rng.integers(0, len(arr) - self.T, size=self.B)]
+        else:   # a file per row, then a start in it
+            which = self.rng.choice(len(self.arrays), size=self.B, p=self.p)
+            rows = [self.arrays[i][s:s + self.T + 1] for i in which
+                    for s in [self.rng.integers(0, len(self.arrays[i]) - self.T)]]
         return batch_to_device(torch.from_numpy(np.stack(rows).astype(np.int64)), device)
 
     def state_dict(self):
