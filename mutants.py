@@ -145,6 +145,8 @@ MUTANTS = [   # (name, file, snippet, replacement, -k, why)
     ("restore_world", "runs.py", "if same_data and saved_world != world:", "if False:",
      "test_train_resume_with_another_number_of_processes or another-number-of-processes",
      "a DDP run resumes on as many processes"),
+    ("lr_scale", "train.py", 'group["lr"] = lr * group.get("lr_scale", 1)', 'group["lr"] = lr',
+     "test_train_embedding_and_head_lr_scales", "--embedding_lr_scale / --head_lr_scale scale their groups"),
     ("restore_rngs", "runs.py", "    set_rng_state(rng)\n", "\n", "test_train_resume_restores_the_global_rngs",
      "every RNG is restored"),
     ("log_kept_on_resume", "runs.py", 'return isinstance(record, dict) and record.get("step", 0) <= step',

@@ -2434,6 +2434,24 @@ def test_train_muon_takes_the_blocks_matrices_and_adamw_the_rest(arch):
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0, 0.1]
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_train_embedding_and_head_lr_scales(_train_data, tmp_path, optimizer):
+    # one step from the same init, no warmup: a head at --head_lr_scale=2 moves exactly as at twice the learning
+    # rate, an embedding at --embedding_lr_scale=0 stays put, and the blocks keep the run's learning rate
+    def one_step(name, **kw):
+        cfg = _train_cfg(_train_data, tmp_path / name, max_iters=1, warmup_iters=0, optimizer=optimizer, **kw)
+        return _train_weights(train.train(cfg, log=_train_quiet)["ckpt"])
+    init = one_step("init", learning_rate=0.0)
+    scaled = one_step("scaled", embedding_lr_scale=0.0, head_lr_scale=2.0)
+    doubled = one_step("doubled", learning_rate=6e-3)
+    assert torch.equal(scaled["lm_head.weight"], doubled["lm_head.weight"])
+    assert not torch.equal(scaled["lm_head.weight"], init["lm_head.weight"])
+    assert torch.equal(scaled["token_embeddings.weight"], init["token_embeddings.weight"])
+    assert not torch.equal(doubled["token_embeddings.weight"], init["token_embeddings.weight"])
+    block = "layers.0.ffn.w1.weight"
+    assert not torch.equal(scaled[block], init[block]) and not torch.equal(scaled[block], doubled[block])
+
+
 def test_train_cosine_schedule_points():
     f = lambda it: train.get_lr_cosine_schedule(it, 1.0, 0.1, 10, 110)
     assert f(0) == 0.0

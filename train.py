@@ -113,6 +113,11 @@ class TrainConfig:
     optimizer: str = setting("adamw", "adamw | muon (Muon for the blocks' matrices, at AdamW's learning rate and "
                              "weight decay; AdamW for embeddings, head and gains)", choices=("adamw", "muon"))
     learning_rate: float = setting(3e-3, "peak learning rate", check="finite and >= 0")
+    embedding_lr_scale: float = setting(1.0, "the embeddings' learning rate as a multiple of --learning_rate (the "
+                                        "schedule moves both; a head tied to them goes with them)",
+                                        check="finite and >= 0")
+    head_lr_scale: float = setting(1.0, "the output head's learning rate as a multiple of --learning_rate",
+                                   check="finite and >= 0")
     lr_schedule: str = setting("cosine", "cosine (warmup, then cosine down to min_lr_ratio) | wsd (warmup, flat at "
                                "the peak, then linear down to min_lr_ratio over the last --cooldown_frac)",
                                choices=("cosine", "wsd"))
@@ -280,13 +285,26 @@ class Muon(AdamW):
 def make_optimizer(raw, c, fused):
     """The run's optimizer over model.param_groups (weight decay on the 2-D weights only): this file's AdamW,
     torch's fused AdamW (fused: --fused on CUDA), or with --optimizer=muon Muon for the blocks' matrices."""
+    groups = scaled_lr_groups(model_lib.param_groups(raw, c.weight_decay, muon=c.optimizer == "muon"), raw, c)
     if c.optimizer == "muon":
-        groups = model_lib.param_groups(raw, c.weight_decay, muon=True)
         return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
-    groups = model_lib.param_groups(raw, c.weight_decay)
     if fused:
         return torch.optim.AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps, fused=True)
     return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
+
+
+def scaled_lr_groups(groups, raw, c):
+    """--embedding_lr_scale / --head_lr_scale: the embeddings and the head leave the decayed group (groups[0]) for
+    groups of their own, whose "lr_scale" the loop multiplies the scheduled learning rate by. At 1 (the defaults)
+    the groups stay as they were, so older checkpoints' optimizer states still load."""
+    m = model_lib.unwrap(raw)
+    embeddings = [mod.weight for mod in m.modules() if isinstance(mod, (model_lib.Embedding, nn.Embedding))]
+    head = [m.lm_head.weight] if all(m.lm_head.weight is not e for e in embeddings) else []   # tied: an embedding
+    for params, scale in ((embeddings, c.embedding_lr_scale), (head, c.head_lr_scale)):
+        if scale != 1 and params:
+            groups[0]["params"] = [p for p in groups[0]["params"] if id(p) not in {id(q) for q in params}]
+            groups.append({"params": params, "weight_decay": groups[0]["weight_decay"], "lr_scale": scale})
+    return groups
 
 
 def get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters):
@@ -630,7 +648,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
             pace.step_started()
             lr = last_lr = scheduled_lr(c, state.step, state.elapsed)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1)
             loss_acc = torch.zeros((), device=device)
             for micro in range(accum):
                 x, y = batch or loader.next_batch(device)
