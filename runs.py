@@ -265,9 +265,10 @@ class RandomSampler:
             arr = self.arrays[0]
             rows = [arr[s:s + self.T + 1] for s in self.rng.integers(0, len(arr) - self.T, size=self.B)]
         else:   # a file per row, then a start in it
-            which = self.rng.choice(len(self.arrays), size=self.B, p=self.p)
-            rows = [self.arrays[i][s:s + self.T + 1] for i in which
-                    for s in [self.rng.integers(0, len(self.arrays[i]) - self.T)]]
+            rows = []
+            for i in self.rng.choice(len(self.arrays), size=self.B, p=self.p):
+                s = self.rng.integers(0, len(self.arrays[i]) - self.T)
+                rows.append(self.arrays[i][s:s + self.T + 1])
         return batch_to_device(torch.from_numpy(np.stack(rows).astype(np.int64)), device)
 
     def state_dict(self):

@@ -299,10 +299,11 @@ def scaled_lr_groups(groups, raw, c):
     the groups stay as they were, so older checkpoints' optimizer states still load."""
     m = model_lib.unwrap(raw)
     embeddings = [mod.weight for mod in m.modules() if isinstance(mod, (model_lib.Embedding, nn.Embedding))]
-    head = [m.lm_head.weight] if all(m.lm_head.weight is not e for e in embeddings) else []   # tied: an embedding
-    for params, scale in ((embeddings, c.embedding_lr_scale), (head, c.head_lr_scale)):
+    tied = any(m.lm_head.weight is e for e in embeddings)   # a tied head is an embedding
+    for params, scale in ((embeddings, c.embedding_lr_scale), ([] if tied else [m.lm_head.weight], c.head_lr_scale)):
         if scale != 1 and params:
-            groups[0]["params"] = [p for p in groups[0]["params"] if id(p) not in {id(q) for q in params}]
+            moved = {id(p) for p in params}
+            groups[0]["params"] = [p for p in groups[0]["params"] if id(p) not in moved]
             groups.append({"params": params, "weight_decay": groups[0]["weight_decay"], "lr_scale": scale})
     return groups
 
