@@ -663,6 +663,8 @@ def restore_shards(ckpt, ckpt_path, raw, optimizer, loader, fused, world, rank, 
     folder = Path(ckpt_path).parent / ckpt["shards"]
     model_lib.check_shards_metadata(folder)   # nothing in the folder is executed
     shards = {"model": get_model_state_dict(raw)}
+    if ckpt["config"].get("ema"):   # --ema's: "model" is the weight average, the weights trained are beside it
+        shards["trained_weights"] = {n: p.detach().clone() for n, p in raw.named_parameters()}
     if ckpt["optimizer_groups"] is not None:   # (None: written before the optimizer's first step)
         opt = get_optimizer_state_dict(raw, optimizer)
         shards["optimizer"] = opt["state"]
@@ -670,6 +672,8 @@ def restore_shards(ckpt, ckpt_path, raw, optimizer, loader, fused, world, rank, 
         warnings.filterwarnings("ignore", "torch.distributed is")
         dcp.load(shards, checkpoint_id=folder, no_dist=world == 1)
     set_model_state_dict(raw, shards["model"])
+    if "trained_weights" in shards:   # (train() puts them in the model: ckpt holds them as a whole checkpoint would)
+        ckpt["trained_weights"] = shards["trained_weights"]
     if "optimizer" in shards:
         groups = [dict(group, fused=fused) for group in ckpt["optimizer_groups"]]   # (see restore)
         set_optimizer_state_dict(raw, optimizer, dict(state=shards["optimizer"], param_groups=groups))

@@ -6,6 +6,7 @@ Tests that need ../shared/data (real text) skip with a reason when it is absent.
 
 import argparse
 import atexit
+import contextlib
 import functools
 import importlib.util
 import io
@@ -2452,6 +2453,29 @@ def test_train_embedding_and_head_lr_scales(_train_data, tmp_path, optimizer):
     assert not torch.equal(scaled[block], init[block]) and not torch.equal(scaled[block], doubled[block])
 
 
+def test_train_ema_averages_the_weights_and_the_run_scores_and_keeps_the_average(_train_data, tmp_path):
+    # --ema=0.6 over 3 steps: step t averages its weights in at 1 - min(0.6, 1 - 1/t) (steps 1 and 2 their mean,
+    # then the moving average). Training is unchanged: its weights are a run's without --ema, bit for bit. The
+    # checkpoint's model is the average, and the run's last evaluation scored it
+    def run(name, **kw):
+        summary = train.train(_train_cfg(_train_data, tmp_path / name, warmup_iters=0, lr_decay_iters=3, **kw),
+                              log=_train_quiet)
+        return summary, torch.load(tmp_path / name / "ckpt.pt", weights_only=True)
+    (_, w1), (_, w2), (plain, w3) = (run(f"plain{t}", max_iters=t) for t in (1, 2, 3))
+    summary, ckpt = run("ema", max_iters=3, ema=0.6)
+    trained = ckpt["trained_weights"]
+    assert set(trained) == {n for n, _ in M.build_model(ckpt["model_config"]).named_parameters()}
+    for k in trained:
+        assert torch.equal(trained[k], w3["model"][k])
+        want = 0.6 * (w1["model"][k] + w2["model"][k]) / 2 + 0.4 * w3["model"][k]
+        torch.testing.assert_close(ckpt["model"][k], want, rtol=0, atol=1e-6)
+        assert not torch.equal(ckpt["model"][k], trained[k])
+    model = M.model_from_checkpoint(ckpt).eval()
+    scored = train.estimate_val_loss(model, runs.find_shards(_train_data, "val"), dict(batch_size=4, context_length=16),
+                                     "llama", torch.device("cpu"), contextlib.nullcontext(), 0, 1, 2)
+    assert summary["val_loss"] == pytest.approx(scored, rel=1e-6) and summary["val_loss"] != plain["val_loss"]
+
+
 def test_train_cosine_schedule_points():
     f = lambda it: train.get_lr_cosine_schedule(it, 1.0, 0.1, 10, 110)
     assert f(0) == 0.0
@@ -4202,12 +4226,14 @@ def test_train_resume_drops_torn_and_non_object_log_lines():
 # ---- resume: bit for bit the uninterrupted run
 
 
-@pytest.mark.parametrize("optimizer, sampler, budget", [("adamw", "sequential", ""), ("muon", "sequential", ""),
-                                                        ("adamw", "random", ""), ("adamw", "sequential", "8s")])
-def test_train_resume_is_bit_identical(tmp_path, _train_data, optimizer, sampler, budget):
-    # crashed after step 6, resumed from 4: step 8 bit for bit; under --time_budget, the budget left is spent
+@pytest.mark.parametrize("optimizer, sampler, budget, ema", [
+    ("adamw", "sequential", "", 0), ("muon", "sequential", "", 0.9), ("adamw", "random", "", 0),
+    ("adamw", "sequential", "8s", 0)])
+def test_train_resume_is_bit_identical(tmp_path, _train_data, optimizer, sampler, budget, ema):
+    # crashed after step 6, resumed from 4: step 8 bit for bit (--ema: the average and the trained weights); under
+    # --time_budget, the budget left is spent
     kw = dict(max_iters=100 if budget else 8, ckpt_interval=4, optimizer=optimizer, sampler=sampler,
-              time_budget=budget, warmup_iters=0 if budget else 2)
+              time_budget=budget, warmup_iters=0 if budget else 2, ema=ema)
     straight = train.train(_train_cfg(_train_data, tmp_path / "a", **kw), clock=_train_fake_clock(), log=_train_quiet)
     cfg = _train_cfg(_train_data, tmp_path / "b", **kw)
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -4216,8 +4242,10 @@ def test_train_resume_is_bit_identical(tmp_path, _train_data, optimizer, sampler
     resumed = train.train(dict(cfg, resume=True), clock=_train_fake_clock(), log=_train_quiet)
     assert straight["step"] == resumed["step"] == 8
     assert not budget or straight["elapsed"] == resumed["elapsed"] == pytest.approx(8.0)
-    a, b = _train_weights(tmp_path / "a" / "ckpt.pt"), _train_weights(tmp_path / "b" / "ckpt.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)                     # bit for bit
+    a, b = (torch.load(tmp_path / run / "ckpt.pt", weights_only=True) for run in "ab")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])                     # bit for bit
+    assert ("trained_weights" in a) == bool(ema)
+    assert all(torch.equal(a["trained_weights"][k], b["trained_weights"][k]) for k in a.get("trained_weights", {}))
 
 
 def test_train_resume_restores_the_global_rngs_after_building_the_model(tmp_path, _train_data, monkeypatch):
@@ -5035,7 +5063,7 @@ _TRAIN_FSDP_KW = dict(fsdp=True, total_batch_tokens=256, max_iters=3, warmup_ite
                       eval_interval=2, log_interval=1, num_threads=1)
 _TRAIN_FSDP_RUNS = {"clip": dict(grad_clip=0.05), "noclip": dict(grad_clip=0.0, fused="true", total_batch_tokens=128),
                     "muon": dict(optimizer="muon"), "ac": dict(grad_clip=0.05, activation_checkpointing=True),
-                    "ddp_ac": dict(fsdp=False, activation_checkpointing=True)}
+                    "ddp_ac": dict(fsdp=False, activation_checkpointing=True), "ema": dict(ema=0.5)}
 _TRAIN_FSDP_COMPILED = {"compiled_ac": dict(compile=True, compile_backend="aot_eager", activation_checkpointing=True)}
 
 
@@ -5117,9 +5145,10 @@ def test_train_activation_checkpointing_changes_no_gradient_and_no_weight(arch, 
         assert (plain[2], checkpointed[2]) == (3, 6)
 
 
-# a run of 6 steps of 4 windows (2 micro-steps on each of 2 ranks, 4 in one process), a checkpoint every 2 steps
+# a run of 6 steps of 4 windows (2 micro-steps on each of 2 ranks, 4 in one process), a checkpoint every 2 steps,
+# under --ema: the weights compared are the average, right after a resume only if its trained weights are too
 _TRAIN_FSDP_RESUME = dict(fsdp=True, total_batch_tokens=256, max_iters=6, lr_decay_iters=6, warmup_iters=2,
-                          ckpt_interval=2, eval_interval=1000, log_interval=1, num_threads=1)
+                          ckpt_interval=2, eval_interval=1000, log_interval=1, num_threads=1, ema=0.9)
 
 
 def _train_fsdp_resume_worker(rank, world, port, data_dir, out_dir):

@@ -133,6 +133,9 @@ class TrainConfig:
     time_budget: str = setting("2.5m", "training time limit, e.g. 45m, 90s, 1.5h ('' = none); the schedule follows "
                                "the clock", resumable=True)
     weight_decay: float = setting(0.1, "AdamW decoupled weight decay (2-D weights only)", check="finite and >= 0")
+    ema: float = setting(0.0, "average the weights over the run, an exponential moving average of this decay (e.g. "
+                         "0.99; 0 = none): the evaluations score the average and the checkpoint's model is it (the "
+                         "trained weights, which training goes on from, are kept beside it)", check="in [0, 1)")
     beta1: float = setting(0.9, "AdamW beta1", check="in [0, 1)")
     beta2: float = setting(0.95, "AdamW beta2", check="in [0, 1)")
     eps: float = setting(1e-8, "AdamW epsilon", check="finite and >= 0")
@@ -367,6 +370,49 @@ def gradient_clipping(parameters, max_l2_norm, eps=1e-6):
     return norm
 
 
+class WeightAverage:
+    """--ema: an exponential moving average of the weights, updated after every optimizer step. Step t averages in
+    the new weights at 1 - min(decay, 1 - 1/t): the plain mean of the steps so far, until it becomes the moving
+    average (after 1/(1 - decay) steps), so no step's weights (the init's either) weigh more than the decay says.
+    A copy of the parameters (this rank's shards under --fsdp); with decay 0 it holds nothing and does nothing."""
+
+    def __init__(self, raw, decay):
+        self.decay, self.params = decay, dict(raw.named_parameters())
+        self.average = {n: p.detach().clone() for n, p in self.params.items()} if decay else {}
+
+    @torch.no_grad()
+    def update(self, step):
+        """Average in the weights after optimizer step `step` (1, 2, ...)."""
+        weight = 1 - min(self.decay, 1 - 1 / step)
+        for name, avg in self.average.items():
+            local(avg).lerp_(local(self.params[name]), weight)
+
+    @contextlib.contextmanager
+    @torch.no_grad()
+    def swapped_in(self):
+        """The average in the model's parameters for the time of the block (an evaluation, a checkpoint's "model"),
+        the trained weights back after; yields the trained weights ({name: tensor}; None without --ema)."""
+        if not self.decay:
+            yield None
+            return
+        trained = {n: p.detach().clone() for n, p in self.params.items()}
+        for name, p in self.params.items():
+            local(p).copy_(local(self.average[name]))
+        try:
+            yield trained
+        finally:
+            for name, p in self.params.items():
+                local(p).copy_(local(trained[name]))
+
+    @torch.no_grad()
+    def resume(self, trained):
+        """After a checkpoint's "model" (the average) was loaded into the model: that is the average, and the
+        parameters go back to its trained weights, which training continues from."""
+        for name, p in self.params.items():
+            local(self.average[name]).copy_(local(p))
+            local(p).copy_(local(trained[name]))
+
+
 # -----------------------------------------------------------------------------
 # data loading: token files (memmapped, checked by runs.py) -> batches. get_batch is the lesson (random windows);
 # a run reads through one of runs.py's samplers (random windows on its own RNG, or build-nanogpt's sequential order
@@ -482,10 +528,11 @@ def load_checkpoint(src, model, optimizer=None):
     return int(ckpt["iteration"])
 
 
-def save_run(path, raw, optimizer, loader, state, c, data, world):
+def save_run(path, raw, optimizer, loader, state, c, data, world, average):
     """The run's checkpoint (rank 0 writes it; under --fsdp every rank writes its shards): with every RNG, every
     rank's loader position and the RunState, all an exact resume needs, and the settings and data it checks that a
-    resume continues the same run with."""
+    resume continues the same run with. Under --ema its "model" is the weight average (what sample.py, export.py
+    and the evaluations read) and "trained_weights" the weights training continues from."""
     loaders, rngs = [loader.state_dict()], [runs.rng_state()]
     if world > 1:
         loaders = [None] * world
@@ -496,11 +543,13 @@ def save_run(path, raw, optimizer, loader, state, c, data, world):
     run = dict(config=dict(c), tokenizer=data.tokenizer_ref or "", tokenizer_fingerprint=data.fingerprint,
                train_files=data.train_files, val_loss=state.val_loss, val_step=state.val_step, elapsed=state.elapsed)
     try:
-        if c.fsdp:
-            save_sharded(path, raw, optimizer, state.step, world, rng=rngs, loader=loaders, **run)
-        elif int(os.environ.get("RANK", "0")) == 0:
-            save_checkpoint(raw, optimizer, state.step, path, rng=rngs[0],
-                            loader=loaders if world > 1 else loaders[0], **run)
+        with average.swapped_in() as trained:
+            if c.fsdp:
+                save_sharded(path, raw, optimizer, state.step, world, trained, rng=rngs, loader=loaders, **run)
+            elif int(os.environ.get("RANK", "0")) == 0:
+                save_checkpoint(raw, optimizer, state.step, path, rng=rngs[0],
+                                loader=loaders if world > 1 else loaders[0],
+                                **run, **({} if trained is None else {"trained_weights": trained}))
     except (OSError, RuntimeError) as e:   # a full disk: ENOSPC, or torch's writer's "unexpected pos"
         raise runs.checkpoint_not_written(path, state.step, e) from None
 
@@ -603,13 +652,16 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
         then = {**c, **runs.schedule_length(ckpt["config"])}
         lrs = [scheduled_lr(s, int(ckpt["iteration"]), ckpt["elapsed"]) for s in (then, c)]
         state = runs.restore(ckpt, ckpt_path, raw, optimizer, loader, c, data, world, rank, hw["fused"], lrs, say)
+    average = WeightAverage(raw, c.ema)   # --ema (resumed: the checkpoint's "model" is the average, now in raw)
+    if ckpt is not None and c.ema:
+        average.resume(ckpt["trained_weights"])
     model = LossOf(raw, arch, c.z_loss)   # (x, y) -> loss: compiled, the loss is in the graph with the model
     if hw["compile"]:
         model = torch.compile(model, backend=c.compile_backend)
     if ddp and not c.fsdp:   # (DDP broadcasts Llama's constant RoPE buffers every forward: small. The switch against
         # that, broadcast_buffers, warns on every rank in torch 2.13, and its successor fails on older versions)
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say, tasks)
+    evaluate = Evaluator(raw, data, c, device, autocast, rank, world, say, tasks, average)
     flops_per_token = flops.train_flops_per_token(mcfg, T)
 
     # ---- the run's folder (checked above before anything is written): lock, log
@@ -641,7 +693,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                 state.val_loss, state.val_step, samples = fields["val_loss"], state.step, fields.get("samples", [])
                 run.record("eval", **fields)
             if state.checkpoint_due(ckpt_every, last, start_step):
-                save_run(ckpt_path, raw, optimizer, loader, state, c, data, world)
+                save_run(ckpt_path, raw, optimizer, loader, state, c, data, world, average)
             if last:
                 break
 
@@ -663,6 +715,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
+            average.update(state.step)   # --ema (else nothing)
             pace.step_ended(counted=not (hw["compile"] and state.step == start_step + 1))   # a compiled run's first
             # step is mostly compilation: not in the budget. The clock is read (a sync) only when Pace says so: then
             # the step times go into state.elapsed, agreed by the ranks (rank 0's clock, any rank's stop request)
@@ -718,9 +771,10 @@ class Evaluator:
     and LAMBADA when asked (tasks: {name: (module, examples)}, loaded with the inputs), samples. Everything it
     needs is checked when it is made, before the run writes a log or a checkpoint."""
 
-    def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks):
+    def __init__(self, raw, data, c, device, autocast, rank, world, log, tasks, average):
         self.raw, self.data, self.c, self.device, self.autocast, self.rank, self.world, self.log = (
             raw, data, c, device, autocast, rank, world, log)
+        self.average = average   # under --ema the evaluations score the weight average
         need = c.batch_size * c.context_length * world
         runs.check_batch_fits(data.val, need + 1, "validation data")
         # the loss is read from the first validation file that holds a batch (shorter ones are skipped)
@@ -745,9 +799,10 @@ class Evaluator:
         return val_loss / math.log(2) / self.bpt if (self.bpt and val_loss is not None) else None
 
     def __call__(self, step, elapsed):
-        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0). Under --fsdp
-        on the whole model, gathered for the evaluation (whole_model, with the FSDP pieces after train())."""
-        with whole_model(self.raw):
+        """Evaluate now: prints a line, returns the log record's fields (and the samples, on rank 0). Under --ema
+        the weight average is evaluated; under --fsdp the whole model, gathered for the evaluation (whole_model,
+        with the FSDP pieces after train())."""
+        with self.average.swapped_in(), whole_model(self.raw):
             return self._evaluate(step, elapsed)
 
     def _evaluate(self, step, elapsed):
@@ -1013,18 +1068,21 @@ def whole_model(raw):
         raw.set_reshard_after_forward(False, recurse=False)   # each forward, the root keeps its own for the backward
 
 
-def save_sharded(path, raw, optimizer, iteration, world, **run):
-    """--fsdp's checkpoint. Every rank writes its shards of the weights and of the optimizer state with
-    torch.distributed.checkpoint (DCP) into a new folder beside path; then rank 0 writes path itself, the run's
-    state (the rest of what save_checkpoint stores, with every rank's RNGs and loader) naming that folder, through a
-    temporary file renamed over path. That rename commits the checkpoint: a crash before it leaves the last one
-    whole (RunDir removes the unnamed folder); after it, the folder of the last one is removed."""
+def save_sharded(path, raw, optimizer, iteration, world, trained=None, **run):
+    """--fsdp's checkpoint. Every rank writes its shards of the weights (and of --ema's trained weights, trained:
+    {name: DTensor}) and of the optimizer state with torch.distributed.checkpoint (DCP) into a new folder beside
+    path; then rank 0 writes path itself, the run's state (the rest of what save_checkpoint stores, with every
+    rank's RNGs and loader) naming that folder, through a temporary file renamed over path. That rename commits the
+    checkpoint: a crash before it leaves the last one whole (RunDir removes the unnamed folder); after it, the
+    folder of the last one is removed."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     name = [f"{path.name}.shards-{iteration}-{time.time_ns()}"]
     if world > 1:
         torch.distributed.broadcast_object_list(name)   # one folder for every rank: rank 0's name
     shards = {"model": get_model_state_dict(raw)}
+    if trained is not None:
+        shards["trained_weights"] = trained
     groups = None
     if optimizer.state:   # (an optimizer that has not stepped has no state yet; DCP would make one up)
         opt = get_optimizer_state_dict(raw, optimizer)
