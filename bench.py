@@ -877,12 +877,16 @@ def _speedrun_ours(args, seed, tmp, n_bytes):
         cfg.update(eval_interval=args.curve_every,
                    eval_tokens=_speedrun_curve_tokens(args, cfg["batch_size"], cfg["context_length"]))
     summary = train.train(cfg, log=lambda *a, **k: None)
-    m = M.load_model(summary["ckpt"])[0].eval()
+    m, ckpt = M.load_model(summary["ckpt"])
     val_ids = np.fromfile(tmp / "data" / "val.bin", dtype=np.uint16)
-    bpb = _speedrun_bpb(lambda x: M.logits(m, x), val_ids, n_bytes, cfg["context_length"])
+    bpb = _speedrun_bpb(lambda x: M.logits(m.eval(), x), val_ids, n_bytes, cfg["context_length"])
+    last = None
+    if "trained_weights" in ckpt:   # --ema: the checkpoint's model is the average; the last weights scored too
+        m.load_state_dict({**m.state_dict(), **ckpt["trained_weights"]})   # (a name it lacks: an error)
+        last = _speedrun_bpb(lambda x: M.logits(m, x), val_ids, n_bytes, cfg["context_length"])
     tokens = summary["step"] * cfg["batch_size"] * cfg["context_length"]
     curve = [(r["elapsed"], r["val_bpb"]) for r in runs.read_log(summary["log"])[2]] if args.curve else []
-    return dict(steps=summary["step"], tps=tokens / summary["elapsed"], bpb=bpb, curve=curve)
+    return dict(steps=summary["step"], tps=tokens / summary["elapsed"], bpb=bpb, last=last, curve=curve)
 
 
 def _speedrun_curve_tokens(args, batch_size, context_length):
@@ -973,7 +977,8 @@ def bench_speedrun(args):
         for name, run in sides:
             r = run()
             results.setdefault(name, []).append(r)
-            print(f"{name:<{width}}{seed:>5}{r['steps']:>8}{r['tps']:>9,.0f}{r['bpb']:>9.4f}", flush=True)
+            last = f"  (last weights {r['last']:.4f})" if r.get("last") is not None else ""   # (--ema)
+            print(f"{name:<{width}}{seed:>5}{r['steps']:>8}{r['tps']:>9,.0f}{r['bpb']:>9.4f}{last}", flush=True)
     median = {name: statistics.median(r["bpb"] for r in rs) for name, rs in results.items()}
     print(f"medians over {len(seeds)} seed(s): " + ", ".join(f"{n} {b:.4f}" for n, b in median.items()))
     if args.curve:

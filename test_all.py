@@ -10105,6 +10105,16 @@ def test_bench_speedrun_peer_runs_under_bf16_autocast_when_asked_and_auto_follow
         assert bench._speedrun_peer_dtype(_bench_speedrun_args(tmp_path, peer_dtype="auto", d_model=d_model)) == dtype
 
 
+def test_bench_speedrun_scores_an_ema_run_by_its_average_and_its_last_weights_beside(tmp_path, capsys):
+    # --ema: the row's figure is the checkpoint's model (the average), the weights training ended on scored beside it
+    bench.bench_speedrun(_bench_speedrun_args(tmp_path, peer_lr="", ours="--ema=0.5"))
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ours --ema"))
+    found = re.search(r"(\S+)\s+\(last weights (\S+)\)$", row)
+    assert found, row
+    average, last = map(float, found.groups())
+    assert 0 < average < 20 and 0 < last < 20 and average != last
+
+
 def test_bench_speedrun_a_preset_in_ours_brings_its_own_recipe(tmp_path, monkeypatch):
     # --ours="--preset=..." runs the preset's settings (bench.py passes only data, budget and logging flags)
     seen = []
