@@ -3931,9 +3931,11 @@ def test_train_presets_resolve_to_documented_values():
 
 
 def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _train_data):
-    # a 5-minute budget the schedule follows, the recipe's switches; speedrun-gpu's tiny CPU smoke run
+    # a 5-minute budget the schedule follows, the recipe's switches (the weight average among them); speedrun-gpu's
+    # tiny CPU smoke run
     cpu, _ = train.get_config(["--preset=speedrun-cpu"])
-    assert (cpu["time_budget"], cpu["warmup_iters"] / cpu["max_iters"], cpu["vocab_size"]) == ("5m", 0.05, 4096)
+    assert (cpu["time_budget"], cpu["warmup_iters"] / cpu["max_iters"], cpu["vocab_size"], cpu["ema"]) == (
+        "5m", 0.05, 4096, 0.99)
     assert train.scheduled_lr(cpu, 0, 150.0) > train.scheduled_lr(cpu, 0, 290.0)   # decaying by the clock
     assert "data/speedrun-4k" in train.PREPARE_COMMANDS["speedrun-cpu"] and cpu["data_dir"] == "data/speedrun-4k"
     tiny = ["--vocab_size=64", "--context_length=16", "--d_model=32", "--num_layers=1", "--num_heads=2", "--d_ff=64",
