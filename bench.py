@@ -878,12 +878,15 @@ def _speedrun_ours(args, seed, tmp, n_bytes):
                    eval_tokens=_speedrun_curve_tokens(args, cfg["batch_size"], cfg["context_length"]))
     summary = train.train(cfg, log=lambda *a, **k: None)
     m, ckpt = M.load_model(summary["ckpt"])
+    m.eval()
     val_ids = np.fromfile(tmp / "data" / "val.bin", dtype=np.uint16)
-    bpb = _speedrun_bpb(lambda x: M.logits(m.eval(), x), val_ids, n_bytes, cfg["context_length"])
-    last = None
+
+    def score():   # the model's weights now, on the whole validation text
+        return _speedrun_bpb(lambda x: M.logits(m, x), val_ids, n_bytes, cfg["context_length"])
+    bpb, last = score(), None
     if "trained_weights" in ckpt:   # --ema: the checkpoint's model is the average; the last weights scored too
         m.load_state_dict({**m.state_dict(), **ckpt["trained_weights"]})   # (a name it lacks: an error)
-        last = _speedrun_bpb(lambda x: M.logits(m, x), val_ids, n_bytes, cfg["context_length"])
+        last = score()
     tokens = summary["step"] * cfg["batch_size"] * cfg["context_length"]
     curve = [(r["elapsed"], r["val_bpb"]) for r in runs.read_log(summary["log"])[2]] if args.curve else []
     return dict(steps=summary["step"], tps=tokens / summary["elapsed"], bpb=bpb, last=last, curve=curve)
