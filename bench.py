@@ -479,7 +479,7 @@ def _model_step_times(cfg, steps, dtype):
 
 def _loop_step_times(cfg, steps, dtype, data_dir, out_dir):
     """The real train() loop (sampler, accumulation, clipping, schedule, logging); per-step dt from its log."""
-    c = dict(train.DEFAULTS, compile=False, **cfg, data_dir=str(data_dir), out_dir=str(out_dir), prepare_data=False,
+    c = dict(train.DEFAULTS, **cfg, data_dir=str(data_dir), out_dir=str(out_dir), prepare_data=False,
              resume=False, max_iters=steps, eval_interval=10 ** 9, eval_iters=1, log_interval=1, num_samples=0,
              device="cpu", dtype=dtype, sampler="sequential", time_budget="")
     train.train(c, log=lambda *a, **k: None)
@@ -1007,10 +1007,12 @@ def bench_speedrun(args):
 # fused AdamW against train.AdamW; a torch.compile'd forward against eager; KV-cached against uncached greedy
 # decoding; HellaSwag and LAMBADA scores on the device against the CPU. Then train.train() itself on random tokens,
 # GPT-2 and Llama at the same shape, compiled and eager: tokens/s, MFU (flops.py's peak for this GPU) and peak
-# memory. Last, what the 8-GPU preset runs (_ddp_check): train.train compiled under DDP, one process per GPU as
-# torchrun starts them (NCCL; on the CPU 2 gloo processes), 2 micro-steps a step (no_sync on the first) at the
-# preset's batch of 64, against one process: its tokens/s and MFU. It starts those processes itself, so it is
-# run as `python bench.py gpu` (torchrun is refused); with one GPU the DDP check is skipped.
+# memory. Then the gpt2-xl preset's model with activation checkpointing (_checkpointing_check): the same loss and
+# gradient as without, its peak memory against flops.py's, the largest batch. Last, what the 8-GPU preset runs
+# (_ddp_check): train.train compiled under DDP, one process per GPU as torchrun starts them (NCCL; on the CPU 2 gloo
+# processes), 2 micro-steps a step (no_sync on the first) at the preset's batch of 64, against one process: its
+# tokens/s and MFU. It starts those processes itself, so it is run as `python bench.py gpu` (torchrun is refused);
+# with one GPU the DDP check is skipped.
 
 def bench_gpu(args):
     import bpe
@@ -1149,10 +1151,100 @@ def bench_gpu(args):
               f"{100 * statistics.median(mfu) if mfu else 0:>6.1f}% {mem:>10}")
         check(f"train.train {label}: loss is finite", all(math.isfinite(r["loss"]) for r in steps),
               f"{len(steps)} steps timed")
+    _checkpointing_check(args, device, check)
     _ddp_check(args, shape, device, tmp, check)
     print(f"{'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
     if failed:
         raise SystemExit(1)
+
+
+def _checkpointing_check(args, device, check):
+    """The gpt2-xl preset's model (GPT-2 XL: 48 x 1600, 25 heads, 1.56B; tiny with --tiny) in one process with
+    --activation_checkpointing, built and stepped as train.py does on this device (its precision, parallelize and
+    make_optimizer; eager). Checked: the loss and the gradient norm with checkpointing against without (the same ops
+    on the same values). Then timed, on CUDA with the peak memory of three steps (torch.cuda.max_memory_allocated)
+    and their median time: two batches with checkpointing, fitted to a * batch + b beside flops.py's accounting
+    (fp32 activations: an upper bound under bf16 autocast), the same two without it, and the largest batch the fit
+    leaves room for on this GPU (5% less after each out-of-memory, up to 3 tries). Skipped on a GPU too small for
+    the batches flops.py's accounting allows."""
+    cuda = torch.device(device).type == "cuda"
+    xl = train.PRESETS["gpt2-xl"]
+    shape = (dict(model="gpt2", vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4)
+             if args.tiny else {k: xl[k] for k in ("model", "vocab_size", "context_length", "d_model", "num_layers",
+                                                      "num_heads")})
+    c = train.check_config(dict(train.DEFAULTS, **shape, learning_rate=xl["learning_rate"], device=device,
+                                activation_checkpointing=True))
+    hw, autocast = train.precision(c, torch.device(device))
+    T, mcfg = c.context_length, M.config_from_flags(c.model, c, c.vocab_size, hw["pad_vocab"])
+    gb, small = 1e9, args.batch_size if args.tiny else 8
+    fixed, per_seq = flops.memory_bytes(mcfg, T, checkpointing=True)
+    if cuda and torch.cuda.get_device_properties(device).total_memory < fixed + 2 * small * per_seq:
+        print(f"activation checkpointing skipped: GPT-2 XL at batch {2 * small} needs up to "
+              f"{(fixed + 2 * small * per_seq) / gb:.0f} GB (flops.py), more than this GPU has")
+        return
+    torch.manual_seed(0)
+    with torch.device(device):
+        raw = M.build_model(mcfg)
+    optimizer = train.make_optimizer(raw, c, hw["fused"])
+
+    def run(batch, checkpointing, steps=3, update=True):   # -> (loss, grad norm, median step s, peak bytes or None)
+        for block in M.blocks(raw):
+            block.__dict__.pop("forward", None)   # parallelize's checkpointed forward, if any: back to the plain one
+        if checkpointing:
+            train.parallelize(raw, c, 1, device, hw)
+        x = torch.randint(0, c.vocab_size, (batch, T), generator=torch.Generator().manual_seed(batch)).to(device)
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            with autocast:
+                loss = M.lm_loss(raw, x, x)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+            if update:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss, norm = loss.item(), norm.item()   # (waits for the device)
+            times.append(time.perf_counter() - t0)
+        return loss, norm, statistics.median(times), torch.cuda.max_memory_allocated(device) if cuda else None
+
+    (loss0, norm0, *_), (loss1, norm1, *_) = (run(2, ckpt, steps=1, update=False) for ckpt in (False, True))
+    worst = max(abs(loss1 - loss0) / loss0, abs(norm1 - norm0) / norm0)
+    check("activation checkpointing vs without: loss, grad", worst < 1e-3, f"max rel diff {worst:.1e} (loss "
+          f"{loss1:.4f}, gradient norm {norm1:.4f})")
+    print(f"{'activation checkpointing':<30} {'batch':>7} {'step s':>8} {'peak mem':>10} {'flops.py':>10}   "
+          f"({mcfg['arch']} {c.num_layers} x {c.d_model}, {hw['dtype']}, eager, "
+          f"{'fused AdamW' if hw['fused'] else 'train.AdamW'})")
+
+    def row(label, batch, checkpointing):   # -> the peak bytes (None off CUDA), or "out of memory"
+        try:
+            step, peak = run(batch, checkpointing)[2:]
+        except torch.OutOfMemoryError:
+            optimizer.zero_grad(set_to_none=True)
+            print(f"{label:<30} {batch:>4}x{T:<4} out of memory")
+            return "out of memory"
+        predicted = f"{(fixed + per_seq * batch) / gb:.1f} GB" if checkpointing else "-"
+        print(f"{label:<30} {batch:>4}x{T:<4} {step:>8.3f} {f'{peak / gb:.1f} GB' if peak else '-':>10} "
+              f"{predicted:>10}")
+        return peak
+
+    peaks = {b: row("on", b, True) for b in (small, 2 * small)}
+    for b in (small, 2 * small):
+        row("off", b, False)
+    if not cuda or "out of memory" in peaks.values():
+        return
+    a = (peaks[2 * small] - peaks[small]) / small
+    b = peaks[small] - a * small
+    check("checkpointed peak memory within flops.py's", all(p <= fixed + per_seq * n for n, p in peaks.items()),
+          f"fit {a / gb:.2f} * batch + {b / gb:.2f} GB; flops.py (fp32 activations) {per_seq / gb:.2f} * batch + "
+          f"{fixed / gb:.2f} GB")
+    batch = int((torch.cuda.get_device_properties(device).total_memory - b) / a)
+    for _ in range(3):
+        if row("on, the largest batch", batch, True) != "out of memory":
+            return
+        batch = int(0.95 * batch)
 
 
 def _ddp_rank(rank, world, port, cfg):

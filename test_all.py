@@ -9822,19 +9822,22 @@ def _bench_checks(out):
 
 
 def test_bench_gpu_runs_every_check_on_cpu(capsys, monkeypatch):
-    # on the CPU all 14 checks pass, after timing train.train for both architectures compiled and eager and the GPT-2
-    # preset's step under DDP (2 gloo processes) against one; its data and checkpoints go when bench.py exits
+    # on the CPU all 15 checks pass, after timing train.train for both architectures compiled and eager, the gpt2-xl
+    # preset's activation checkpointing (tiny) on and off, and the GPT-2 preset's step under DDP (2 gloo processes)
+    # against one; its data and checkpoints go when bench.py exits
     removed_at_exit, register = [], atexit.register
     monkeypatch.setattr(atexit, "register", lambda f, *a, **k: removed_at_exit.append(a[0]) if f is shutil.rmtree
                         else register(f, *a, **k))
     bench.bench_gpu(_bench_gpu_args(procs=2))
     out = capsys.readouterr().out
     checks = _bench_checks(out)
-    assert len(checks) == 14 and all(ok for ok, _ in checks), checks
+    assert len(checks) == 15 and all(ok for ok, _ in checks), checks
     assert checks[-1][1].startswith("DDP x2, 2 micro-steps (no_sync) vs 1 process")
     assert "passed" in out.splitlines()[-1]
     timed = [(a, m) for a in ("gpt2", "llama") for m in ("compiled", "eager")]
     assert {f"{a} {m}" for a, m in timed} <= {" ".join(line.split()[:2]) for line in out.splitlines()}  # each printed
+    assert [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["on"], ["off"])] == [
+        "on", "on", "off", "off"]   # activation checkpointing's rows: two batches each way
     (ddp,) = [line.split() for line in out.splitlines() if line.startswith("gpt2 DDP x2 compiled")]
     assert float(ddp[5].replace(",", "")) > 0 and ddp[6].endswith("%")   # tokens/s and MFU
     (tmp,) = removed_at_exit
@@ -9863,8 +9866,10 @@ def test_bench_gpu_reports_failing_checks_alone_and_exits_nonzero(capsys, monkey
 
 def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     # each check shown able to fail by its fault: a device doubling the weights, an off bf16 autocast loss, a fused
-    # AdamW that is not train.AdamW, a torch.compile changing the loss, a KV cache that forgets
+    # AdamW that is not train.AdamW, a torch.compile changing the loss, a KV cache that forgets, a checkpointed block
+    # whose recomputation is not its forward
     real_to, real_loss, real_adamw = torch.nn.Module.to, M.lm_loss, torch.optim.AdamW
+    real_checkpoint = torch.utils.checkpoint.checkpoint
 
     def doubled_to(self, *a, **k):
         out = real_to(self, *a, **k)
@@ -9892,13 +9897,15 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     monkeypatch.setattr(torch.optim, "AdamW", BrokenFused)
     monkeypatch.setattr(torch, "compile", broken_compile)
     monkeypatch.setattr(M, "KVCache", Forgetful)
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda f, *a, **k: 1.01 * real_checkpoint(f, *a, **k))
     with pytest.raises(SystemExit):
         bench.bench_gpu(_bench_gpu_args(steps=2))
     failed = [what for ok, what in _bench_checks(capsys.readouterr().out) if not ok]
     for what in ("llama: float32 forward on the device vs CPU", "gpt2: float32 forward on the device vs CPU",
                  "llama: bf16 autocast loss vs float32", "gpt2: bf16 autocast loss vs float32",
                  "fused AdamW vs train.AdamW, 5 steps", "torch.compile forward vs eager (bf16)",
-                 "KV-cached greedy decoding vs uncached", "HellaSwag and LAMBADA on the device vs CPU"):
+                 "KV-cached greedy decoding vs uncached", "HellaSwag and LAMBADA on the device vs CPU",
+                 "activation checkpointing vs without: loss, grad"):
         assert any(f.startswith(what) for f in failed), what
 
 
@@ -10023,6 +10030,17 @@ def test_bench_dtype_times_both_dtypes_at_the_presets_shapes_and_says_what_auto_
         rows = {w: line for line in out for w in ("64", "192") if f"d_model {w}" in line}
         assert re.search(r"\| +4,096 \| +8,192 \| +2.00x \| float32", rows["64"]), rows   # narrower than the edge
         assert re.search(rf"\| +2.00x \| {picks}", rows["192"]), rows
+
+
+def test_bench_dtype_times_the_real_loop_at_a_shape_that_carries_its_own_settings(tmp_path):
+    # the loop itself, not faked: a shape of bench.py dtype's (the main job's settings, compile among them), narrowed
+    cfg = dict(bench._dtype_shapes()["main job"], vocab_size=64, context_length=16, d_model=16, num_layers=1,
+               num_heads=2, batch_size=2)
+    (tmp_path / "data").mkdir()
+    bench._write_tokens(tmp_path / "data" / "train.bin", 2_000, 64, 0)
+    bench._write_tokens(tmp_path / "data" / "val.bin", 500, 64, 1)
+    dts = bench._loop_step_times(cfg, 3, "float32", tmp_path / "data", tmp_path / "out")
+    assert len(dts) == 2 and all(dt > 0 for dt in dts)
 
 
 def test_bench_memory_shards_every_byte_of_the_state_and_times_checkpointing(capsys):
