@@ -9897,7 +9897,15 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     monkeypatch.setattr(torch.optim, "AdamW", BrokenFused)
     monkeypatch.setattr(torch, "compile", broken_compile)
     monkeypatch.setattr(M, "KVCache", Forgetful)
-    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda f, *a, **k: 1.01 * real_checkpoint(f, *a, **k))
+    def recomputed_off(block_forward, *a, **k):   # the backward's recomputation sees its input 10% off, not the forward
+        calls = []
+
+        def forward(x, *rest, **kw):
+            calls.append(x)
+            return block_forward(x * 1.1 if len(calls) > 1 else x, *rest, **kw)
+        return real_checkpoint(forward, *a, **k)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", recomputed_off)
     with pytest.raises(SystemExit):
         bench.bench_gpu(_bench_gpu_args(steps=2))
     failed = [what for ok, what in _bench_checks(capsys.readouterr().out) if not ok]
