@@ -1175,7 +1175,7 @@ PRESETS = {
     # compiled run's first step always is), against overfitting (5 minutes are 4-10 passes over the text) weight
     # decay 0.5 (0.018-0.035 bits/byte below 0.1 at 0.3, 0.012 more at 0.5 tied; 0.8 worse) and the head tied to the
     # embedding (0.037-0.041 below untied, in bf16 and fp32), scored as the moving average of its weights (decay
-    # 0.995: 0.020 below 0.99 with weight decay 0.5 on a Zen 4; 0.998 averages in too much of the early run); the
+    # 0.995: 0.008-0.017 below 0.99 at weight decay 0.5-0.3 on a Zen 4; 0.998 averages in too much of the run); the
     # schedule is on the clock (max_iters only bounds it: 5% warmup)
     "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true", weight_decay=0.5,
                          tie_embeddings=True, ema=0.995),
