@@ -1695,6 +1695,52 @@ def test_model_cross_entropy_matches_torch():
     assert (padded.grad[..., 30:] == 0).all()
 
 
+@pytest.mark.parametrize("rows", [1, 4, 13, 60])   # one position a chunk .. all 60 in one
+def test_model_linear_cross_entropy_matches_the_head_then_torchs_loss(rows):
+    torch.manual_seed(0)
+    x = torch.randn(3, 20, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    t = torch.randint(0, 50, (3, 20))
+    x_ref, w_ref = (a.detach().clone().requires_grad_() for a in (x, w))
+    loss = M.linear_cross_entropy(x, w, t, rows=rows)
+    ref = F.cross_entropy((x_ref @ w_ref.T).view(-1, 50), t.view(-1))
+    torch.testing.assert_close(loss, ref)
+    (loss * 3).backward()
+    (ref * 3).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    # bf16 autocast: bf16 matmuls as the head's, the softmax in float32, the gradients in the inputs' dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_b = M.linear_cross_entropy(x_ref, w_ref, t, rows=rows)
+        ref_b = M.cross_entropy(x_ref @ w_ref.T, t)
+    assert loss_b.dtype == torch.float32
+    torch.testing.assert_close(loss_b, ref_b)
+    grads = [torch.autograd.grad(v, (x_ref, w_ref)) for v in (loss_b, ref_b)]
+    for a, b in zip(*grads):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=2e-2)
+    with torch.no_grad():   # evaluation: the loss alone
+        torch.testing.assert_close(M.linear_cross_entropy(x, w, t, rows=rows), ref.detach())
+    with pytest.raises(ValueError, match=r"linear_cross_entropy: targets must be in \[0, 50\)"):
+        M.linear_cross_entropy(x, w, torch.full_like(t, 50))
+
+
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+def test_model_transformerlm_with_targets_returns_the_loss_of_its_logits(cap):
+    # on CPU through linear_cross_entropy (with a soft-cap, the head then cross_entropy): the same loss and grads
+    torch.manual_seed(0)
+    m = M.build_model(dict(arch="llama", vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=2,
+                           d_ff=64, tie_embeddings=True, logit_softcap=cap))
+    x, y = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    ref = M.cross_entropy(m(x), y)
+    ref_grads = torch.autograd.grad(ref, list(m.parameters()))
+    loss = m(x, targets=y)
+    torch.testing.assert_close(loss, ref)
+    for a, b in zip(torch.autograd.grad(loss, list(m.parameters())), ref_grads):
+        torch.testing.assert_close(a, b)
+    assert M.lm_loss(m, x, y).item() == loss.item()
+
+
 # ---- GPT-2: structure, init, the tanh GELU, vocabulary padding
 
 
@@ -2144,8 +2190,8 @@ def test_model_checkpoint_round_trip_and_wrappers(tmp_path):
                 super().__init__()
                 self.module = inner
 
-            def forward(self, *a):
-                return self.module(*a)
+            def forward(self, *a, **k):
+                return self.module(*a, **k)
 
         torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids, arch=cfg["arch"]), M.lm_loss(m, ids, ids))
         torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids), M.lm_loss(m, ids, ids))
@@ -2382,6 +2428,14 @@ def test_train_orthogonalise_keeps_the_singular_vectors_and_brings_the_values_ne
     assert 0.6 < torch.diagonal(D).min() and torch.diagonal(D).max() < 1.25
 
 
+def test_train_orthogonalise_takes_a_stack_matrix_by_matrix():
+    torch.manual_seed(0)
+    G = torch.randn(3, 12, 40) * torch.tensor([0.1, 1.0, 10.0]).view(3, 1, 1)   # norms apart: each is its own
+    for g in (G, G.mT):
+        torch.testing.assert_close(train.orthogonalise(g), torch.stack([train.orthogonalise(m) for m in g]),
+                                   rtol=0, atol=1e-5)
+
+
 def _muon_reference(W, grads, lr, wd, mu=0.95):
     """Muon written out plainly for one matrix: Nesterov momentum, 5 quintic Newton-Schulz steps on the short side
     (the coefficients of Jordan et al. 2024), the update scaled to AdamW's RMS, 0.2 sqrt(max(rows, cols))."""
@@ -2402,13 +2456,15 @@ def _muon_reference(W, grads, lr, wd, mu=0.95):
 
 
 def test_train_muon_matches_the_plain_reference_and_torchs_adamw_step_for_step():
-    # the muon=True group follows _muon_reference; the other groups are torch.optim.AdamW's, on the same gradients
+    # the muon=True group follows _muon_reference matrix by matrix (two of one shape, orthogonalised as one stack,
+    # and a tall one); the other groups are torch.optim.AdamW's, on the same gradients
     torch.manual_seed(0)
-    shapes = {"muon": (8, 12), "decay": (10, 8), "gain": (8,)}
+    shapes = {"muon": (8, 12), "muon2": (8, 12), "tall": (12, 8), "decay": (10, 8), "gain": (8,)}
+    matrices = ["muon", "muon2", "tall"]
     ours = {k: torch.nn.Parameter(torch.randn(s)) for k, s in shapes.items()}
     ref = {k: torch.nn.Parameter(p.detach().clone()) for k, p in ours.items()}
     grads = [{k: torch.randn(s) for k, s in shapes.items()} for _ in range(5)]
-    opt = train.Muon([dict(params=[ours["muon"]], weight_decay=0.1, muon=True),
+    opt = train.Muon([dict(params=[ours[k] for k in matrices], weight_decay=0.1, muon=True),
                       dict(params=[ours["decay"]], weight_decay=0.1), dict(params=[ours["gain"]], weight_decay=0.0)],
                      lr=2e-2, betas=(0.9, 0.95), eps=1e-8)
     adam = torch.optim.AdamW([dict(params=[ref["decay"]], weight_decay=0.1), dict(params=[ref["gain"]],
@@ -2419,9 +2475,9 @@ def test_train_muon_matches_the_plain_reference_and_torchs_adamw_step_for_step()
             ours[k].grad, ref[k].grad = g[k].clone(), g[k].clone()
         opt.step()
         adam.step()
-    torch.testing.assert_close(ours["muon"].detach(), _muon_reference(ref["muon"].detach(),
-                                                                       [g["muon"] for g in grads], 2e-2, 0.1),
-                               rtol=0, atol=1e-5)
+    for k in matrices:
+        torch.testing.assert_close(ours[k].detach(), _muon_reference(ref[k].detach(), [g[k] for g in grads], 2e-2, 0.1),
+                                   rtol=0, atol=1e-5)
     for k in ("decay", "gain"):
         torch.testing.assert_close(ours[k].detach(), ref[k].detach(), rtol=0, atol=1e-6)
 
@@ -3943,6 +3999,7 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
     assert (cpu["time_budget"], cpu["warmup_iters"] / cpu["max_iters"], cpu["vocab_size"], cpu["ema"]) == (
         "5m", 0.05, 4096, 0.995)
     assert (cpu["weight_decay"], cpu["tie_embeddings"]) == (0.5, True)   # against overfitting its 2 MiB of text
+    assert cpu["attn_impl"] == "scratch"   # faster than sdpa at its shape on CPU
     assert train.scheduled_lr(cpu, 0, 150.0) > train.scheduled_lr(cpu, 0, 290.0)   # decaying by the clock
     assert "data/speedrun-4k" in train.PREPARE_COMMANDS["speedrun-cpu"] and cpu["data_dir"] == "data/speedrun-4k"
     tiny = ["--vocab_size=64", "--context_length=16", "--d_model=32", "--num_layers=1", "--num_heads=2", "--d_ff=64",

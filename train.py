@@ -245,11 +245,12 @@ class AdamW(torch.optim.Optimizer):
 
 def orthogonalise(G, steps=5):
     """About U V^T for G = U S V^T: a quintic Newton-Schulz iteration whose coefficients (Jordan et al. 2024) take
-    every singular value to roughly 0.7-1.2 in 5 steps, all the accuracy Muon needs, in matmuls only."""
+    every singular value to roughly 0.7-1.2 in 5 steps, all the accuracy Muon needs, in matmuls only. G may be a
+    stack (..., rows, cols): each matrix on its own, in batched matmuls."""
     a, b, c = 3.4445, -4.7750, 2.0315
     X = G.float()
-    X = X / (torch.linalg.matrix_norm(X) + 1e-7)   # the Frobenius norm bounds every singular value
-    tall = X.size(0) > X.size(1)
+    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)   # the Frobenius norm bounds every singular value
+    tall = X.size(-2) > X.size(-1)
     if tall:   # X X^T on the short side
         X = X.mT
     for _ in range(steps):
@@ -271,6 +272,7 @@ class Muon(AdamW):
         if not group["muon"]:
             return super().update(group)
         lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+        stacks = {}   # the matrices of one shape, orthogonalised together: a few batched matmuls instead of many small
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -280,9 +282,14 @@ class Muon(AdamW):
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - mu)          # buf = mu buf + (1 - mu) g
             g = p.grad.lerp(buf, mu)           # Nesterov: the gradient moved toward the momentum
-            p.mul_(1 - lr * wd)
-            # (under --fsdp: whole gathers the matrix from the ranks, shard_like takes this rank's rows of the update)
-            p.add_(shard_like(orthogonalise(whole(g), group["ns_steps"]), p), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
+            # (under --fsdp each matrix alone: whole gathers it from the ranks just before its Newton-Schulz steps, as
+            # a stack of whole matrices would hold what FSDP saves; shard_like takes this rank's rows of the update)
+            stacks.setdefault(id(p) if sharded(p) else p.shape, []).append((p, g))
+        for stack in stacks.values():
+            updates = orthogonalise(torch.stack([whole(g) for _, g in stack]), group["ns_steps"])
+            for (p, _), u in zip(stack, updates):
+                p.mul_(1 - lr * wd)
+                p.add_(shard_like(u, p), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
 
 
 def make_optimizer(raw, c, fused):
@@ -1176,9 +1183,10 @@ PRESETS = {
     # decay 0.5 (0.018-0.035 bits/byte below 0.1 at 0.3, 0.012 more at 0.5 tied; 0.8 worse) and the head tied to the
     # embedding (0.037-0.041 below untied, in bf16 and fp32), scored as the moving average of its weights (decay
     # 0.995: 0.008-0.017 below 0.99 at weight decay 0.5-0.3 on a Zen 4; 0.998 averages in too much of the run); the
-    # schedule is on the clock (max_iters only bounds it: 5% warmup)
+    # schedule is on the clock (max_iters only bounds it: 5% warmup). Attention from primitives: at head size 32,
+    # compiled, about a tenth more steps than sdpa's CPU kernel (docs/BENCHMARKS.md)
     "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true", weight_decay=0.5,
-                         tie_embeddings=True, ema=0.995),
+                         tie_embeddings=True, ema=0.995, attn_impl="scratch"),
     # the CPU recipe on one GPU, all of TinyStories (not timed yet), without what the CPU run's 2 MiB of text needs
     # against overfitting (weight decay 0.5, the tied head, the average's decay 0.995 rather than 0.99)
     "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
