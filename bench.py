@@ -5,6 +5,7 @@ repeats, medians), and prints the ratio. Never run it while tests or another ben
     python bench.py model            # train step (fp32, bf16) and generation vs transformers
     python bench.py train            # whole loop vs model-only step; the data loader alone
     python bench.py dtype            # the loop at float32 vs bfloat16 on this CPU: what --dtype=auto should pick
+    python bench.py loss             # the Llama's loss in chunks vs the head then cross_entropy (CPU)
     python bench.py memory           # what --fsdp and --activation_checkpointing save (CPU, 2 gloo processes)
     python bench.py sample           # sample.generate vs transformers generate
     python bench.py gpu              # on a GPU: every CUDA path checked, then tokens/s and MFU
@@ -581,6 +582,41 @@ def bench_dtype(args):
         auto, _ = train.auto_dtype(dict(train.DEFAULTS, **cfg), cpu)
         print(f"| {shape:<46} | {tokens / tf:>10,.0f} | {tokens / tb:>10,.0f} | {tf / tb:>10.2f}x | {auto:<10} |",
               flush=True)
+
+
+# -----------------------------------------------------------------------------
+# loss: the Llama's training loss in chunks (model(idx, targets=y): linear_cross_entropy on CPU) against the head
+# then cross_entropy over the whole (tokens, vocab) logits, a forward and backward at the shapes of `dtype`, eager
+
+def bench_loss(args):
+    torch.set_num_threads(args.threads)
+    print(f"loss bench: a Llama forward + backward, the loss in chunks (model(idx, targets=y)) against the head then "
+          f"cross_entropy, eager, interleaved step by step, medians of {args.steps} steps; {args.threads} threads")
+    print(f"| {'shape':<50} | dtype    | head, then loss ms | in chunks ms | speed-up |")
+    print(f"|{'-' * 52}|----------|-------------------:|------------:|---------:|")
+    for name, cfg in _dtype_shapes().items():
+        if args.only and args.only not in name:
+            continue
+        c = train.Settings(dict(train.DEFAULTS, **cfg))
+        torch.manual_seed(0)
+        m = M.build_model(M.config_from_flags("llama", c, c.vocab_size, False))
+        x, y = (torch.randint(0, c.vocab_size, (c.batch_size, c.context_length)) for _ in range(2))
+        ways = {"head, then loss": lambda: M.cross_entropy(m(x), y), "in chunks": lambda: m(x, targets=y)}
+        for dtype in args.dtypes.split(","):
+            times = {way: [] for way in ways}
+            for i in range(args.steps + 1):   # the first step of each way warms up, not counted
+                for way, loss in ways.items():
+                    t = time.perf_counter()
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+                        value = loss()
+                    value.backward()
+                    m.zero_grad(set_to_none=True)
+                    if i:
+                        times[way].append(time.perf_counter() - t)
+            plain, chunks = (1000 * statistics.median(times[way]) for way in ways)
+            shape = f"{name}: d{c.d_model}, vocab {c.vocab_size:,}, {c.batch_size} x {c.context_length}"
+            print(f"| {shape:<50} | {dtype:<8} | {plain:>18.1f} | {chunks:>11.1f} | {plain / chunks:>7.2f}x |",
+                  flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -1365,6 +1401,15 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--only", default="", help="run only the shapes whose name contains this text, e.g. preset")
 
+    p = sections.add_parser("loss", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                            help="the Llama's training loss in chunks (model(idx, targets=y)) against the head then "
+                            "cross_entropy, at the shapes of the dtype section")
+    p.set_defaults(run=bench_loss)
+    p.add_argument("--steps", type=int, default=10, help="measured steps of each way (interleaved, medians)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma list: float32,bfloat16 (CPU autocast)")
+    p.add_argument("--only", default="", help="run only the shapes whose name contains this text, e.g. preset")
+
     p = sections.add_parser("gpu", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             help="every CUDA path checked against a reference, then train.py's tokens/s and MFU")
     p.set_defaults(run=bench_gpu)
@@ -1436,7 +1481,8 @@ def main():
             raise SystemExit(f"bench.py: --{name} {value}: expected at least {least}")
     known = {(bench_tokenizer, "parts"): ("train", "encode", "encode_file"),
              (bench_model, "parts"): ("train", "generate", "compile"),
-             (bench_train, "dtypes"): ("float32", "bfloat16"), (bench_sample, "modes"): ("greedy", "top_p")}
+             (bench_train, "dtypes"): ("float32", "bfloat16"), (bench_loss, "dtypes"): ("float32", "bfloat16"),
+             (bench_sample, "modes"): ("greedy", "top_p")}
     for (section, name), choices in known.items():   # a typo would time nothing, or mislabel a row
         if args.run is section:
             bad = [v for v in getattr(args, name).split(",") if v not in choices]

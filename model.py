@@ -12,7 +12,8 @@ model_from_checkpoint, and is counted by flops.py (which builds the model on the
 field and its use, both in this file (README: Hacking).
 
 Both models share one small surface so train.py, sample.py and the evaluators treat them alike:
-    model(idx) -> logits (GPT: (logits, loss)), model_config() -> dict, build_model(dict), load_model(),
+    model(idx) -> logits (GPT: (logits, loss); Llama's model(idx, targets=y) -> loss, computed in chunks),
+    model_config() -> dict, build_model(dict), load_model(),
     get_num_params(), init_kv_cache() + forward_with_cache(), param_groups(), blocks(), lm_loss(), unwrap().
 read_checkpoint() reads any train.py checkpoint, an FSDP run's sharded one included, into one state dict.
 
@@ -252,7 +253,8 @@ def _causal_attention(q, k, v, attn_impl):
 
 
 # "scratch" is the readable reference above; "sdpa" (the default) is numerically the same, fused (flash attention
-# on GPU, a blocked kernel on CPU), never materialises the (T, T) scores, and measured faster on CPU
+# on GPU, a blocked kernel on CPU), never materialises the (T, T) scores, and measured faster on CPU in float32;
+# at head size 32 in bf16, compiled (the CPU speedrun), scratch's matmuls take about a tenth less of a step
 ATTN_IMPLS = ("sdpa", "scratch")
 
 
@@ -427,8 +429,9 @@ class TransformerLM(nn.Module):
         return n - self.token_embeddings.weight.numel() if non_embedding and not tied else n
 
     def forward(self, idx, token_positions=None, kv_cache=None, targets=None):
-        """Logits (batch, seq, vocab); given targets (batch, seq), the mean next-token loss instead (on CPU the
-        head and the loss together, a chunk of positions at a time: linear_cross_entropy)."""
+        """Logits (batch, seq, vocab); given targets (batch, seq), the mean next-token loss instead, the head and
+        the loss computed together a chunk of positions at a time (linear_cross_entropy; train.py's
+        --chunked_loss)."""
         _check_ids(idx, self.vocab_size, self.context_length, "TransformerLM")
         x = self.token_embeddings(idx)
         for i, layer in enumerate(self.layers):
@@ -436,7 +439,7 @@ class TransformerLM(nn.Module):
         if self.ln_final is not None:
             x = self.ln_final(x)
         cap = self.config.logit_softcap
-        if targets is not None and not cap and x.device.type == "cpu":
+        if targets is not None and not cap:
             return linear_cross_entropy(x, self.lm_head.weight, targets)
         logits = self.lm_head(x)
         logits = cap * torch.tanh(logits / cap) if cap else logits
@@ -544,8 +547,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy(x, weight, targets, rows=256):
     """Mean cross-entropy of the logits x @ weight^T (x (..., d), weight (vocab, d)) against targets (...),
-    computed `rows` positions at a time: on CPU a training step is up to a fifth faster than the head then
-    cross_entropy (docs/BENCHMARKS.md, "The loss in chunks")."""
+    computed `rows` positions at a time: on CPU in bf16 a tenth faster a step than the head then cross_entropy at
+    the speedrun's shape, and slower at small ones (docs/BENCHMARKS.md, "The loss in chunks")."""
     _check_targets(targets, x.shape[:-1], weight.size(0), "linear_cross_entropy", "x shape without the last dim")
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     flat = x.reshape(-1, x.size(-1))
@@ -1086,4 +1089,4 @@ def lm_loss(model, idx, targets, arch=None):
     arch = arch or unwrap(model).model_config()["arch"]
     if arch == "gpt2":
         return model(idx, targets)[1]
-    return model(idx, targets=targets)
+    return cross_entropy(model(idx), targets)

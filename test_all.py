@@ -1727,7 +1727,7 @@ def test_model_linear_cross_entropy_matches_the_head_then_torchs_loss(rows):
 
 @pytest.mark.parametrize("cap", [0.0, 2.0])
 def test_model_transformerlm_with_targets_returns_the_loss_of_its_logits(cap):
-    # on CPU through linear_cross_entropy (with a soft-cap, the head then cross_entropy): the same loss and grads
+    # through linear_cross_entropy (with a soft-cap, the head then cross_entropy): the same loss and grads
     torch.manual_seed(0)
     m = M.build_model(dict(arch="llama", vocab_size=97, context_length=16, d_model=32, num_layers=2, num_heads=2,
                            d_ff=64, tie_embeddings=True, logit_softcap=cap))
@@ -1738,7 +1738,8 @@ def test_model_transformerlm_with_targets_returns_the_loss_of_its_logits(cap):
     torch.testing.assert_close(loss, ref)
     for a, b in zip(torch.autograd.grad(loss, list(m.parameters())), ref_grads):
         torch.testing.assert_close(a, b)
-    assert M.lm_loss(m, x, y).item() == loss.item()
+    assert train.LossOf(m, "llama", chunked=True)(x, y).item() == loss.item()   # --chunked_loss
+    torch.testing.assert_close(train.LossOf(m, "llama")(x, y), ref)
 
 
 # ---- GPT-2: structure, init, the tanh GELU, vocabulary padding
@@ -2190,8 +2191,8 @@ def test_model_checkpoint_round_trip_and_wrappers(tmp_path):
                 super().__init__()
                 self.module = inner
 
-            def forward(self, *a, **k):
-                return self.module(*a, **k)
+            def forward(self, *a):
+                return self.module(*a)
 
         torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids, arch=cfg["arch"]), M.lm_loss(m, ids, ids))
         torch.testing.assert_close(M.lm_loss(Wrapper(m), ids, ids), M.lm_loss(m, ids, ids))
@@ -2434,6 +2435,15 @@ def test_train_orthogonalise_takes_a_stack_matrix_by_matrix():
     for g in (G, G.mT):
         torch.testing.assert_close(train.orthogonalise(g), torch.stack([train.orthogonalise(m) for m in g]),
                                    rtol=0, atol=1e-5)
+    # in bfloat16 (a run that autocasts to it): the same polynomial to bf16's precision, returned in G's dtype
+    half = train.orthogonalise(G, dtype=torch.bfloat16)
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, train.orthogonalise(G), rtol=0, atol=0.06)   # bf16: 8 bits of mantissa
+    raw = M.build_model(dict(arch="llama", vocab_size=64, context_length=8, d_model=16, num_layers=1, num_heads=2,
+                             d_ff=32))
+    c = train.Settings(dict(train.DEFAULTS, optimizer="muon"))
+    assert [train.make_optimizer(raw, c, False, bf16=b).ns_dtype for b in (False, True)] == [torch.float32,
+                                                                                             torch.bfloat16]
 
 
 def _muon_reference(W, grads, lr, wd, mu=0.95):
@@ -3999,7 +4009,7 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
     assert (cpu["time_budget"], cpu["warmup_iters"] / cpu["max_iters"], cpu["vocab_size"], cpu["ema"]) == (
         "5m", 0.05, 4096, 0.995)
     assert (cpu["weight_decay"], cpu["tie_embeddings"]) == (0.5, True)   # against overfitting its 2 MiB of text
-    assert cpu["attn_impl"] == "scratch"   # faster than sdpa at its shape on CPU
+    assert (cpu["attn_impl"], cpu["chunked_loss"]) == ("scratch", True)   # faster at its shape on CPU
     assert train.scheduled_lr(cpu, 0, 150.0) > train.scheduled_lr(cpu, 0, 290.0)   # decaying by the clock
     assert "data/speedrun-4k" in train.PREPARE_COMMANDS["speedrun-cpu"] and cpu["data_dir"] == "data/speedrun-4k"
     tiny = ["--vocab_size=64", "--context_length=16", "--d_model=32", "--num_layers=1", "--num_heads=2", "--d_ff=64",
@@ -10008,6 +10018,7 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["gpu", "--procs", "-1", "--tiny"], "--procs", ["-1", "0"]),
     (["memory", "--num_layers", "0"], "--num_layers", ["0", "1"]),
     (["dtype", "--repeats", "0"], "--repeats", ["0", "1"]),
+    (["loss", "--steps", "0"], "--steps", ["0", "1"]), (["loss", "--dtypes", "fp32"], "--dtypes", ["'fp32'"]),
     (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"]),
     (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
     (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
@@ -10020,7 +10031,7 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["speedrun", "--vocab_size", "100"], "--vocab_size", ["100", "257"])])
 def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, named):
     monkeypatch.setattr(sys, "argv", ["bench.py", *argv])
-    for section in ("tokenizer", "model", "train", "gpu", "sample", "memory", "dtype", "speedrun"):
+    for section in ("tokenizer", "model", "train", "gpu", "sample", "memory", "dtype", "loss", "speedrun"):
         monkeypatch.setattr(bench, f"bench_{section}", lambda args: pytest.fail("ran"))
     _bad_says(_exits(bench.main), f"bench.py: {flag}", *named)
 
@@ -10029,6 +10040,7 @@ def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, 
     (["sample", "--repeats", "1", "--threads", "1", "--max_new_tokens", "1", "--prompt_len", "1"], "bench_sample"),
     (["train", "--steps", "1", "--batch_size", "1", "--repeats", "1", "--threads", "1"], "bench_train"),
     (["dtype", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_dtype"),
+    (["loss", "--steps", "1", "--threads", "1", "--dtypes", "float32"], "bench_loss"),
     (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu"),
     (["memory", "--d_model", "1", "--num_layers", "1", "--num_heads", "1", "--context_length", "1", "--vocab_size",
       "1", "--batch_size", "1", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_memory")])
@@ -10102,6 +10114,13 @@ def test_bench_dtype_times_both_dtypes_at_the_presets_shapes_and_says_what_auto_
         rows = {w: line for line in out for w in ("64", "192") if f"d_model {w}" in line}
         assert re.search(r"\| +4,096 \| +8,192 \| +2.00x \| float32", rows["64"]), rows   # narrower than the edge
         assert re.search(rf"\| +2.00x \| {picks}", rows["192"]), rows
+
+
+def test_bench_loss_times_both_ways_of_the_loss_at_the_dtype_sections_shapes(capsys):
+    bench.bench_loss(argparse.Namespace(steps=1, threads=1, dtypes="float32", only="d_model 64"))
+    rows = [line for line in capsys.readouterr().out.splitlines() if "d_model 64" in line]
+    assert len(rows) == 1 and re.search(r"d64, vocab 2,048, 32 x 128 +\| float32 +\|( +[\d.]+ \|){2} +[\d.]+x \|",
+                                        rows[0]), rows
 
 
 def test_bench_dtype_times_the_real_loop_at_a_shape_that_carries_its_own_settings(tmp_path):

@@ -141,6 +141,9 @@ class TrainConfig:
     eps: float = setting(1e-8, "AdamW epsilon", check="finite and >= 0")
     z_loss: float = setting(0.0, "add z_loss * logsumexp(logits)^2 to the training loss (PaLM's z-loss; 0 = off)",
                             check=">= 0", arch="llama")
+    chunked_loss: bool = setting(False, "the training loss computed with the head, 256 positions at a time "
+                                 "(model.linear_cross_entropy: the (tokens, vocab) logits never whole; faster on "
+                                 "CPU in bf16 at vocab 4,096+, slower at the main job's d64)", arch="llama")
     grad_clip: float = setting(1.0, "clip the global gradient L2 norm to this (0 = off)", check=">= 0")
     fused: str = setting("auto", "use PyTorch's fused AdamW (auto = on CUDA); otherwise this file's AdamW", auto=True,
                          resumable=True)
@@ -243,13 +246,14 @@ class AdamW(torch.optim.Optimizer):
             p.addcdiv_(m, denom, value=-lr / bias1)
 
 
-def orthogonalise(G, steps=5):
+def orthogonalise(G, steps=5, dtype=torch.float32):
     """About U V^T for G = U S V^T: a quintic Newton-Schulz iteration whose coefficients (Jordan et al. 2024) take
     every singular value to roughly 0.7-1.2 in 5 steps, all the accuracy Muon needs, in matmuls only. G may be a
-    stack (..., rows, cols): each matrix on its own, in batched matmuls."""
+    stack (..., rows, cols): each matrix on its own, in batched matmuls. dtype: the iteration's (bfloat16 is as
+    accurate as Muon needs: Jordan et al. run it so on GPUs)."""
     a, b, c = 3.4445, -4.7750, 2.0315
     X = G.float()
-    X = X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)   # the Frobenius norm bounds every singular value
+    X = (X / (torch.linalg.matrix_norm(X, keepdim=True) + 1e-7)).to(dtype)   # the norm bounds every singular value
     tall = X.size(-2) > X.size(-1)
     if tall:   # X X^T on the short side
         X = X.mT
@@ -265,8 +269,10 @@ class Muon(AdamW):
     scaled by 0.2 sqrt(max(rows, cols)) so its RMS matches AdamW's (Liu et al. 2025): both kinds of group share one
     learning rate, schedule and weight decay."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, momentum=0.95, ns_steps=5):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, momentum=0.95, ns_steps=5,
+                 ns_dtype=torch.float32):
         super().__init__(params, lr, betas, eps, weight_decay, muon=False, momentum=momentum, ns_steps=ns_steps)
+        self.ns_dtype = ns_dtype   # the Newton-Schulz matmuls' (not in the state dict: a resume takes its own run's)
 
     def update(self, group):
         if not group["muon"]:
@@ -286,18 +292,20 @@ class Muon(AdamW):
             # a stack of whole matrices would hold what FSDP saves; shard_like takes this rank's rows of the update)
             stacks.setdefault(id(p) if sharded(p) else p.shape, []).append((p, g))
         for stack in stacks.values():
-            updates = orthogonalise(torch.stack([whole(g) for _, g in stack]), group["ns_steps"])
+            updates = orthogonalise(torch.stack([whole(g) for _, g in stack]), group["ns_steps"], self.ns_dtype)
             for (p, _), u in zip(stack, updates):
                 p.mul_(1 - lr * wd)
                 p.add_(shard_like(u, p), alpha=-lr * 0.2 * max(p.shape) ** 0.5)
 
 
-def make_optimizer(raw, c, fused):
+def make_optimizer(raw, c, fused, bf16=False):
     """The run's optimizer over model.param_groups (weight decay on the 2-D weights only): this file's AdamW,
-    torch's fused AdamW (fused: --fused on CUDA), or with --optimizer=muon Muon for the blocks' matrices."""
+    torch's fused AdamW (fused: --fused on CUDA), or with --optimizer=muon Muon for the blocks' matrices, whose
+    Newton-Schulz steps run in bfloat16 where the run's matmuls do (bf16: the run autocasts to it)."""
     groups = scaled_lr_groups(model_lib.param_groups(raw, c.weight_decay, muon=c.optimizer == "muon"), raw, c)
     if c.optimizer == "muon":
-        return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
+        return Muon(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps,
+                    ns_dtype=torch.bfloat16 if bf16 else torch.float32)
     if fused:
         return torch.optim.AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps, fused=True)
     return AdamW(groups, lr=c.learning_rate, betas=(c.beta1, c.beta2), eps=c.eps)
@@ -472,9 +480,9 @@ class LossOf(nn.Module):
     The model is .module, so model.unwrap() sees through this as through DDP. z_loss (Llama): PaLM's auxiliary
     z_loss * logsumexp(logits)^2, which keeps the softmax's normaliser near 1."""
 
-    def __init__(self, model, arch, z_loss=0.0):
+    def __init__(self, model, arch, z_loss=0.0, chunked=False):
         super().__init__()
-        self.module, self.arch, self.z_loss = model, arch, z_loss
+        self.module, self.arch, self.z_loss, self.chunked = model, arch, z_loss, chunked
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -487,6 +495,8 @@ class LossOf(nn.Module):
             self.module.set_requires_gradient_sync(True)
 
     def forward(self, x, y):
+        if self.chunked and not self.z_loss:   # --chunked_loss (Llama): the model's own loss, head and loss together
+            return self.module(x, targets=y)
         if not self.z_loss:
             return model_lib.lm_loss(self.module, x, y, arch=self.arch)
         logits = self.module(x)
@@ -647,7 +657,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     raw.to(device)
     arch, mcfg = raw.model_config()["arch"], raw.model_config()
     parallelize(raw, c, world, device, hw)   # --activation_checkpointing, --fsdp: before the optimizer sees the weights
-    optimizer = make_optimizer(raw, c, hw["fused"])
+    optimizer = make_optimizer(raw, c, hw["fused"], bf16=hw["dtype"] == "bfloat16")
     decay_iters = c.lr_decay_iters or c.max_iters
     if c.warmup_iters >= decay_iters:   # e.g. the defaults' 50 warmup steps in a run shortened to 20
         say(f"train.py: --warmup_iters={c.warmup_iters} is not below the schedule's length of {decay_iters} steps "
@@ -662,7 +672,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
     average = WeightAverage(raw, c.ema)   # --ema (resumed: the checkpoint's "model" is the average, now in raw)
     if ckpt is not None and c.ema:
         average.resume(ckpt["trained_weights"])
-    model = LossOf(raw, arch, c.z_loss)   # (x, y) -> loss: compiled, the loss is in the graph with the model
+    model = LossOf(raw, arch, c.z_loss, c.chunked_loss)   # (x, y) -> loss: compiled, in the graph with the model
     if hw["compile"]:
         model = torch.compile(model, backend=c.compile_backend)
     if ddp and not c.fsdp:   # (DDP broadcasts Llama's constant RoPE buffers every forward: small. The switch against
@@ -1184,9 +1194,10 @@ PRESETS = {
     # embedding (0.037-0.041 below untied, in bf16 and fp32), scored as the moving average of its weights (decay
     # 0.995: 0.008-0.017 below 0.99 at weight decay 0.5-0.3 on a Zen 4; 0.998 averages in too much of the run); the
     # schedule is on the clock (max_iters only bounds it: 5% warmup). Attention from primitives: at head size 32,
-    # compiled, about a tenth more steps than sdpa's CPU kernel (docs/BENCHMARKS.md)
+    # compiled, about a tenth more steps than sdpa's CPU kernel, and the loss in chunks a tenth more again
+    # (docs/BENCHMARKS.md)
     "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true", weight_decay=0.5,
-                         tie_embeddings=True, ema=0.995, attn_impl="scratch"),
+                         tie_embeddings=True, ema=0.995, attn_impl="scratch", chunked_loss=True),
     # the CPU recipe on one GPU, all of TinyStories (not timed yet), without what the CPU run's 2 MiB of text needs
     # against overfitting (weight decay 0.5, the tied head, the average's decay 0.995 rather than 0.99)
     "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
