@@ -585,7 +585,7 @@ def bench_dtype(args):
 
 
 # -----------------------------------------------------------------------------
-# loss: the Llama's training loss in chunks (model(idx, targets=y): linear_cross_entropy on CPU) against the head
+# loss: the Llama's training loss in chunks (model(idx, targets=y): linear_cross_entropy) against the head
 # then cross_entropy over the whole (tokens, vocab) logits, a forward and backward at the shapes of `dtype`, eager
 
 def bench_loss(args):

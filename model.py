@@ -462,6 +462,16 @@ class TransformerLM(nn.Module):
         return logits
 
 
+def _softmax_and_logsumexp(x):
+    """The softmax of x's rows (N, vocab), in a new tensor, and their log-sum-exp (N,), stable (every exponent
+    <= 0): float32 for 16-bit logits, float64 stays float64."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    m = x.amax(-1, keepdim=True).to(acc)
+    p = torch.sub(x, m).exp_()  # in acc even for bf16 logits (type promotion)
+    sum_exp = p.sum(-1, keepdim=True)
+    return p.div_(sum_exp), (sum_exp.log() + m).squeeze(1)
+
+
 class _CrossEntropy(torch.autograd.Function):
     """Mean cross-entropy over the first `num_classes` logits, accumulated in float32, with a hand-written
     backward: d loss / d logits = (softmax - one_hot) / N. The forward keeps the softmax (in place of the logits
@@ -471,13 +481,9 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, logits, targets, num_classes):
         x = logits.reshape(-1, logits.size(-1))[:, :num_classes]  # padded columns never get probability mass
         t = targets.reshape(-1, 1)
-        acc = torch.promote_types(x.dtype, torch.float32)  # float32 for 16-bit logits, float64 stays float64
-        m = x.amax(-1, keepdim=True).to(acc)
-        p = torch.sub(x, m).exp_()  # in acc even for bf16 logits (type promotion)
-        sum_exp = p.sum(-1, keepdim=True)
-        lse = (sum_exp.log() + m).squeeze(1)  # log-sum-exp, stable: every exponent <= 0
-        loss = (lse - x.gather(1, t).squeeze(1).to(acc)).mean()
-        ctx.save_for_backward(p.div_(sum_exp), t)
+        p, lse = _softmax_and_logsumexp(x)
+        loss = (lse - x.gather(1, t).squeeze(1).to(lse.dtype)).mean()
+        ctx.save_for_backward(p, t)
         ctx.shape, ctx.dtype = logits.shape, logits.dtype
         return loss
 
@@ -527,12 +533,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for i in range(0, n, rows):
             xc, t = x[i:i + rows], targets[i:i + rows].unsqueeze(1)
             logits = (xc @ weight.t()).float()
-            m = logits.amax(-1, keepdim=True)
-            p = torch.sub(logits, m).exp_()
-            sum_exp = p.sum(-1, keepdim=True)
-            loss += (sum_exp.log() + m).sum() - logits.gather(1, t).sum()
+            p, lse = _softmax_and_logsumexp(logits)
+            loss += lse.sum() - logits.gather(1, t).sum()
             if needs_grad:   # d loss / d logits = (softmax - one_hot) / n
-                p.div_(sum_exp).scatter_add_(1, t, torch.full(t.shape, -1.0, device=p.device)).div_(n)
+                p.scatter_add_(1, t, torch.full(t.shape, -1.0, device=p.device)).div_(n)
                 p = p.to(x.dtype)
                 dx[i:i + rows] = p @ weight
                 dw += p.t() @ xc
