@@ -4009,7 +4009,6 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
     assert (cpu["time_budget"], cpu["warmup_iters"] / cpu["max_iters"], cpu["vocab_size"], cpu["ema"]) == (
         "5m", 0.05, 4096, 0.995)
     assert (cpu["weight_decay"], cpu["tie_embeddings"]) == (0.5, True)   # against overfitting its 2 MiB of text
-    assert (cpu["attn_impl"], cpu["chunked_loss"]) == ("scratch", True)   # faster at its shape on CPU
     assert train.scheduled_lr(cpu, 0, 150.0) > train.scheduled_lr(cpu, 0, 290.0)   # decaying by the clock
     assert "data/speedrun-4k" in train.PREPARE_COMMANDS["speedrun-cpu"] and cpu["data_dir"] == "data/speedrun-4k"
     tiny = ["--vocab_size=64", "--context_length=16", "--d_model=32", "--num_layers=1", "--num_heads=2", "--d_ff=64",
@@ -4020,6 +4019,21 @@ def test_train_speedrun_presets_train_on_the_clock_with_their_recipe(tmp_path, _
     assert s["step"] == 6 and math.isfinite(s["val_loss"]) and (tmp_path / "o" / "ckpt.pt").is_file()
     assert isinstance(train.make_optimizer(M.load_model(s["ckpt"])[0], train.Settings(cfg), False), train.Muon) == (
         cfg["optimizer"] == "muon")
+
+
+def test_train_speedrun_cpu_attends_from_primitives_and_chunks_its_loss_only_under_cpu_bf16(monkeypatch):
+    # faster under bf16 on a CPU with it natively, slower in float32: the same capability check as --dtype=auto
+    def picks(native, *flags):
+        monkeypatch.setattr(M, "native_bf16", lambda device: native)
+        cfg, _ = train.get_config(["--preset=speedrun-cpu", *flags])
+        return cfg["attn_impl"], cfg["chunked_loss"]
+    assert picks(True) == picks(True, "--dtype=bfloat16") == picks(False, "--dtype=bfloat16") == ("scratch", True)
+    assert picks(False) == picks(True, "--dtype=float32") == picks(True, "--d_model=64") == ("sdpa", False)
+    assert picks(True, "--attn_impl=sdpa") == ("sdpa", True) and picks(False, "--chunked_loss") == ("sdpa", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # the preset on a GPU machine runs there
+    assert picks(True) == ("sdpa", False)
+    cfg, _ = train.get_config(["--preset=tinystories-cpu"])   # no other preset changes
+    assert (cfg["attn_impl"], cfg["chunked_loss"]) == ("sdpa", False)
 
 
 def test_train_speedrun_cpu_prepare_command_runs_on_a_fresh_clone(tmp_path, monkeypatch):

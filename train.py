@@ -1193,16 +1193,20 @@ PRESETS = {
     # decay 0.5 (0.018-0.035 bits/byte below 0.1 at 0.3, 0.012 more at 0.5 tied; 0.8 worse) and the head tied to the
     # embedding (0.037-0.041 below untied, in bf16 and fp32), scored as the moving average of its weights (decay
     # 0.995: 0.008-0.017 below 0.99 at weight decay 0.5-0.3 on a Zen 4; 0.998 averages in too much of the run); the
-    # schedule is on the clock (max_iters only bounds it: 5% warmup). Attention from primitives: at head size 32,
-    # compiled, about a tenth more steps than sdpa's CPU kernel, and the loss in chunks a tenth more again
-    # (docs/BENCHMARKS.md)
+    # schedule is on the clock (max_iters only bounds it: 5% warmup). Where the CPU computes bf16 natively, attention
+    # from primitives and the loss in chunks (PRESETS_UNDER_CPU_BF16: a tenth more steps each)
     "speedrun-cpu": dict(SPEEDRUN, data_dir="data/speedrun-4k", batch_size=8, compile="true", weight_decay=0.5,
-                         tie_embeddings=True, ema=0.995, attn_impl="scratch", chunked_loss=True),
+                         tie_embeddings=True, ema=0.995),
     # the CPU recipe on one GPU, all of TinyStories (not timed yet), without what the CPU run's 2 MiB of text needs
     # against overfitting (weight decay 0.5, the tied head, the average's decay 0.995 rather than 0.99)
     "speedrun-gpu": dict(SPEEDRUN, data_dir="data/tinystories-10k", vocab_size=10000, d_model=512, num_heads=16,
                          d_ff=1344, batch_size=64),
 }
+# what a preset changes where its run autocasts to bf16 on a CPU that computes it natively (--dtype=auto there, from
+# d96 on): the speedrun's attention from primitives and its loss in chunks pay under bf16 (0.88x and 0.92x sdpa's and
+# the plain loss's step time at d96, compiled, on a Zen 4) but not in float32 (1.06x and 0.98x), so on an AVX2-only
+# CPU, or with --dtype=float32, the preset keeps sdpa and the plain loss (docs/BENCHMARKS.md)
+PRESETS_UNDER_CPU_BF16 = {"speedrun-cpu": dict(attn_impl="scratch", chunked_loss=True)}
 # the command that prepares each preset's data (printed when it is missing)
 PREPARE_COMMANDS = {
     # all of TinyStories (official validation split kept apart), a 10k BPE trained on it, train.bin / val.bin
@@ -1287,7 +1291,16 @@ def resolve_config(overrides):
     cfg.update(overrides)
     if "data_dir" in overrides and "prepare_data" not in overrides:
         cfg["prepare_data"] = False   # a folder named on the command line is the user's: never filled with stories
+    if preset in PRESETS_UNDER_CPU_BF16 and cpu_bf16(cfg):   # (a flag given still wins)
+        cfg.update({k: v for k, v in PRESETS_UNDER_CPU_BF16[preset].items() if k not in overrides})
     return cfg
+
+
+def cpu_bf16(cfg):
+    """Whether a run of these settings autocasts to bfloat16 on a CPU (--device auto without a GPU, or cpu)."""
+    if cfg["device"] not in ("auto", "cpu") or model_lib.resolve_device(cfg["device"]).type != "cpu":
+        return False
+    return device_settings(cfg, torch.device("cpu"))["dtype"] == "bfloat16"
 
 
 def check_config(cfg):
