@@ -1355,6 +1355,15 @@ def test_model_softmax_matches_torch_with_gradient():
     torch.testing.assert_close(M.softmax(close, 0), torch.softmax(close, 0), rtol=1e-12, atol=1e-15)
     assert torch.autograd.gradcheck(lambda t: M.softmax(t, -1), torch.randn(3, 5, dtype=torch.float64,
                                                                              requires_grad=True))
+    # with a mask: the softmax of the masked-out scores, x itself untouched, no gradient where masked
+    mask, before = torch.rand(4, 50) > 0.5, x.detach().clone()
+    mask[:, 0] = True
+    ours, ref = M.softmax(x, -1, mask), torch.softmax(x_ref.masked_fill(~mask, float("-inf")), -1)
+    torch.testing.assert_close(ours, ref)
+    ours.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    assert torch.equal(x.detach(), before) and (x.grad[:, ~mask] == 0).all()
 
 
 def test_model_attention_matches_torch_sdpa():
