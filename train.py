@@ -1203,9 +1203,9 @@ PRESETS = {
                          d_ff=1344, batch_size=64),
 }
 # what a preset changes where its run autocasts to bf16 on a CPU that computes it natively (--dtype=auto there, from
-# d96 on): the speedrun's attention from primitives and its loss in chunks pay under bf16 (0.88x and 0.92x sdpa's and
-# the plain loss's step time at d96, compiled, on a Zen 4) but not in float32 (1.06x and 0.98x), so on an AVX2-only
-# CPU, or with --dtype=float32, the preset keeps sdpa and the plain loss (docs/BENCHMARKS.md)
+# d96 on): the speedrun's attention from primitives and its loss in chunks pay under bf16 (0.84-0.87x and 0.86-0.92x
+# sdpa's and the plain loss's step time at d96, compiled, on a Zen 4) but not in float32 (1.0x and 0.98x), so on an
+# AVX2-only CPU, or with --dtype=float32, the preset keeps sdpa and the plain loss (docs/BENCHMARKS.md)
 PRESETS_UNDER_CPU_BF16 = {"speedrun-cpu": dict(attn_impl="scratch", chunked_loss=True)}
 # the command that prepares each preset's data (printed when it is missing)
 PREPARE_COMMANDS = {
