@@ -1055,7 +1055,7 @@ def bench_gpu(args):
     import hellaswag
     import lambada
     import sample
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(M.resolve_device(args.device or "auto"))
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     shape = (dict(vocab_size=512, context_length=64, d_model=64, num_layers=2, num_heads=4) if args.tiny else

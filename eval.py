@@ -211,8 +211,8 @@ def main():
     parser.add_argument("--limit", type=float, default=None,
                         help="only the first N examples of each task (below 1: that fraction of them)")
     parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu, cuda, cuda:1, mps")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda if available, else cpu), cpu, cuda, cuda:1 or mps")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weights dtype")
     parser.add_argument("--include_path", action="append", default=[], type=os.path.expanduser,
                         help="a folder of task YAMLs to add to lm-eval's (repeatable; tasks/ is always there)")
@@ -251,8 +251,8 @@ def main():
         raise SystemExit(f"eval.py: {e}") from None
 
     try:
-        model_lib.resolve_device(args.device)
-        model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, args.device, args.tokenizer)
+        device = str(model_lib.resolve_device(args.device))   # auto -> cuda or cpu
+        model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, device, args.tokenizer)
     except ValueError as e:
         raise SystemExit(f"eval.py: {e}") from None
     model.to(dtype=DTYPES[args.dtype])

@@ -276,13 +276,12 @@ def load_model(args, device, prog="hellaswag.py"):
 
 
 def setup_device(device, prog):
-    """(device, rank, world_size, ddp) for an evaluation script: --device checked (default cuda if available, else
+    """(device, rank, world_size, ddp) for an evaluation script: --device checked (auto: cuda if available, else
     cpu); under torchrun (RANK / LOCAL_RANK / WORLD_SIZE set) one process group, each rank on its own GPU; TF32
     on CUDA, as the reference figures were measured."""
     ddp = "RANK" in os.environ
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        model_lib.resolve_device(device)
+        device = str(model_lib.resolve_device(device))
     except ValueError as e:
         raise SystemExit(f"{prog}: {e}")
     rank, world_size = 0, 1
@@ -319,7 +318,8 @@ def eval_main(prog, description, *, data_help, data_dir, item, answer, batch, dt
                         help=f"where the downloaded {item}s are cached")
     parser.add_argument("--limit", type=int, default=None, help=f"evaluate only the first N {item}s")
     parser.add_argument(batch_flag, type=int, default=batch_default, help=batch_help)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps; default cuda if available else cpu")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda if available, else cpu), cpu, cuda, cuda:1 or mps")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help=dtype_help)
     parser.add_argument("--verbose", action="store_true", help=verbose_help)
     bpe.one_line_errors(parser)

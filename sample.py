@@ -246,8 +246,8 @@ def main():
     parser.add_argument("--no_stop", action="store_true", help="do not stop at <|endoftext|>")
     parser.add_argument("--no_cache", action="store_true",
                         help="recompute the whole window every token (slow; for checking)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu, cuda, cuda:1, mps")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda if available, else cpu), cpu, cuda, cuda:1 or mps")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="weights dtype for generation")
     bpe.one_line_errors(parser)
@@ -282,8 +282,8 @@ def main():
 
     torch.manual_seed(args.seed)
     try:
-        model_lib.resolve_device(args.device)
-        model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, args.device, args.tokenizer)
+        device = str(model_lib.resolve_device(args.device))   # auto -> cuda or cpu
+        model, tokenizer = load_model_and_tokenizer(args.ckpt, args.init_from, device, args.tokenizer)
     except ValueError as e:
         raise SystemExit(f"sample.py: {e}") from None
     model.to(dtype=getattr(torch, args.dtype)).eval()
@@ -298,7 +298,7 @@ def main():
               file=sys.stderr)
         ids = ids[-ctx:]
     stop = None if args.no_stop else tokenizer.eot_id
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
 
     try:
         for k in range(args.num_samples):

@@ -6825,11 +6825,13 @@ def test_sample_cli_a_prompt_longer_than_the_context_keeps_its_last_tokens(tmp_p
 
 
 def test_sample_cli_num_samples_continue_one_seeded_stream(tmp_path, capsys, monkeypatch):
-    # --num_samples draws with one generator seeded once: the samples continue its stream (they differ)
+    # --num_samples draws with one generator seeded once: the samples continue its stream (they differ); --device
+    # auto is the CPU on a machine without CUDA
     torch.manual_seed(0)
     m, ckpt = _sample_byte_llama(tmp_path)
     tok = bpe.load_tokenizer(tmp_path / "tok")
-    _run(sample, monkeypatch, f"--ckpt={ckpt}", "--device=cpu", "--no_stop", "--prompt=ab", "--num_samples=2",
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _run(sample, monkeypatch, f"--ckpt={ckpt}", "--device=auto", "--no_stop", "--prompt=ab", "--num_samples=2",
          "--max_new_tokens=12", "--seed=3")
     g = torch.Generator().manual_seed(3)
     texts = [tok.decode(sample.generate(m, [tok.encode("ab")], 12, generator=g)[0]) for _ in range(2)]
@@ -8722,9 +8724,11 @@ def test_eval_cli_fails_when_nothing_fits_the_context(tmp_path, monkeypatch, scr
 def test_eval_cli_warns_once_about_contexts_cut_to_fit(tmp_path, monkeypatch, capsys, script, context_length, items,
                                                        skipped):
     # one warning naming how many scored contexts were cut, and to what length; the result line counts the skipped
+    # (--device auto: the CPU on a machine without CUDA)
     ckpt = _tiny_llama_ckpt(tmp_path, context_length=context_length)
     data = _eval_write(script, tmp_path / "data.jsonl", items)
-    out, err = _eval_run(monkeypatch, capsys, script, f"--ckpt={ckpt}", f"--data={data}", "--device=cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out, err = _eval_run(monkeypatch, capsys, script, f"--ckpt={ckpt}", f"--data={data}", "--device=auto")
     (warning,) = [line for line in err.splitlines() if "warning" in line]
     _bad_says(warning, f"{script.__name__}.py: ", 1, 2, context_length)
     assert _eval_figures(out.strip().splitlines()[-1])["skipped"] == skipped
@@ -9281,8 +9285,9 @@ def test_eval_default_output_is_beside_the_checkpoint(tmp_path, monkeypatch, cap
     ckpt = tmp_path / "run" / "ckpt.pt"
     ckpt.parent.mkdir()
     ckpt.write_bytes(Path(exported["gpt2"][0]).read_bytes())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # --device auto: the CPU here
     _run(harness, monkeypatch, "--ckpt", ckpt, "--tasks", "hs_nanogpt", "--include_path", tasks, "--limit", 1,
-         "--bootstrap_iters", 0, "--device", "cpu")
+         "--bootstrap_iters", 0, "--device", "auto")
     assert (tmp_path / "run" / "ckpt_lm_eval.json").is_file()
 
 
