@@ -94,7 +94,7 @@ def load_tokens(path):
         meta = json.loads(side.read_text())
     except FileNotFoundError:
         raise ValueError(f"{path}: missing sidecar {side.name} (write token files with bpe.py --encode or fineweb.py)")
-    except json.JSONDecodeError as e:
+    except ValueError as e:   # not JSON, or not UTF-8 text
         raise ValueError(f"{side}: not valid JSON ({e})")
     if not isinstance(meta, dict):
         raise ValueError(f"{side}: expected a JSON object (the token file's format, dtype, vocab_size ...)")

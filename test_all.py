@@ -3019,6 +3019,12 @@ def test_train_auto_dtype_on_cpu_is_bf16_where_native_and_wide_enough(monkeypatc
     assert train.device_settings(dict(c, dtype="bfloat16"), "cpu")["dtype"] == "bfloat16"
 
 
+def test_train_dtype_help_gives_autos_cpu_width():
+    # --help states the width from which auto takes CPU bf16, the one auto_dtype uses
+    help_text = train.settings()["dtype"][0].metadata["help"]
+    assert f">= {train.CPU_BF16_MIN_D_MODEL};" in help_text
+
+
 def test_train_total_batch_tokens_sets_the_accumulation_steps():
     # tokens per step / (B * T * world) micro-steps; 0 = one; a total of no whole micro-batches is refused
     assert train.grad_accum_steps(524288, 64, 1024, 8) == 1
@@ -3101,6 +3107,7 @@ _TRAIN_REFUSALS = {   # case: (settings over _train_cfg's, a change to _train_da
                                      "{data}: ", ["{data}/train.bin.json", "64", "{data}/val.bin.json", "128"]),
     "sidecar-not-an-object": ({}, _train_sidecar("val.bin.json", lambda m: [1, 2]),
                               "{data}/val.bin.json: ", []),
+    "sidecar-not-utf8": ({}, lambda d: (d / "val.bin.json").write_bytes(b"\xff{}"), "{data}/val.bin.json: ", []),
     "sidecar-vocab_size-not-int": ({}, _train_sidecar("val.bin.json", lambda m: dict(m, vocab_size="abc")),
                                    "{data}/val.bin.json: ", ['"vocab_size"', "'abc'"]),
     "sidecar-vocab_size-0": ({}, _train_sidecar("val.bin.json", lambda m: dict(m, vocab_size=0)),
@@ -3145,7 +3152,8 @@ _TRAIN_REFUSALS = {   # case: (settings over _train_cfg's, a change to _train_da
         ("beta1", 1.5), ("min_lr_ratio", -2.0), ("top_p", 2.0), ("temperature", -1.0), ("temperature", float("inf")),
         ("sample_tokens", -3), ("time_budget", "-5m"), ("beta2", 1.0), ("beta1", -0.1), ("top_p", 0.0),
         ("min_lr_ratio", 1.5), ("rope_theta", 0.0), ("eps", -1e-8), ("eval_iters", 0), ("log_interval", 0),
-        ("lr_decay_iters", -1), ("total_batch_tokens", -1), ("time_budget", "0s"), ("learning_rate", float("inf")),
+        ("lr_decay_iters", -1), ("total_batch_tokens", -1), ("time_budget", "0s"), ("time_budget", "inf"),
+        ("time_budget", "1e400m"), ("learning_rate", float("inf")),
         ("rope_theta", float("inf")), ("eps", float("inf")), ("weight_decay", float("inf")), ("seed", 2 ** 32)]},
 }
 

@@ -173,7 +173,7 @@ class TrainConfig:
     # system
     device: str = setting("auto", "auto | cpu | cuda | cuda:N", resumable=True)
     dtype: str = setting("auto", "autocast dtype: auto (bfloat16 on a GPU with native bf16, and on a CPU with native "
-                         "bf16 for d_model >= 256; else float32) | float32 | bfloat16",
+                         "bf16 for d_model >= 96; else float32) | float32 | bfloat16",
                          choices=("auto", "float32", "bfloat16"))
     compile: str = setting("auto", "torch.compile the training module (auto = on CUDA); eval and sampling use the "
                            "plain module", auto=True, resumable=True)
@@ -1327,8 +1327,8 @@ def check_config(cfg):
                          f"*world_size = {c.batch_size * c.context_length * world:,}: pick one, so that every run "
                          f"scores the same tokens")
     runs.check_output_paths(c)
-    if c.time_budget and not runs.parse_duration(c.time_budget) > 0:
-        raise ValueError(f"--time_budget must be > 0 ('' = none), got {c.time_budget!r}")
+    if c.time_budget and not 0 < runs.parse_duration(c.time_budget) < math.inf:
+        raise ValueError(f"--time_budget must be > 0 and finite ('' = none), got {c.time_budget!r}")
     # an unknown backend would be a traceback at step 1; listing them imports torch._dynamo (~1.4 s of start-up on
     # CPU), so the default one, always there, is not looked up
     if c.compile_backend != DEFAULTS["compile_backend"] and c.compile_backend not in torch.compiler.list_backends(
