@@ -982,11 +982,20 @@ def read_shards(folder):
         raise ValueError(f"{folder}: missing: the folder of this FSDP checkpoint's weights") from None
     except ValueError:
         raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]
-        raise ValueError(f"{folder}: not readable FSDP shards (truncated or corrupt?): {type(e).__name__}"
-                         f"{': ' + first if first else ''}") from None
+    except (Exception, dcp.api.CheckpointException) as e:   # (DCP's own is a BaseException)
+        raise shards_unreadable(folder, e) from None
     return {key[len("model."):]: value for key, value in state.items()}
+
+
+def shards_unreadable(folder, e):
+    """The one line (a ValueError) for an FSDP checkpoint's folder that DCP could not read; its CheckpointException
+    carries each failing rank's error, the first of which says what went wrong."""
+    import torch.distributed.checkpoint as dcp
+    if isinstance(e, dcp.api.CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    first = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]
+    return ValueError(f"{folder}: not readable FSDP shards (truncated or corrupt?): {type(e).__name__}"
+                      f"{': ' + first if first else ''}")
 
 
 class _ShardsMetadataUnpickler(pickle.Unpickler):

@@ -460,7 +460,7 @@ def resume_settings(cfg, explicit, defaults, presets, resumable):
     if resume is False or cfg["fresh"] or not ckpt_path.exists():
         return cfg, None
     try:
-        ckpt = read_train_checkpoint(ckpt_path)
+        ckpt = read_train_checkpoint(ckpt_path, run=True)
     except ValueError as e:
         raise ValueError(f"{e} (use --fresh to start over)") from None
     old = ckpt["config"]
@@ -497,12 +497,20 @@ def check_same_run(ckpt, data, c, ckpt_path):
                      f": {ways}")
 
 
-def read_train_checkpoint(src):
-    """model.read_checkpoint (one clear line when the file is broken), and it must be one of train.py's."""
+RUN_KEYS = ("config", "model_config", "train_files", "loader", "rng", "elapsed", "val_loss", "val_step")
+
+
+def read_train_checkpoint(src, run=False):
+    """model.read_checkpoint (one clear line when the file is broken), and it must be one of train.py's; with run,
+    a run's (save_run's, which a resume continues), not only weights (save_checkpoint's)."""
     ckpt = model_lib.read_checkpoint(src)
+    name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
     if "model" not in ckpt or "iteration" not in ckpt:
-        name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", "<file object>")
         raise ValueError(f"{name}: not a train.py checkpoint (expected a dict with 'model' and 'iteration')")
+    missing = [key for key in RUN_KEYS if key not in ckpt] if run else []
+    if missing:
+        raise ValueError(f"{name}: weights, not a train.py run's checkpoint (no {', '.join(map(repr, missing))}): "
+                         f"a run cannot continue from it")
     return ckpt
 
 
@@ -668,9 +676,12 @@ def restore_shards(ckpt, ckpt_path, raw, optimizer, loader, fused, world, rank, 
     if ckpt["optimizer_groups"] is not None:   # (None: written before the optimizer's first step)
         opt = get_optimizer_state_dict(raw, optimizer)
         shards["optimizer"] = opt["state"]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "torch.distributed is")
-        dcp.load(shards, checkpoint_id=folder, no_dist=world == 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "torch.distributed is")
+            dcp.load(shards, checkpoint_id=folder, no_dist=world == 1)
+    except (Exception, dcp.api.CheckpointException) as e:   # (DCP's own is a BaseException)
+        raise model_lib.shards_unreadable(folder, e) from None
     set_model_state_dict(raw, shards["model"])
     if "trained_weights" in shards:   # (train() puts them in the model: ckpt holds them as a whole checkpoint would)
         ckpt["trained_weights"] = shards["trained_weights"]

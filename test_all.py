@@ -2941,6 +2941,32 @@ def test_train_full_disk_at_a_sharded_checkpoint_is_one_line_and_keeps_the_last_
     assert M.read_checkpoint(out / "ckpt.pt")["iteration"] == 6 and len(list(out.glob("ckpt.pt.shards-*"))) == 1
 
 
+@pytest.mark.parametrize("cut", ["all-but-100-bytes", "the-last-3000-bytes"])
+def test_train_fsdp_shards_cut_short_are_one_line_naming_their_folder(tmp_path, _train_data, cut):
+    # a broken shard folder (DCP's CheckpointException is a BaseException): resuming it, or reading its weights
+    # (sample.py, export.py), says so in one line naming the folder; cut at the end, the weights may still read
+    out = tmp_path / "o"
+    args = _train_main_args(_train_data, out) + ["--fsdp"]
+    train.main(args)
+    (folder,) = out.glob("ckpt.pt.shards-*")
+    for f in folder.glob("*.distcp"):
+        f.write_bytes(f.read_bytes()[:100] if cut == "all-but-100-bytes" else f.read_bytes()[:-3000])
+    _one_line_naming(_exits(train.main, args + ["--resume"]), "train.py: ", folder)
+    if cut == "all-but-100-bytes":
+        _one_line_naming(_raises(M.read_checkpoint, out / "ckpt.pt"), str(folder))
+
+
+@pytest.mark.parametrize("resume", ["auto", "true"])
+def test_train_weights_saved_by_save_checkpoint_are_not_resumed_as_a_run(tmp_path, _train_data, resume):
+    # the CS336 save_checkpoint's file (weights, optimizer, iteration) in --out_dir: one line naming it and what it
+    # lacks, not a KeyError
+    out = tmp_path / "o"
+    m = _model_llama(vocab_size=64, context_length=16)
+    train.save_checkpoint(m, torch.optim.AdamW(m.parameters()), 2, out / "ckpt.pt")
+    message = _exits(train.main, _train_main_args(_train_data, out) + [f"--resume={resume}"])
+    _one_line_naming(message, f"train.py: {out / 'ckpt.pt'}: ", "'config'", "--fresh")
+
+
 # ---- evaluation: the validation loss and bits per byte
 
 

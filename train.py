@@ -871,7 +871,7 @@ def resume_checkpoint(resume_from, c, ckpt_path, world):
     ckpt, error = (None, resume_from) if isinstance(resume_from, Exception) else (resume_from, None)
     if ckpt is None and error is None and _parse_bool(c.resume) is True and not c.fresh:
         try:
-            ckpt = runs.read_train_checkpoint(ckpt_path)
+            ckpt = runs.read_train_checkpoint(ckpt_path, run=True)
         except ValueError as e:
             error = e
     flags = settings()   # (a path may differ between nodes: a copy of the data elsewhere)
