@@ -4827,6 +4827,25 @@ def test_train_main_exits_130_after_ctrl_c(tmp_path, _train_data, monkeypatch, c
     assert not any("--resume" in cmd for cmd in _train_next_commands(out))
 
 
+@pytest.mark.parametrize("world, local, launch", [
+    (1, None, ["python"]), (2, "2", ["torchrun", "--standalone", "--nproc_per_node=2"]),
+    (16, "8", ["torchrun", "--nnodes=2", "--nproc_per_node=8"])])
+def test_train_a_stopped_run_is_continued_by_as_many_processes_as_wrote_it(tmp_path, monkeypatch, capsys, world,
+                                                                           local, launch):
+    # a run stopped under torchrun is continued under torchrun, with its number of processes (nodes x per node)
+    if local:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    else:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    out = tmp_path / "o"
+    s = dict(stopped_by="ctrl-c", step=2, val_loss=None, val_step=None, val_bpb=None, samples=[], elapsed=1.0,
+             elapsed_this_run=1.0, ckpt=str(out / "ckpt.pt"), log=str(out / "log.jsonl"), interrupted=True,
+             world=world)
+    train.print_summary(s, 1.0, main_job=False)
+    cmd = _train_next_commands(capsys.readouterr().out)[0]
+    assert shlex.split(cmd) == launch + ["train.py", "--resume", f"--out_dir={out}"]
+
+
 def test_train_summary_after_a_stop_gives_no_stale_figures_or_sample(tmp_path, monkeypatch, capsys):
     # Ctrl-C at step 2, evaluated at 0: the summary gives neither that loss nor its sample; resumed, it gives both
     d, _ = _train_byte_data(tmp_path)

@@ -767,7 +767,8 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
                 val_bpb=evaluate.bpb(state.val_loss), samples=samples, elapsed=state.elapsed,
                 elapsed_this_run=state.elapsed - start_elapsed,
                 lr=scheduled_lr(c, state.step, state.elapsed), last_lr=last_lr, ckpt=str(ckpt_path),
-                log=str(run.log_path), params=n_params, wall=clock() - t_run, interrupted=stop_at is not None)
+                log=str(run.log_path), params=n_params, wall=clock() - t_run, interrupted=stop_at is not None,
+                world=world)
 
 
 def _mfu(flops_per_token, tokens_per_sec, device, dtype):
@@ -1391,9 +1392,13 @@ def print_summary(s, wall, main_job):
     steps = [(f"python sample.py{'' if out_dir == Path('out') else ' ' + q('--ckpt=' + s['ckpt'])} --top_p 0.9",
               "more samples from this model"),
              (f"python train.py {q('--plot=' + s['log'])}", "loss curves as PNG")]
-    if s["interrupted"]:
-        steps.insert(0, (f"python train.py --resume{'' if out_dir == Path('out') else ' ' + q(f'--out_dir={out_dir}')}",
-                         "continue from the checkpoint"))
+    if s["interrupted"]:   # continued by as many processes as wrote the checkpoint (DDP's loaders need it)
+        world, local = s["world"], int(os.environ.get("LOCAL_WORLD_SIZE", s["world"]))
+        launch = ("python" if world == 1 else f"torchrun --standalone --nproc_per_node={world}" if local == world
+                  else f"torchrun --nnodes={world // local} --nproc_per_node={local}")   # (+ the rendezvous flags)
+        where = "" if out_dir == Path("out") else " " + q(f"--out_dir={out_dir}")
+        steps.insert(0, (f"{launch} train.py --resume{where}",
+                         "continue from the checkpoint" + (", on every node" if local != world else "")))
     if main_job:
         steps.append(("python train.py --preset=tinystories-cpu", "the CS336 baseline shape, once its data exists:"))
     width = max(len(cmd) for cmd, _ in steps)
