@@ -519,13 +519,12 @@ def checkpoint_not_written(path, step, e):
     write goes to a temp file, renamed only once whole) and how to go on."""
     try:
         kept = (f"the one of step {torch.load(path, mmap=True, weights_only=True)['iteration']} is kept: free at "
-                f"least its {Path(path).stat().st_size / 1e6:,.1f} MB there")
+                f"least its {Path(path).stat().st_size / 1e6:,.1f} MB there, then continue with --resume")
     except FileNotFoundError:
-        kept = "no earlier one is kept: free some space there"
+        kept = "there is no earlier one: free some space there, then run the command again"
     except Exception:   # (not expected: the last rename put a whole checkpoint there)
-        kept = "the earlier one is kept: free some space there"
-    return ValueError(f"{path}: could not write the checkpoint of step {step} ({bpe.write_error(e)}); {kept}, then "
-                      f"continue with --resume")
+        kept = "the earlier one is kept: free some space there, then continue with --resume"
+    return ValueError(f"{path}: could not write the checkpoint of step {step} ({bpe.write_error(e)}); {kept}")
 
 
 def model_of(ckpt, ckpt_path):

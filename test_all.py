@@ -2922,6 +2922,24 @@ def test_train_full_disk_at_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_
     assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 6
 
 
+def test_train_full_disk_at_the_first_checkpoint_says_to_run_the_command_again(tmp_path, _train_data, monkeypatch):
+    # no checkpoint to continue from: the line does not send the user to --resume, and the same command then runs
+    out, real_save = tmp_path / "o", torch.save
+
+    def save(obj, f, *a, **k):
+        if isinstance(obj, dict) and "iteration" in obj:
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, "save", save)
+    args = _train_main_args(_train_data, out) + ["--max_iters=4", "--eval_interval=2"]
+    message = _exits(train.main, args)
+    _one_line_naming(message, f"train.py: {out / 'ckpt.pt'}: ", "step 2")
+    assert "--resume" not in message and not (out / "ckpt.pt").exists()
+    monkeypatch.setattr(torch, "save", real_save)
+    train.main(args)
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 4
+
+
 def test_train_full_disk_at_a_sharded_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, _train_data,
                                                                                       monkeypatch):
     # --fsdp: a full disk at step 4's shards (DCP's CheckpointException): the same line, step 2's kept, --resume works
