@@ -57,6 +57,10 @@ class _AllStopped(Exception):
     """Raised from generate()'s on_token once every row of the batch has written a stop string: ends it early."""
 
 
+class ContextTooShort(ValueError):
+    """A request longer than the model's context: lm-eval has no way to skip it, so the evaluation stops."""
+
+
 class HarnessLM(TemplateLM):
     """lm-eval's LM over a model.py model and a bpe.py tokenizer (or tiktoken's GPT-2)."""
 
@@ -99,7 +103,9 @@ class HarnessLM(TemplateLM):
             for row, (i, s) in enumerate(zip(batch, seqs)):
                 cont = requests[i][2]
                 if len(cont) > L:
-                    raise ValueError(f"a continuation of {len(cont)} tokens is longer than the model's context ({L})")
+                    raise ContextTooShort(f"a continuation of {len(cont)} tokens is longer than the model's context "
+                                          f"({L}): this task needs a model of a longer context (hellaswag.py and "
+                                          f"lambada.py skip such examples instead)")
                 end = len(s) - 1
                 logp = F.log_softmax(logits[row, end - len(cont):end].float(), dim=-1)   # the continuation's rows
                 target = torch.tensor(cont, dtype=torch.long, device=logp.device)
@@ -271,7 +277,8 @@ def main():
         hint = (" (the local tasks read the files hellaswag.py and lambada.py download: run those once, and eval.py "
                 "from the repository root)" if isinstance(e, FileNotFoundError) else
                 f" (the Hugging Face hub is unreachable: {why_offline}; offline, the tasks hellaswag_local and "
-                f"lambada_openai_local read the files hellaswag.py and lambada.py download)" if not online else "")
+                f"lambada_openai_local read the files hellaswag.py and lambada.py download)"
+                if not online and not isinstance(e, ContextTooShort) else "")
         raise SystemExit(f"eval.py: --tasks {args.tasks}: {first}{hint}") from None
     print(make_table(results))
     if results.get("groups"):

@@ -9344,6 +9344,20 @@ def test_eval_cli_prints_lm_evals_table_and_writes_its_json(tmp_path, monkeypatc
 
 
 @needs_lm_eval
+def test_eval_a_continuation_longer_than_the_context_is_one_line_that_does_not_blame_the_hub(tmp_path, monkeypatch,
+                                                                                             tasks):
+    # HellaSwag's endings in bytes, a 16-byte context: lm-eval cannot skip a request, so the run stops, saying why
+    # and nothing of the network (offline here)
+    ckpt = _tiny_llama_ckpt(tmp_path, context_length=16)
+    monkeypatch.setattr(M, "hub_reachable", lambda: (False, "no network here"))
+    monkeypatch.setattr(harness, "offline_mode", lambda: None)
+    message = _bad_exit(monkeypatch, harness, "--ckpt", ckpt, "--tasks", "hs_nanogpt", "--include_path", tasks,
+                        "--limit", 2, "--bootstrap_iters", 0, "--device", "cpu", "--output", tmp_path / "r.json")
+    _bad_says(message, "eval.py: --tasks hs_nanogpt: ", 16)
+    assert "hub" not in message and "no network here" not in message
+
+
+@needs_lm_eval
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
 def test_eval_an_output_it_cannot_write_is_refused_before_the_evaluation(monkeypatch, exported):
     monkeypatch.setattr(harness, "load_model_and_tokenizer", _bpe_not_called)
