@@ -158,7 +158,8 @@ class Data:
 
 def prepare_main_job(c, ddp, master, log):
     """The main job's data (stories -> BPE -> token files), made or reused by fineweb.prepare_tinystories; only
-    in a folder it made, or an empty one: never over someone's own data."""
+    in a folder it made, or one without its files: never over someone's own data (their train*.bin are used as
+    they are, their text or tokenizer refused by prepare_tinystories)."""
     data_dir = Path(c.data_dir)
     if not ((data_dir / "prepared.json").exists() or not any(data_dir.glob("train*.bin"))):
         return
@@ -168,7 +169,7 @@ def prepare_main_job(c, ddp, master, log):
     if master:
         with lock(data_dir, "train.py preparing its data") or contextlib.nullcontext():
             fineweb.prepare_tinystories(data_dir=c.data_dir, vocab_size=c.vocab_size, allow_download=c.download,
-                                        fresh=c.fresh, log=log, corpus_bytes=c.corpus_bytes)
+                                        fresh=c.fresh, log=log, corpus_bytes=c.corpus_bytes, flag="--data_dir")
     if ddp:
         torch.distributed.barrier(group=wait)
         torch.distributed.destroy_process_group(wait)
