@@ -4651,6 +4651,23 @@ def test_train_main_job_never_prepares_over_text_it_did_not_make(tmp_path):
         d / "train.txt": b"my own text", d / "val.txt": b"mine"}
 
 
+def test_train_resume_asking_for_another_corpus_is_refused_before_the_data_is_rewritten(tmp_path):
+    # out_dir's run was trained on the data prepared: another --corpus_bytes would re-prepare it, then refuse the
+    # resume; it is refused first, in one line naming both sizes and the checkpoint, data and run untouched
+    d, out = tmp_path / "d", tmp_path / "o"
+    run = [f"--data_dir={d}", "--prepare_data=true", f"--out_dir={out}", "--download=false", "--corpus_bytes=60000",
+           "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2", "--context_length=32",
+           "--batch_size=4", "--max_iters=2", "--eval_iters=2", "--num_samples=0", "--time_budget=", "--num_threads=1",
+           "--device=cpu", "--compile=false"]
+    train.main(run)
+    data, ckpt = _files(d), _files(out)
+    message = _exits(train.main, run + ["--corpus_bytes=40000", "--max_iters=3"])
+    _bad_says(message, f"train.py: {d}: ", "60000", "40000", out / "ckpt.pt", "--fresh")
+    assert _files(d) == data and _files(out) == ckpt
+    train.main(run + ["--max_iters=3"])   # the same request: resumed on the data as it is
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 3 and _files(d) == data
+
+
 @pytest.fixture(scope="module")
 def _train_finished_run(tmp_path_factory):
     """_train_data's folder and a finished 2-step run on it, made once: each test resumes a copy (_train_copy_run)."""
