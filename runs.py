@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -185,8 +186,8 @@ def open_data(c, prepare_commands, preset_dirs, log):
     if not train:
         cmd = prepare_commands.get(c.preset)
         own = preset_dirs.get(c.preset)
-        if cmd and c.data_dir != own:   # the preset's data asked for in another folder: prepare that one
-            cmd = cmd.replace(f"--out_dir={own}", f"--out_dir={shlex.quote(c.data_dir)}")
+        if cmd and c.data_dir != own:   # the preset's data asked for in another folder: each path in it, that one
+            cmd = re.sub(rf"{re.escape(own)}(?=/|\s|$)", lambda _: shlex.quote(c.data_dir), cmd)
         how = (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py, or "
                "pass --prepare_data=true for the main job's stories)")
         raise ValueError(f"{c.data_dir}: no train*.bin token files{how}")

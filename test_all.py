@@ -4075,14 +4075,20 @@ def test_train_presets_run_in_their_own_folder_and_named_data_dirs_are_never_pre
     assert not (tmp_path / "mine").exists()
 
 
-@pytest.mark.parametrize("preset, folder", [("tinystories-cpu", "none"), ("tinystories", "my data"), ("owt", "owt")])
+@pytest.mark.parametrize("preset", list(train.PREPARE_COMMANDS))
+@pytest.mark.parametrize("folder", ["none", "my data"])
 def test_train_preset_without_its_data_prints_the_command_that_prepares_it(tmp_path, preset, folder):
-    # names the folder and ends with the preset's command for the folder --data_dir names (quoted); nothing written
-    data_dir = f"{tmp_path}/{folder}"
+    # names the folder and ends with the preset's command for the folder --data_dir names (quoted): every path it
+    # writes is in that folder, none in the preset's own; nothing written
+    data_dir, own = f"{tmp_path}/{folder}", train.PRESETS[preset]["data_dir"]
     message = _exits(train.main, [f"--preset={preset}", f"--data_dir={data_dir}", f"--out_dir={tmp_path}/o"])
     first, *_, command = message.splitlines()
     assert first.startswith(f"train.py: {data_dir}: ")
-    assert shlex.split(command) == shlex.split(train.PREPARE_COMMANDS[preset])[:-1] + [f"--out_dir={data_dir}"]
+    words = shlex.split(command)
+    outs = [w.removeprefix("--out_dir=") for w in words if w.startswith("--out_dir=")] + [
+        b for a, b in zip(words, words[1:]) if a == "--out"]
+    assert outs and all(o == data_dir or o.startswith(f"{data_dir}/") for o in outs) and own not in command
+    assert words == [w.replace(own, data_dir) for w in shlex.split(train.PREPARE_COMMANDS[preset])]
     assert not (tmp_path / "o").exists()
 
 
