@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -156,9 +157,11 @@ class Data:
         return [[Path(p).name, len(a)] for p, a, _ in self.train]
 
 
-def prepare_main_job(c, ddp, master, log):
+def prepare_main_job(c, ddp, master, log, ckpt_path=None):
     """The main job's data (stories -> BPE -> token files), made or reused by fineweb.prepare_tinystories; only
-    in a folder it made, or an empty one: never over someone's own data."""
+    in a folder it made, or one without its files: never over someone's own data (their train*.bin are used as
+    they are, their text or tokenizer refused by prepare_tinystories). ckpt_path: the checkpoint this run resumes,
+    trained on the data there: another --corpus_bytes is refused before that data is rewritten."""
     data_dir = Path(c.data_dir)
     if not ((data_dir / "prepared.json").exists() or not any(data_dir.glob("train*.bin"))):
         return
@@ -168,7 +171,9 @@ def prepare_main_job(c, ddp, master, log):
     if master:
         with lock(data_dir, "train.py preparing its data") or contextlib.nullcontext():
             fineweb.prepare_tinystories(data_dir=c.data_dir, vocab_size=c.vocab_size, allow_download=c.download,
-                                        fresh=c.fresh, log=log, corpus_bytes=c.corpus_bytes)
+                                        fresh=c.fresh, log=log, corpus_bytes=c.corpus_bytes, flag="--data_dir",
+                                        keep=ckpt_path and f"{ckpt_path} was trained on it: resume without the change, "
+                                        "or prepare it for a new run (another --out_dir and --data_dir, or --fresh)")
     if ddp:
         torch.distributed.barrier(group=wait)
         torch.distributed.destroy_process_group(wait)
@@ -181,8 +186,8 @@ def open_data(c, prepare_commands, preset_dirs, log):
     if not train:
         cmd = prepare_commands.get(c.preset)
         own = preset_dirs.get(c.preset)
-        if cmd and c.data_dir != own:   # the preset's data asked for in another folder: prepare that one
-            cmd = cmd.replace(f"--out_dir={own}", f"--out_dir={shlex.quote(c.data_dir)}")
+        if cmd and c.data_dir != own:   # the preset's data asked for in another folder: each path in it, that one
+            cmd = re.sub(rf"{re.escape(own)}(?=/|\s|$)", lambda _: shlex.quote(c.data_dir), cmd)
         how = (f"; prepare them with:\n  {cmd}" if cmd else " (make them with bpe.py --encode or fineweb.py, or "
                "pass --prepare_data=true for the main job's stories)")
         raise ValueError(f"{c.data_dir}: no train*.bin token files{how}")

@@ -4127,14 +4127,20 @@ def test_train_presets_run_in_their_own_folder_and_named_data_dirs_are_never_pre
     assert not (tmp_path / "mine").exists()
 
 
-@pytest.mark.parametrize("preset, folder", [("tinystories-cpu", "none"), ("tinystories", "my data"), ("owt", "owt")])
+@pytest.mark.parametrize("preset", list(train.PREPARE_COMMANDS))
+@pytest.mark.parametrize("folder", ["none", "my data"])
 def test_train_preset_without_its_data_prints_the_command_that_prepares_it(tmp_path, preset, folder):
-    # names the folder and ends with the preset's command for the folder --data_dir names (quoted); nothing written
-    data_dir = f"{tmp_path}/{folder}"
+    # names the folder and ends with the preset's command for the folder --data_dir names (quoted): every path it
+    # writes is in that folder, none in the preset's own; nothing written
+    data_dir, own = f"{tmp_path}/{folder}", train.PRESETS[preset]["data_dir"]
     message = _exits(train.main, [f"--preset={preset}", f"--data_dir={data_dir}", f"--out_dir={tmp_path}/o"])
     first, *_, command = message.splitlines()
     assert first.startswith(f"train.py: {data_dir}: ")
-    assert shlex.split(command) == shlex.split(train.PREPARE_COMMANDS[preset])[:-1] + [f"--out_dir={data_dir}"]
+    words = shlex.split(command)
+    outs = [w.removeprefix("--out_dir=") for w in words if w.startswith("--out_dir=")] + [
+        b for a, b in zip(words, words[1:]) if a == "--out"]
+    assert outs and all(o == data_dir or o.startswith(f"{data_dir}/") for o in outs) and own not in command
+    assert words == [w.replace(own, data_dir) for w in shlex.split(train.PREPARE_COMMANDS[preset])]
     assert not (tmp_path / "o").exists()
 
 
@@ -4686,6 +4692,38 @@ def test_train_a_folder_named_on_the_command_line_is_never_written_whatever_out_
     train.main(["--data_dir=data/x", "--max_iters=3"])
     assert [r["resumed_at_step"] for r in _train_records(Path("out"), "config")] == [None, 2]
     assert torch.load("out/ckpt.pt", weights_only=True)["iteration"] == 3 and _files("data/x") == mine
+
+
+def test_train_main_job_never_prepares_over_text_it_did_not_make(tmp_path):
+    # --prepare_data=true on a folder of someone's own text (no prepared.json): one line naming it and the ways on,
+    # before anything there is written
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "train.txt").write_text("my own text")
+    (d / "val.txt").write_text("mine")
+    message = _exits(train.main, [f"--data_dir={d}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}",
+                                  "--download=false", "--corpus_bytes=6000", "--vocab_size=280", "--max_iters=2",
+                                  "--time_budget=", "--num_samples=0", "--device=cpu"])
+    _bad_says(message, f"train.py: {d}: ", "train.txt", "val.txt", "--data_dir", "--fresh")
+    assert {p: b for p, b in _files(d).items() if p.name != ".lock"} == {   # (the lock held while it looked)
+        d / "train.txt": b"my own text", d / "val.txt": b"mine"}
+
+
+def test_train_resume_asking_for_another_corpus_is_refused_before_the_data_is_rewritten(tmp_path):
+    # out_dir's run was trained on the data prepared: another --corpus_bytes would re-prepare it, then refuse the
+    # resume; it is refused first, in one line naming both sizes and the checkpoint, data and run untouched
+    d, out = tmp_path / "d", tmp_path / "o"
+    run = [f"--data_dir={d}", "--prepare_data=true", f"--out_dir={out}", "--download=false", "--corpus_bytes=60000",
+           "--vocab_size=300", "--d_model=32", "--num_layers=1", "--num_heads=2", "--context_length=32",
+           "--batch_size=4", "--max_iters=2", "--eval_iters=2", "--num_samples=0", "--time_budget=", "--num_threads=1",
+           "--device=cpu", "--compile=false"]
+    train.main(run)
+    data, ckpt = _files(d), _files(out)
+    message = _exits(train.main, run + ["--corpus_bytes=40000", "--max_iters=3"])
+    _bad_says(message, f"train.py: {d}: ", "60000", "40000", out / "ckpt.pt", "--fresh")
+    assert _files(d) == data and _files(out) == ckpt
+    train.main(run + ["--max_iters=3"])   # the same request: resumed on the data as it is
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 3 and _files(d) == data
 
 
 @pytest.fixture(scope="module")
@@ -6145,6 +6183,38 @@ def test_fw_prepare_all_of_tinystories_offline_fails_before_writing(tmp_path, mo
     assert capsys.readouterr().out == "" and not (tmp_path / "cli").exists()
 
 
+def test_fw_prepare_tinystories_never_writes_over_files_it_did_not_make(tmp_path, monkeypatch):
+    # a folder without prepared.json holding any file it writes: refused in one line, nothing touched; --fresh
+    # replaces them; a run interrupted mid-corpus (its mark written first) is resumed by the same command
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
+    cli = ["--prepare_tinystories", "--corpus_bytes=6000", "--vocab_size=280", "--num_workers=1"]
+    for name in ("train.txt", "val.txt", "tokenizer", "train.bin", "val.bin.json"):
+        d = tmp_path / name.replace(".", "_")
+        (d / name).parent.mkdir(parents=True)
+        (d / "tokenizer").mkdir() if name == "tokenizer" else (d / name).write_text("mine")
+        (d / "tokenizer" / "vocab.json").write_text("mine") if name == "tokenizer" else None
+        before = _files(d)
+        _bad_says(_bad_exit(monkeypatch, fineweb, *cli, f"--out_dir={d}"), f"fineweb.py: {d}: ", name, "--out_dir",
+                  "--fresh")
+        assert _files(d) == before and sorted(p.name for p in d.iterdir()) == [name]
+    _run(fineweb, monkeypatch, *cli, f"--out_dir={tmp_path / 'train_txt'}", "--fresh")
+    assert (tmp_path / "train_txt" / "train.txt").read_text() != "mine"
+
+    def ctrl_c_on_val(path, *a):
+        if Path(path).name == "val.txt":
+            raise KeyboardInterrupt
+        return real(path, *a)
+    real = stories.write_corpus
+    monkeypatch.setattr(stories, "write_corpus", ctrl_c_on_val)
+    with pytest.raises(KeyboardInterrupt):
+        fineweb.prepare_tinystories(tmp_path / "cut", 280, allow_download=False, corpus_bytes=6000, log=_train_quiet)
+    assert (tmp_path / "cut" / "train.txt").is_file() and not (tmp_path / "cut" / "val.txt").exists()
+    monkeypatch.setattr(stories, "write_corpus", real)
+    got = fineweb.prepare_tinystories(tmp_path / "cut", 280, allow_download=False, corpus_bytes=6000,
+                                      log=_train_quiet)
+    assert got["val_tokens"] > 0 and (tmp_path / "cut" / "val.bin").is_file()
+
+
 def test_fw_prepare_tinystories_falls_back_to_the_generated_corpus_when_the_download_fails(tmp_path, monkeypatch):
     # a failing download: one line naming the error, then stories.py's corpus, and no half-downloaded file left
     logs = []
@@ -6224,6 +6294,32 @@ def test_fw_tinystories_head_offline_says_in_one_line_that_its_figures_do_not_co
     out = capsys.readouterr().out.splitlines()
     assert len([line for line in out if "compare" in line]) == 1 and (tmp_path / "cli/valid.txt").is_file()
     assert (tmp_path / "cli/train.txt").stat().st_size == fineweb.HEAD_TRAIN_BYTES
+
+
+def test_fw_tinystories_head_never_writes_over_text_it_did_not_make(tmp_path, monkeypatch):
+    # train.txt or valid.txt without head.json: refused in one line, nothing touched; fresh replaces them; a fetch
+    # interrupted between the two files (its mark written first) is resumed by the same call
+    monkeypatch.setattr(fineweb, "hub_reachable", lambda *a, **k: (False, "offline in tests"))
+    for name in ("train.txt", "valid.txt"):
+        d = tmp_path / name.replace(".", "_")
+        d.mkdir()
+        (d / name).write_text("mine")
+        _bad_says(_bad_exit(monkeypatch, fineweb, "--tinystories_head", f"--out_dir={d}"), f"fineweb.py: {d}: ", name,
+                  "--out_dir", "--fresh")
+        assert _files(d) == {d / name: b"mine"}
+    fineweb.tinystories_head(tmp_path / "train_txt", train_bytes=6000, val_stories=12, log=_train_quiet, fresh=True)
+    assert (tmp_path / "train_txt" / "train.txt").stat().st_size == 6000
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+    real = stories.generate_stories
+    monkeypatch.setattr(stories, "generate_stories", ctrl_c)   # after train.txt, before valid.txt
+    with pytest.raises(KeyboardInterrupt):
+        fineweb.tinystories_head(tmp_path / "cut", train_bytes=6000, val_stories=12, log=_train_quiet)
+    assert (tmp_path / "cut" / "train.txt").is_file() and not (tmp_path / "cut" / "valid.txt").exists()
+    monkeypatch.setattr(stories, "generate_stories", real)
+    _, valid_txt = fineweb.tinystories_head(tmp_path / "cut", train_bytes=6000, val_stories=12, log=_train_quiet)
+    assert len(list(fineweb.file_docs(valid_txt))) == 12
 
 
 # ---- fineweb.py: a tokenizer trained on the corpus first (train_tokenizer_on_docs)

@@ -638,7 +638,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
 
     # ---- data
     if c.prepare_data:
-        runs.prepare_main_job(c, ddp, master, say)
+        runs.prepare_main_job(c, ddp, master, say, ckpt_path if ckpt is not None else None)
     data, tasks = open_inputs(c, ckpt, ckpt_path, world, say)   # token files, tokenizer, tasks' examples
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
