@@ -1151,6 +1151,10 @@ _BPE_CLI_REFUSALS = {   # case: (command line, the line's start, what it names);
     "encode-out-not-writable": ("--encode {d}/corpus.txt --out {d}/ro/x.bin", "bpe.py: --out {d}/ro/x.bin: ",
                                 ("not writable",)),
     "encode-out-under-proc": ("--encode {d}/corpus.txt --out /proc/x", "bpe.py: --out /proc/x: ", ("/proc",)),
+    "out-a-tokenizer-already": ("--input {d}/corpus.txt --vocab 300 --out {d}/tok", "bpe.py: --out {d}/tok: ",
+                                ("--force",)),
+    "encode-out-exists": ("--encode {d}/corpus.txt --tokenizer {d}/tok --out {d}/a_file --workers 1",
+                          "bpe.py: --out {d}/a_file: ", ("--force",)),
 }
 
 
@@ -1177,6 +1181,28 @@ def test_bpe_cli_refuses_bad_input_before_any_work(tmp_path, monkeypatch, capsys
     assert capsys.readouterr() == ("", "") and (_files(tmp_path), sorted(tmp_path.rglob("*"))) == before
 
 
+def test_bpe_cli_force_writes_over_an_existing_output_and_a_default_name_reached_is_checked_too(tmp_path,
+                                                                                                  monkeypatch):
+    # --force writes a tokenizer over one and a token file over one; without it, the default folder named by the
+    # vocabulary reached (known only after training) is refused too, and left as it was
+    corpus = _bpe_corpus(tmp_path / "corpus.txt", n=20)
+    monkeypatch.chdir(tmp_path)
+    _bpe_byte_tokenizer().save_dir(tmp_path / "tok")
+    _run(bpe, monkeypatch, "--input", corpus, "--vocab", 300, "--out", tmp_path / "tok", "--workers", 1, "--force")
+    assert bpe.load_tokenizer(tmp_path / "tok").vocab_size == 300
+    (tmp_path / "x.bin").write_bytes(b"old")
+    _run(bpe, monkeypatch, "--encode", corpus, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "x.bin",
+         "--workers", 1, "--force")
+    assert (tmp_path / "x.bin").read_bytes() != b"old" and (tmp_path / "x.bin.json").is_file()
+    reached = len(bpe.train_bpe(corpus, 10000, [_BPE_EOT], num_workers=1)[0])
+    mine = tmp_path / "tokenizers" / f"corpus-{reached}"
+    _bpe_byte_tokenizer().save_dir(mine)
+    before = _files(tmp_path)
+    msg = _bad_exit(monkeypatch, bpe, "--input", corpus, "--vocab", 10000, "--workers", 1)
+    _bpe_says(msg, f"bpe.py: --out {mine.relative_to(tmp_path)}: ", "--force")
+    assert _files(tmp_path) == before
+
+
 @pytest.mark.parametrize("job", ["train", "encode"])
 def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path, job):
     # a full disk: exit status 1, one line naming --out, the earlier output left byte for byte, no temp file
@@ -1184,12 +1210,12 @@ def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path,
     if job == "train":
         out = tmp_path / "tok"
         _bpe_byte_tokenizer().save_dir(out)
-        argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1]
+        argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1, "--force"]
     else:
         out = tmp_path / "x.bin"
         tok = _bpe_tok_dir(tmp_path)   # (a local tokenizer: GPT-2's files may be unavailable offline)
         bpe.encode_file(corpus, str(tok), out, num_workers=1)
-        argv = ["--encode", corpus, "--tokenizer", tok, "--out", out, "--workers", 1]
+        argv = ["--encode", corpus, "--tokenizer", tok, "--out", out, "--workers", 1, "--force"]
     before = _files(tmp_path)
     r = _bpe_cli(*argv, preexec_fn=_file_size_limit(2000))
     assert r.returncode == 1
@@ -1222,7 +1248,7 @@ def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, m
         Path(bpe.MAIN_JOB_CORPUS).write_text(_bpe_synthetic_text(200, seed=3), encoding="utf-8")
         return types.SimpleNamespace(returncode=0)
     monkeypatch.setattr(bpe.subprocess, "run", prepare)
-    _run(bpe, monkeypatch, "--vocab", "300", "--workers", "1")
+    _run(bpe, monkeypatch, "--vocab", "300", "--workers", "1", "--force")
     assert made == [bpe.PREPARE_MAIN_JOB] and bpe.load_tokenizer("tokenizers/train-300").vocab_size == 300
     assert f"training on {bpe.MAIN_JOB_CORPUS}" in capsys.readouterr().out
     bpe.main()   # the corpus is there now: not prepared again
