@@ -6260,6 +6260,41 @@ def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatc
     _bpe_says(msg, f"fineweb.py: {tmp_path / 'out' / 'tokenizer'}: ", "[:5]", "[:6]", "--out_dir")
 
 
+def test_fw_cli_vocab_size_reuses_a_tokenizer_it_did_not_train_only_at_that_size(tmp_path, monkeypatch, _fw_bpe_dir):
+    # out/tokenizer with no request.json (put there by hand): another --vocab_size is refused in one line naming both
+    # sizes, before any training or shard; the same size is reused
+    path, _ = _fw_corpus(tmp_path, n=40, seed=2)
+    out = tmp_path / "out"
+    shutil.copytree(_fw_bpe_dir, out / "tokenizer")
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    argv = [f"--input={path}", f"--out_dir={out}", "--shard_size=500", "--num_workers=1"]
+    before = _files(tmp_path)
+    msg = _bad_exit(monkeypatch, fineweb, *argv, "--vocab_size=400")
+    _bpe_says(msg, f"fineweb.py: {out / 'tokenizer'}: ", "300", "400", "--tokenizer")
+    assert _files(tmp_path) == before
+    _run(fineweb, monkeypatch, *argv, "--vocab_size=300")
+    assert json.loads((out / "meta.json").read_text())["config"]["vocab_size"] == 300
+
+
+def test_fw_cli_vocab_size_refuses_shards_of_another_tokenizer_before_training_one(tmp_path, monkeypatch,
+                                                                                   _fw_bpe_dir):
+    # shards made with --tokenizer: --vocab_size into that folder is refused before it trains a tokenizer (none is
+    # left behind), as are token files fineweb.py did not write
+    path, _ = _fw_corpus(tmp_path, n=40, seed=2)
+    out = tmp_path / "out"
+    argv = [f"--input={path}", f"--out_dir={out}", "--shard_size=500", "--num_workers=1"]
+    _run(fineweb, monkeypatch, *argv, f"--tokenizer={_fw_bpe_dir}")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.bin").write_bytes(b"\0\0")
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    before = _files(tmp_path)
+    _bpe_says(_bad_exit(monkeypatch, fineweb, *argv, "--vocab_size=280"), f"fineweb.py: {out}: ", "--fresh")
+    _bpe_says(_bad_exit(monkeypatch, fineweb, *argv, "--vocab_size=280", f"--out_dir={mine}"), f"fineweb.py: {mine}: ",
+              "--out_dir")
+    assert _files(tmp_path) == before and not (out / "tokenizer").exists() and not (mine / "tokenizer").exists()
+
+
 def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
     # a shard size too large leaves only the validation shard (a hint names --shard_size and --fresh); a smaller one
     # is refused, and with --fresh rebuilt, its tokenizer included, a file fineweb.py did not write kept
