@@ -10109,6 +10109,8 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["dtype", "--repeats", "0"], "--repeats", ["0", "1"]),
     (["loss", "--steps", "0"], "--steps", ["0", "1"]), (["loss", "--dtypes", "fp32"], "--dtypes", ["'fp32'"]),
     (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"]),
+    (["memory", "--d_model", "100", "--num_heads", "3"], "--num_heads", ["3", "100"]),   # the model's shape
+    (["memory", "--d_model", "100", "--num_heads", "4"], "--num_heads", ["4", "100", "25"]),
     (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
     (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
     (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"]),
@@ -10131,7 +10133,7 @@ def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, 
     (["dtype", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_dtype"),
     (["loss", "--steps", "1", "--threads", "1", "--dtypes", "float32"], "bench_loss"),
     (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu"),
-    (["memory", "--d_model", "1", "--num_layers", "1", "--num_heads", "1", "--context_length", "1", "--vocab_size",
+    (["memory", "--d_model", "2", "--num_layers", "1", "--num_heads", "1", "--context_length", "1", "--vocab_size",
       "1", "--batch_size", "1", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_memory")])
 def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
     ran = []
