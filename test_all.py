@@ -9046,6 +9046,17 @@ def test_export_refuses_a_folder_with_files_unless_forced(tmp_path, monkeypatch,
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "notes.txt").read_text() == "mine"
 
 
+def test_export_weights_get_the_mode_of_the_other_files(tmp_path, monkeypatch, exported):
+    # safetensors writes its file 0600: every file of the folder is 0666 less the umask, model.safetensors included
+    umask = os.umask(0o027)
+    try:
+        _run(export, monkeypatch, "--ckpt", exported["gpt2"][0], "--out", tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o640}, modes
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
 def test_export_an_out_under_proc_is_refused_before_loading(monkeypatch, exported):
     monkeypatch.setattr(export, "load_model_and_tokenizer", _bpe_not_called)
