@@ -7466,6 +7466,18 @@ def test_flops_cli_the_models_own_context_is_the_default_context(capsys, monkeyp
     _flops_context(out, 512)
 
 
+@pytest.mark.parametrize("ffn_type", ["silu", "relu2"])
+def test_flops_cli_ffn_types_count_train_pys_model(capsys, monkeypatch, ffn_type):
+    # each --ffn_type train.py takes: its 4*d FFN of two matrices, the parameters of the model train.py builds
+    r = _flops_json(monkeypatch, capsys, "--model=tinystories", f"--ffn_type={ffn_type}")
+    cfg = train.get_config(["--d_model=512", "--num_layers=4", "--num_heads=16", "--d_ff=0", "--context_length=256",
+                            f"--ffn_type={ffn_type}"])[0]
+    model = M.build_model(M.config_from_flags("llama", cfg, 10000))   # as train.py builds it
+    assert (r["config"]["ffn_type"], r["config"]["d_ff"]) == (ffn_type, 4 * 512)
+    assert r["params"]["total"] == sum(p.numel() for p in model.parameters())
+    assert r["contexts"]["256"]["forward_flops"]["ffn"] == 4 * 2 * 256 * 2 * 512 * 2048   # layers x w1, w2
+
+
 def test_flops_cli_each_context_has_its_own_memory_and_largest_batch(capsys, monkeypatch):
     # and the time to train is at the first context given
     cfg = M.config_from_flags("llama", dict(num_layers=4, d_model=512, num_heads=16, context_length=256), 10000)
