@@ -1508,6 +1508,13 @@ def main():
                              f"{Path(args.mix20).resolve().parent} to make it in")
     if args.run is bench_speedrun:
         _check_speedrun_args(args)
+    if args.run is bench_memory:   # the Llama's shape, said here rather than by a traceback from each spawned rank
+        if args.d_model % args.num_heads:
+            raise SystemExit(f"bench.py: --num_heads {args.num_heads}: expected a divisor of --d_model {args.d_model}")
+        if args.d_model // args.num_heads % 2:
+            raise SystemExit(f"bench.py: --num_heads {args.num_heads}: expected heads of an even width (RoPE "
+                             f"rotates pairs), got --d_model {args.d_model} / {args.num_heads} = "
+                             f"{args.d_model // args.num_heads}")
     if args.run is bench_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SystemExit("bench.py gpu: run it as `python bench.py gpu`, not under torchrun: it starts one process "
                          "per GPU itself for its DDP check (--procs)")

@@ -11,6 +11,8 @@ Encode a text file into a token file (uint16 ids; uint32 for vocabularies above 
     python bpe.py --encode data/TinyStories-valid.txt --tokenizer tok/ts10k --out data/ts_val.bin
     python bpe.py --encode data/owt_valid.txt --tokenizer gpt2 --out data/owt_val.bin   # tiktoken's GPT-2
 
+An existing --out (a tokenizer folder that has files, or a token file) is refused unless --force.
+
 From Python:
 
     vocab, merges = train_bpe("corpus.txt", 10000, ["<|endoftext|>"])
@@ -1270,6 +1272,12 @@ MAIN_JOB_CORPUS = "data/tinystories/train.txt"   # what `python train.py` trains
 PREPARE_MAIN_JOB = ["fineweb.py", "--prepare_tinystories"]   # run, not imported: this file imports no project file
 
 
+def _refuse_a_folder_with_files(out, force):
+    """A tokenizer folder is written over only with --force (as export.py's --out)."""
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"--out {out}: the folder exists and is not empty (pass --force to write into it)")
+
+
 def main():
     p = argparse.ArgumentParser(description="Train a byte-level BPE tokenizer, or encode a text file with one.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -1289,6 +1297,8 @@ def main():
     p.add_argument("--tokenizer", type=os.path.expanduser, default="gpt2",
                    help="with --encode: 'gpt2' (tiktoken) or a tokenizer directory")
     p.add_argument("--sample_docs", type=int, default=10, help="documents sampled for the bytes/token figure")
+    p.add_argument("--force", action="store_true",
+                   help="write over an existing --out (a tokenizer folder that already has files, or a .bin)")
     one_line_errors(p)
     args = p.parse_args()
 
@@ -1301,6 +1311,8 @@ def main():
             raise SystemExit("bpe.py: --encode needs --out FILE.bin")
         try:
             check_output_path(args.out, "--out")
+            if Path(args.out).exists() and not args.force:
+                raise ValueError(f"--out {args.out}: the file exists (pass --force to write over it)")
             meta = encode_file(args.encode, args.tokenizer, args.out, args.workers, progress=True)
         except ValueError as e:
             raise SystemExit(f"bpe.py: {e}")
@@ -1334,6 +1346,7 @@ def main():
     try:   # checked now, not after the training
         check_text_file(args.input)
         check_output_path(out, "--out", folder=True)
+        _refuse_a_folder_with_files(out, args.force)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}") from None
     stats = {}
@@ -1348,6 +1361,10 @@ def main():
     wall = time.perf_counter() - t0
     if args.out is None and len(vocab) < args.vocab:   # the text ran out of pairs to merge (train_bpe said so)
         out = out.with_name(f"{Path(args.input).stem}-{len(vocab)}")
+        try:   # (a name known only now)
+            _refuse_a_folder_with_files(out, args.force)
+        except ValueError as e:
+            raise SystemExit(f"bpe.py: {e}; nothing written") from None
     tok = Tokenizer(vocab, merges, specials, name=str(out))
     try:
         tok.save_dir(out)

@@ -223,6 +223,8 @@ def export(model, tokenizer, out, dtype=torch.float32):
             raise OSError(None, str(e).split("I/O error: ")[-1].split(" (os error")[0],
                           str(out / "model.safetensors")) from None
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        # safetensors makes its file 0600: given the mode of the others (0666 less the umask, as open() gives)
+        os.chmod(stage / "model.safetensors", (stage / "config.json").stat().st_mode & 0o777)
         write_tokenizer(tokenizer, stage, model.context_length)
         for f in stage.iterdir():
             os.replace(f, out / f.name)

@@ -454,6 +454,18 @@ def clear_shards(out_dir, log=print):
             f"{' and the tokenizer trained there' if trained else ''}")
 
 
+def refuse_shards_of_another_tokenizer(out_dir):
+    """Before --vocab_size trains a tokenizer into out_dir/tokenizer (none there yet): token files already in out_dir
+    were made with another one. Said now, not by write_shards once the training is done."""
+    out = Path(out_dir)
+    if (out / "meta.json").is_file():
+        raise ValueError(f"{out}: holds shards (meta.json) made with another tokenizer than the one --vocab_size "
+                         "would train now: choose another --out_dir, or --fresh to start over")
+    if any(out.glob("*.bin")):
+        raise ValueError(f"{out}: already holds token files but no meta.json from fineweb.py: choose an empty "
+                         "--out_dir")
+
+
 def _resume_or_start(out, config):
     """Read out/meta.json if this configuration wrote it; refuse a directory written with anything else."""
     meta_path = out / "meta.json"
@@ -729,10 +741,16 @@ def train_tokenizer_on_docs(docs, vocab_size, tok_dir, max_bytes=None, num_worke
     """Train a bpe.py tokenizer (with <|endoftext|>) on the first max_bytes of a document stream (None: all)
     and save it to tok_dir; an existing tok_dir trained with the same request is reused (so a resumed run shards
     with the same tokenizer), one trained with another is refused (request.json records what was asked, the
-    stream's `source` name included when given)."""
+    stream's `source` name included when given). One fineweb.py did not train (no request.json) is reused only at
+    vocab_size."""
     tok_dir = Path(tok_dir)
     request = {"vocab_size": vocab_size, "max_bytes": max_bytes, "source": source}
     if (tok_dir / "vocab.json").is_file():
+        size = None if (tok_dir / "request.json").is_file() else bpe.load_tokenizer(tok_dir).vocab_size
+        if size not in (None, vocab_size):
+            raise ValueError(f"{tok_dir}: holds a tokenizer of {size} ids (not trained by fineweb.py), not "
+                             f"--vocab_size {vocab_size}: choose another --out_dir, or pass it as --tokenizer without "
+                             f"--vocab_size")
         old = json.loads((tok_dir / "request.json").read_text()) if (tok_dir / "request.json").is_file() else request
         old.setdefault("source", source)  # a request.json written before sources were recorded
         if old != request:
@@ -856,6 +874,8 @@ def main():
         made = not Path(out_dir).exists()
         if args.fresh:
             clear_shards(out_dir)
+        if args.vocab_size and not (Path(out_dir) / "tokenizer" / "vocab.json").is_file():
+            refuse_shards_of_another_tokenizer(out_dir)   # before the training, which write_shards would follow
         if args.vocab_size:
             args.tokenizer = train_tokenizer_on_docs(docs, args.vocab_size, Path(out_dir) / "tokenizer",
                                                      args.bpe_train_bytes or None, args.num_workers, source=source)

@@ -162,7 +162,8 @@ def activation_terms(cfg, context_length, checkpointing=False):
     """Activations kept for the backward pass, in floats per sequence, by what keeps them (the spec's accounting).
 
     Per layer: 8*T*d (two norm inputs, Q, K, V, the weighted sum, the output projection, the FFN output),
-    T*d_ff per FFN intermediate (SwiGLU keeps w1 x, silu(w1 x), w3 x and their product: 4; SiLU/GELU: 2),
+    T*d_ff per FFN intermediate (SwiGLU keeps w1 x, silu(w1 x), w3 x and their product: 4; SiLU/GELU: 2; ReLU^2:
+    2, relu(w1 x) and its square, as ReLU's backward needs only its output),
     2*h*T^2 (attention scores and their softmax). At the end (the head) T*d (final norm) and 2*T*V (logits,
     softmax). With activation checkpointing each block keeps only its input (T*d) and recomputes the rest in the
     backward, one block at a time: L*T*d + one layer's activations + the head.
@@ -558,8 +559,9 @@ def main():
     parser.add_argument("--vocab_size", type=int, default=None, help="override vocabulary size")
     parser.add_argument("--d_ff", type=int, default=None,
                         help="override FFN width (llama; None = 8/3*d rounded to 64, at least 64, for swiglu, "
-                             "4*d for silu)")
-    parser.add_argument("--ffn_type", default=None, choices=["swiglu", "silu"], help="llama FFN type (None = swiglu)")
+                             "4*d for silu and relu2)")
+    parser.add_argument("--ffn_type", default=None, choices=["swiglu", "silu", "relu2"],
+                        help="llama FFN type, as train.py's (None = swiglu)")
     parser.add_argument("--pad_vocab_to_multiple_of", type=int, default=None, help="gpt2 vocabulary padding (None = 1)")
     parser.add_argument("--context", nargs="+", default=None,
                         help="context lengths to report, e.g. --context 1024 16384 (None = the model's)")

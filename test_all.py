@@ -1151,6 +1151,10 @@ _BPE_CLI_REFUSALS = {   # case: (command line, the line's start, what it names);
     "encode-out-not-writable": ("--encode {d}/corpus.txt --out {d}/ro/x.bin", "bpe.py: --out {d}/ro/x.bin: ",
                                 ("not writable",)),
     "encode-out-under-proc": ("--encode {d}/corpus.txt --out /proc/x", "bpe.py: --out /proc/x: ", ("/proc",)),
+    "out-a-tokenizer-already": ("--input {d}/corpus.txt --vocab 300 --out {d}/tok", "bpe.py: --out {d}/tok: ",
+                                ("--force",)),
+    "encode-out-exists": ("--encode {d}/corpus.txt --tokenizer {d}/tok --out {d}/a_file --workers 1",
+                          "bpe.py: --out {d}/a_file: ", ("--force",)),
 }
 
 
@@ -1177,6 +1181,28 @@ def test_bpe_cli_refuses_bad_input_before_any_work(tmp_path, monkeypatch, capsys
     assert capsys.readouterr() == ("", "") and (_files(tmp_path), sorted(tmp_path.rglob("*"))) == before
 
 
+def test_bpe_cli_force_writes_over_an_existing_output_and_a_default_name_reached_is_checked_too(tmp_path,
+                                                                                                  monkeypatch):
+    # --force writes a tokenizer over one and a token file over one; without it, the default folder named by the
+    # vocabulary reached (known only after training) is refused too, and left as it was
+    corpus = _bpe_corpus(tmp_path / "corpus.txt", n=20)
+    monkeypatch.chdir(tmp_path)
+    _bpe_byte_tokenizer().save_dir(tmp_path / "tok")
+    _run(bpe, monkeypatch, "--input", corpus, "--vocab", 300, "--out", tmp_path / "tok", "--workers", 1, "--force")
+    assert bpe.load_tokenizer(tmp_path / "tok").vocab_size == 300
+    (tmp_path / "x.bin").write_bytes(b"old")
+    _run(bpe, monkeypatch, "--encode", corpus, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "x.bin",
+         "--workers", 1, "--force")
+    assert (tmp_path / "x.bin").read_bytes() != b"old" and (tmp_path / "x.bin.json").is_file()
+    reached = len(bpe.train_bpe(corpus, 10000, [_BPE_EOT], num_workers=1)[0])
+    mine = tmp_path / "tokenizers" / f"corpus-{reached}"
+    _bpe_byte_tokenizer().save_dir(mine)
+    before = _files(tmp_path)
+    msg = _bad_exit(monkeypatch, bpe, "--input", corpus, "--vocab", 10000, "--workers", 1)
+    _bpe_says(msg, f"bpe.py: --out {mine.relative_to(tmp_path)}: ", "--force")
+    assert _files(tmp_path) == before
+
+
 @pytest.mark.parametrize("job", ["train", "encode"])
 def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path, job):
     # a full disk: exit status 1, one line naming --out, the earlier output left byte for byte, no temp file
@@ -1184,12 +1210,12 @@ def test_bpe_cli_a_full_disk_is_one_line_and_leaves_the_earlier_output(tmp_path,
     if job == "train":
         out = tmp_path / "tok"
         _bpe_byte_tokenizer().save_dir(out)
-        argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1]
+        argv = ["--input", corpus, "--vocab", 400, "--out", out, "--workers", 1, "--force"]
     else:
         out = tmp_path / "x.bin"
         tok = _bpe_tok_dir(tmp_path)   # (a local tokenizer: GPT-2's files may be unavailable offline)
         bpe.encode_file(corpus, str(tok), out, num_workers=1)
-        argv = ["--encode", corpus, "--tokenizer", tok, "--out", out, "--workers", 1]
+        argv = ["--encode", corpus, "--tokenizer", tok, "--out", out, "--workers", 1, "--force"]
     before = _files(tmp_path)
     r = _bpe_cli(*argv, preexec_fn=_file_size_limit(2000))
     assert r.returncode == 1
@@ -1222,7 +1248,7 @@ def test_bpe_without_input_trains_on_the_main_jobs_corpus_made_first(tmp_path, m
         Path(bpe.MAIN_JOB_CORPUS).write_text(_bpe_synthetic_text(200, seed=3), encoding="utf-8")
         return types.SimpleNamespace(returncode=0)
     monkeypatch.setattr(bpe.subprocess, "run", prepare)
-    _run(bpe, monkeypatch, "--vocab", "300", "--workers", "1")
+    _run(bpe, monkeypatch, "--vocab", "300", "--workers", "1", "--force")
     assert made == [bpe.PREPARE_MAIN_JOB] and bpe.load_tokenizer("tokenizers/train-300").vocab_size == 300
     assert f"training on {bpe.MAIN_JOB_CORPUS}" in capsys.readouterr().out
     bpe.main()   # the corpus is there now: not prepared again
@@ -6401,6 +6427,41 @@ def test_fw_max_docs_limits_the_tokenizer_training_text_too(tmp_path, monkeypatc
     _bpe_says(msg, f"fineweb.py: {tmp_path / 'out' / 'tokenizer'}: ", "[:5]", "[:6]", "--out_dir")
 
 
+def test_fw_cli_vocab_size_reuses_a_tokenizer_it_did_not_train_only_at_that_size(tmp_path, monkeypatch, _fw_bpe_dir):
+    # out/tokenizer with no request.json (put there by hand): another --vocab_size is refused in one line naming both
+    # sizes, before any training or shard; the same size is reused
+    path, _ = _fw_corpus(tmp_path, n=40, seed=2)
+    out = tmp_path / "out"
+    shutil.copytree(_fw_bpe_dir, out / "tokenizer")
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    argv = [f"--input={path}", f"--out_dir={out}", "--shard_size=500", "--num_workers=1"]
+    before = _files(tmp_path)
+    msg = _bad_exit(monkeypatch, fineweb, *argv, "--vocab_size=400")
+    _bpe_says(msg, f"fineweb.py: {out / 'tokenizer'}: ", "300", "400", "--tokenizer")
+    assert _files(tmp_path) == before
+    _run(fineweb, monkeypatch, *argv, "--vocab_size=300")
+    assert json.loads((out / "meta.json").read_text())["config"]["vocab_size"] == 300
+
+
+def test_fw_cli_vocab_size_refuses_shards_of_another_tokenizer_before_training_one(tmp_path, monkeypatch,
+                                                                                   _fw_bpe_dir):
+    # shards made with --tokenizer: --vocab_size into that folder is refused before it trains a tokenizer (none is
+    # left behind), as are token files fineweb.py did not write
+    path, _ = _fw_corpus(tmp_path, n=40, seed=2)
+    out = tmp_path / "out"
+    argv = [f"--input={path}", f"--out_dir={out}", "--shard_size=500", "--num_workers=1"]
+    _run(fineweb, monkeypatch, *argv, f"--tokenizer={_fw_bpe_dir}")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.bin").write_bytes(b"\0\0")
+    monkeypatch.setattr(bpe, "train_bpe", _bpe_not_called)
+    before = _files(tmp_path)
+    _bpe_says(_bad_exit(monkeypatch, fineweb, *argv, "--vocab_size=280"), f"fineweb.py: {out}: ", "--fresh")
+    _bpe_says(_bad_exit(monkeypatch, fineweb, *argv, "--vocab_size=280", f"--out_dir={mine}"), f"fineweb.py: {mine}: ",
+              "--out_dir")
+    assert _files(tmp_path) == before and not (out / "tokenizer").exists() and not (mine / "tokenizer").exists()
+
+
 def test_fw_cli_fresh_starts_a_shard_folder_over_and_keeps_other_files(tmp_path, monkeypatch, capsys):
     # a shard size too large leaves only the validation shard (a hint names --shard_size and --fresh); a smaller one
     # is refused, and with --fresh rebuilt, its tokenizer included, a file fineweb.py did not write kept
@@ -7570,6 +7631,18 @@ def test_flops_cli_the_models_own_context_is_the_default_context(capsys, monkeyp
     out = _flops_table(monkeypatch, capsys, "--model=tinystories", "--context_length=512", "--train_tokens=1e9")
     assert _flops_shape(out)["context"] == "512" and "1.00B" in _flops_line(out, "time to train")
     _flops_context(out, 512)
+
+
+@pytest.mark.parametrize("ffn_type", ["silu", "relu2"])
+def test_flops_cli_ffn_types_count_train_pys_model(capsys, monkeypatch, ffn_type):
+    # each --ffn_type train.py takes: its 4*d FFN of two matrices, the parameters of the model train.py builds
+    r = _flops_json(monkeypatch, capsys, "--model=tinystories", f"--ffn_type={ffn_type}")
+    cfg = train.get_config(["--d_model=512", "--num_layers=4", "--num_heads=16", "--d_ff=0", "--context_length=256",
+                            f"--ffn_type={ffn_type}"])[0]
+    model = M.build_model(M.config_from_flags("llama", cfg, 10000))   # as train.py builds it
+    assert (r["config"]["ffn_type"], r["config"]["d_ff"]) == (ffn_type, 4 * 512)
+    assert r["params"]["total"] == sum(p.numel() for p in model.parameters())
+    assert r["contexts"]["256"]["forward_flops"]["ffn"] == 4 * 2 * 256 * 2 * 512 * 2048   # layers x w1, w2
 
 
 def test_flops_cli_each_context_has_its_own_memory_and_largest_batch(capsys, monkeypatch):
@@ -9152,6 +9225,17 @@ def test_export_refuses_a_folder_with_files_unless_forced(tmp_path, monkeypatch,
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "notes.txt").read_text() == "mine"
 
 
+def test_export_weights_get_the_mode_of_the_other_files(tmp_path, monkeypatch, exported):
+    # safetensors writes its file 0600: every file of the folder is 0666 less the umask, model.safetensors included
+    umask = os.umask(0o027)
+    try:
+        _run(export, monkeypatch, "--ckpt", exported["gpt2"][0], "--out", tmp_path / "hf")
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o640}, modes
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux's /proc")
 def test_export_an_out_under_proc_is_refused_before_loading(monkeypatch, exported):
     monkeypatch.setattr(export, "load_model_and_tokenizer", _bpe_not_called)
@@ -10229,6 +10313,8 @@ def test_bench_gpu_each_check_fails_on_its_own_fault(capsys, monkeypatch):
     (["dtype", "--repeats", "0"], "--repeats", ["0", "1"]),
     (["loss", "--steps", "0"], "--steps", ["0", "1"]), (["loss", "--dtypes", "fp32"], "--dtypes", ["'fp32'"]),
     (["memory", "--vocab_size", "0"], "--vocab_size", ["0", "1"]),
+    (["memory", "--d_model", "100", "--num_heads", "3"], "--num_heads", ["3", "100"]),   # the model's shape
+    (["memory", "--d_model", "100", "--num_heads", "4"], "--num_heads", ["4", "100", "25"]),
     (["tokenizer", "--texts", "/no/such.txt:500"], "--texts", ["'/no/such.txt:500'"]),
     (["tokenizer", "--texts", f"{ROOT / 'README.md'}:100"], "--texts", ["257"]),
     (["tokenizer", "--texts", str(ROOT / "README.md")], "--texts", ["PATH:VOCAB"]),
@@ -10251,7 +10337,7 @@ def test_bench_bad_counts_are_one_line_before_any_work(monkeypatch, argv, flag, 
     (["dtype", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_dtype"),
     (["loss", "--steps", "1", "--threads", "1", "--dtypes", "float32"], "bench_loss"),
     (["gpu", "--steps", "2", "--batch_size", "1", "--tiny"], "bench_gpu"),
-    (["memory", "--d_model", "1", "--num_layers", "1", "--num_heads", "1", "--context_length", "1", "--vocab_size",
+    (["memory", "--d_model", "2", "--num_layers", "1", "--num_heads", "1", "--context_length", "1", "--vocab_size",
       "1", "--batch_size", "1", "--steps", "1", "--repeats", "1", "--threads", "1"], "bench_memory")])
 def test_bench_smallest_allowed_counts_are_accepted(monkeypatch, argv, section):
     ran = []
