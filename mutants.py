@@ -43,7 +43,7 @@ MUTANTS = [   # (name, file, snippet, replacement, -k, why)
     ("kv_cache_room", "model.py", "if self.pos + new_tokens > self.max_seq_len:",
      "if self.pos + new_tokens > self.max_seq_len + 1:", "test_model_kv_cache_refuses",
      "a full KV cache is refused, not written past"),
-    ("cross_entropy_lse", "model.py", "lse = (sum_exp.log() + m).squeeze(1)", "lse = sum_exp.log().squeeze(1)",
+    ("cross_entropy_lse", "model.py", "(sum_exp.log() + m).squeeze(1)", "sum_exp.log().squeeze(1)",
      "test_model_cross_entropy_matches_torch", "log-sum-exp adds the max back"),
     ("decay_on_gains", "model.py", '[p for n, p in params if p.dim() < 2], "weight_decay": 0.0}',
      '[p for n, p in params if p.dim() < 2], "weight_decay": weight_decay}',

@@ -10714,6 +10714,15 @@ def test_a_tokenizer_retrained_into_its_folder_is_refused_by_train_sample_and_th
     _bad_says(message, f"{ckpt}: ", old, new, "--fresh")
 
 
+# ---- mutants.py: its mutants still name code that is there
+
+
+def test_mutants_each_snippet_is_in_its_file_once():
+    # an edit that moved a mutant's snippet makes mutants.py refuse to run at all: caught here, not months later
+    import mutants
+    mutants.check(mutants.MUTANTS)
+
+
 # ---- CI: .ci/run lints before it tests
 
 
