@@ -632,6 +632,8 @@ def check_text_file(input_path):
 def check_output_path(path, flag, folder=False):
     """Before any long work: `path` (a file, or with folder=True a folder, to write) can be made, i.e. its nearest
     existing ancestor is a writable folder. One ValueError naming the flag and the path otherwise."""
+    if not str(path).strip():   # (Path("") is the current folder: `--out_dir=` would write there unasked)
+        raise ValueError(f"{flag} {str(path)!r}: empty; expected the path of a {'folder' if folder else 'file'}")
     path = Path(path).absolute()
     blocker = next(p for p in (path, *path.parents) if p.exists())
     if (blocker != path or folder) and not blocker.is_dir():

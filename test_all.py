@@ -3247,6 +3247,18 @@ def test_train_refuses_bad_settings_and_data_before_anything_is_written(tmp_path
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flag", ["--out_dir", "--data_dir"])
+def test_train_an_empty_output_folder_is_refused_not_taken_as_the_current_one(tmp_path, _train_data, monkeypatch,
+                                                                              flag):
+    # `--out_dir=` (a variable that was not set, say): one line naming the flag, nothing written where it runs
+    monkeypatch.chdir(tmp_path)
+    args = _train_main_args(_train_data, tmp_path / "o") + [f"{flag}="]
+    if flag == "--data_dir":   # (a folder train.py writes only to prepare the main job's data there)
+        args += ["--prepare_data=true", "--vocab_size=512"]
+    _one_line_naming(_exits(train.main, args), f"train.py: {flag} ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+
 def test_train_takes_the_tokenizer_copied_with_its_data_and_one_tokenizer_named_by_two_paths(tmp_path, monkeypatch):
     # one tokenizer named two ways; the data copied, the original retrained: the copy beside the data is taken
     a = tmp_path / "a" / "data"
