@@ -1274,10 +1274,12 @@ MAIN_JOB_CORPUS = "data/tinystories/train.txt"   # what `python train.py` trains
 PREPARE_MAIN_JOB = ["fineweb.py", "--prepare_tinystories"]   # run, not imported: this file imports no project file
 
 
-def _refuse_a_folder_with_files(out, force):
-    """A tokenizer folder is written over only with --force (as export.py's --out)."""
+def _refuse_a_folder_with_files(out, force, named):
+    """A tokenizer folder is written over only with --force (as export.py's --out); named: by --out."""
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"--out {out}: the folder exists and is not empty (pass --force to write into it)")
+        where = f"--out {out}" if named else f"{out} (the folder named by the vocabulary, as no --out was given)"
+        raise ValueError(f"{where}: the folder exists and is not empty (pass --force to write into it, or another "
+                         f"--out)")
 
 
 def main():
@@ -1348,7 +1350,7 @@ def main():
     try:   # checked now, not after the training
         check_text_file(args.input)
         check_output_path(out, "--out", folder=True)
-        _refuse_a_folder_with_files(out, args.force)
+        _refuse_a_folder_with_files(out, args.force, args.out is not None)
     except ValueError as e:
         raise SystemExit(f"bpe.py: {e}") from None
     stats = {}
@@ -1364,7 +1366,7 @@ def main():
     if args.out is None and len(vocab) < args.vocab:   # the text ran out of pairs to merge (train_bpe said so)
         out = out.with_name(f"{Path(args.input).stem}-{len(vocab)}")
         try:   # (a name known only now)
-            _refuse_a_folder_with_files(out, args.force)
+            _refuse_a_folder_with_files(out, args.force, args.out is not None)
         except ValueError as e:
             raise SystemExit(f"bpe.py: {e}; nothing written") from None
     tok = Tokenizer(vocab, merges, specials, name=str(out))

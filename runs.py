@@ -157,11 +157,12 @@ class Data:
         return [[Path(p).name, len(a)] for p, a, _ in self.train]
 
 
-def prepare_main_job(c, ddp, master, log, ckpt_path=None):
+def prepare_main_job(c, ddp, master, log, ckpt=None, ckpt_path=None):
     """The main job's data (stories -> BPE -> token files), made or reused by fineweb.prepare_tinystories; only
     in a folder it made, or one without its files: never over someone's own data (their train*.bin are used as
-    they are, their text or tokenizer refused by prepare_tinystories). ckpt_path: the checkpoint this run resumes,
-    trained on the data there: another --corpus_bytes is refused before that data is rewritten."""
+    they are, their text or tokenizer refused by prepare_tinystories). ckpt: the checkpoint this run resumes (at
+    ckpt_path): while the folder holds the corpus it was trained on, another --corpus_bytes is refused before that
+    data is rewritten."""
     data_dir = Path(c.data_dir)
     if not ((data_dir / "prepared.json").exists() or not any(data_dir.glob("train*.bin"))):
         return
@@ -171,9 +172,12 @@ def prepare_main_job(c, ddp, master, log, ckpt_path=None):
     if master:
         with lock(data_dir, "train.py preparing its data") or contextlib.nullcontext():
             fineweb.prepare_tinystories(data_dir=c.data_dir, vocab_size=c.vocab_size, allow_download=c.download,
-                                        fresh=c.fresh, log=log, corpus_bytes=c.corpus_bytes, flag="--data_dir",
-                                        keep=ckpt_path and f"{ckpt_path} was trained on it: resume without the change, "
-                                        "or prepare it for a new run (another --out_dir and --data_dir, or --fresh)")
+                                        fresh=c.fresh, log=log, corpus_bytes=c.corpus_bytes,
+                                        flag="--data_dir (with --prepare_data=true)",
+                                        keep=ckpt and (ckpt["config"].get("corpus_bytes"), (
+                                            f"{ckpt_path} was trained on it: resume without the change, or start a "
+                                            f"new run (another --out_dir, and --data_dir with --prepare_data=true; or "
+                                            f"--fresh)")))
     if ddp:
         torch.distributed.barrier(group=wait)
         torch.distributed.destroy_process_group(wait)

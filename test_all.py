@@ -1199,7 +1199,7 @@ def test_bpe_cli_force_writes_over_an_existing_output_and_a_default_name_reached
     _bpe_byte_tokenizer().save_dir(mine)
     before = _files(tmp_path)
     msg = _bad_exit(monkeypatch, bpe, "--input", corpus, "--vocab", 10000, "--workers", 1)
-    _bpe_says(msg, f"bpe.py: --out {mine.relative_to(tmp_path)}: ", "--force")
+    _bpe_says(msg, f"bpe.py: {mine.relative_to(tmp_path)} ", "--force", "--out")
     assert _files(tmp_path) == before
 
 
@@ -3247,14 +3247,13 @@ def test_train_refuses_bad_settings_and_data_before_anything_is_written(tmp_path
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("flag", ["--out_dir", "--data_dir"])
-def test_train_an_empty_output_folder_is_refused_not_taken_as_the_current_one(tmp_path, _train_data, monkeypatch,
-                                                                              flag):
+@pytest.mark.parametrize("flag, more", [("--out_dir", []), ("--data_dir", []),
+                                        ("--data_dir", ["--prepare_data=true", "--vocab_size=512"])])
+def test_train_an_empty_folder_flag_is_refused_not_taken_as_the_current_folder(tmp_path, _train_data, monkeypatch,
+                                                                               flag, more):
     # `--out_dir=` (a variable that was not set, say): one line naming the flag, nothing written where it runs
     monkeypatch.chdir(tmp_path)
-    args = _train_main_args(_train_data, tmp_path / "o") + [f"{flag}="]
-    if flag == "--data_dir":   # (a folder train.py writes only to prepare the main job's data there)
-        args += ["--prepare_data=true", "--vocab_size=512"]
+    args = _train_main_args(_train_data, tmp_path / "o") + [f"{flag}=", *more]
     _one_line_naming(_exits(train.main, args), f"train.py: {flag} ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
 
@@ -4742,7 +4741,7 @@ def test_train_main_job_never_prepares_over_text_it_did_not_make(tmp_path):
     message = _exits(train.main, [f"--data_dir={d}", "--prepare_data=true", f"--out_dir={tmp_path / 'o'}",
                                   "--download=false", "--corpus_bytes=6000", "--vocab_size=280", "--max_iters=2",
                                   "--time_budget=", "--num_samples=0", "--device=cpu"])
-    _bad_says(message, f"train.py: {d}: ", "train.txt", "val.txt", "--data_dir", "--fresh")
+    _bad_says(message, f"train.py: {d}: ", "train.txt", "val.txt", "--data_dir", "--prepare_data=true", "--fresh")
     assert {p: b for p, b in _files(d).items() if p.name != ".lock"} == {   # (the lock held while it looked)
         d / "train.txt": b"my own text", d / "val.txt": b"mine"}
 
@@ -4762,6 +4761,11 @@ def test_train_resume_asking_for_another_corpus_is_refused_before_the_data_is_re
     assert _files(d) == data and _files(out) == ckpt
     train.main(run + ["--max_iters=3"])   # the same request: resumed on the data as it is
     assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 3 and _files(d) == data
+    # the folder prepared again elsewhere with another size: the run's own request makes its data again, and resumes
+    fineweb.prepare_tinystories(d, vocab_size=300, allow_download=False, log=_train_quiet, corpus_bytes=40000)
+    assert _files(d) != data
+    train.main(run + ["--max_iters=4"])
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iteration"] == 4 and _files(d) == data
 
 
 @pytest.fixture(scope="module")

@@ -638,7 +638,7 @@ def train(cfg, clock=time.perf_counter, on_step=None, log=runs.say, resume_from=
 
     # ---- data
     if c.prepare_data:
-        runs.prepare_main_job(c, ddp, master, say, ckpt_path if ckpt is not None else None)
+        runs.prepare_main_job(c, ddp, master, say, ckpt, ckpt_path)
     data, tasks = open_inputs(c, ckpt, ckpt_path, world, say)   # token files, tokenizer, tasks' examples
     B, T = c.batch_size, c.context_length
     accum = grad_accum_steps(c.total_batch_tokens, B, T, world)
@@ -1222,13 +1222,13 @@ PREPARE_COMMANDS["tinystories-cpu"] = PREPARE_COMMANDS["speedrun-gpu"] = PREPARE
 PREPARE_COMMANDS["gpt2-xl"] = PREPARE_COMMANDS["gpt2-124m"]
 # the speedrun's data: fineweb.py fetches the TinyStories head into data/tinystories-head (the first 2 MiB of the train
 # split, the first 1,000 validation stories; offline stories.py's, saying so), then a 4096 BPE trained on its training
-# text encodes both, as bench.py speedrun does
+# text encodes both, as bench.py speedrun does (--force: a chain cut short runs again as printed)
 _HEAD, _SR = "data/tinystories-head", "data/speedrun-4k"
 PREPARE_COMMANDS["speedrun-cpu"] = (
     f"python fineweb.py --tinystories_head && "
-    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer && "
-    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin && "
-    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin")
+    f"python bpe.py --input {_HEAD}/train.txt --vocab 4096 --out {_SR}/tokenizer --force && "
+    f"python bpe.py --encode {_HEAD}/train.txt --tokenizer {_SR}/tokenizer --out {_SR}/train.bin --force && "
+    f"python bpe.py --encode {_HEAD}/valid.txt --tokenizer {_SR}/tokenizer --out {_SR}/val.bin --force")
 for _name, _preset in PRESETS.items():   # each preset runs in its own folder, never over the main job's out/ckpt.pt
     _preset.setdefault("out_dir", f"out/{_name}")
 
@@ -1327,6 +1327,8 @@ def check_config(cfg):
         raise ValueError(f"--eval_tokens={c.eval_tokens:,} is not a multiple of batch_size*context_length"
                          f"*world_size = {c.batch_size * c.context_length * world:,}: pick one, so that every run "
                          f"scores the same tokens")
+    if not str(c.data_dir).strip():   # (Path("") is the current folder)
+        raise ValueError("--data_dir '': empty; expected the folder of the token files")
     runs.check_output_paths(c)
     if c.time_budget and not 0 < runs.parse_duration(c.time_budget) < math.inf:
         raise ValueError(f"--time_budget must be > 0 and finite ('' = none), got {c.time_budget!r}")
