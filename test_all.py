@@ -3095,6 +3095,16 @@ def test_train_dtype_help_gives_autos_cpu_width():
     assert f">= {train.CPU_BF16_MIN_D_MODEL};" in help_text
 
 
+def test_train_an_odd_head_width_is_refused_only_where_rope_rotates_pairs(tmp_path):
+    # 15 per head: RoPE cannot rotate it (refused before any work, _TRAIN_REFUSALS); without RoPE, or GPT-2, it runs
+    odd = dict(train.DEFAULTS, out_dir=str(tmp_path / "o"), d_model=30, num_heads=2)
+    _one_line_naming(_raises(train.check_config, odd), "--d_model=30", "--num_heads=2", "15")
+    assert train.check_config(dict(odd, remove_rope=True)).d_model == 30
+    M.build_model(dict(arch="llama", vocab_size=64, context_length=8, d_model=30, num_layers=1, num_heads=2,
+                       d_ff=32, remove_rope=True))
+    assert train.check_config(dict(odd, model="gpt2")).d_model == 30
+
+
 def test_train_total_batch_tokens_sets_the_accumulation_steps():
     # tokens per step / (B * T * world) micro-steps; 0 = one; a total of no whole micro-batches is refused
     assert train.grad_accum_steps(524288, 64, 1024, 8) == 1
@@ -3177,6 +3187,7 @@ _TRAIN_REFUSALS = {   # case: (settings over _train_cfg's, a change to _train_da
                                      "{data}: ", ["{data}/train.bin.json", "64", "{data}/val.bin.json", "128"]),
     "sidecar-not-an-object": ({}, _train_sidecar("val.bin.json", lambda m: [1, 2]),
                               "{data}/val.bin.json: ", []),
+    "odd-head-width": (dict(d_model=30, num_heads=2), None, "--d_model=30", ["--num_heads=2", "15"]),
     "sidecar-not-utf8": ({}, lambda d: (d / "val.bin.json").write_bytes(b"\xff{}"), "{data}/val.bin.json: ", []),
     "sidecar-vocab_size-not-int": ({}, _train_sidecar("val.bin.json", lambda m: dict(m, vocab_size="abc")),
                                    "{data}/val.bin.json: ", ['"vocab_size"', "'abc'"]),
