@@ -231,7 +231,8 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
 
 
 def write_setup(preset_name, data_dir, tok_ref, meta, p):
-    """results/setup.json: the data figures the report quotes (sizes, bytes/token, the unigram loss)."""
+    """results/setup.json: the data figures the report quotes (sizes, bytes/token, the unigram loss) and the token
+    files' stamp (the data whose runs it reports)."""
     import numpy as np
     train = np.fromfile(data_dir / "train.bin", dtype=np.uint16)
     val = np.fromfile(data_dir / "val.bin", dtype=np.uint16)
@@ -243,7 +244,8 @@ def write_setup(preset_name, data_dir, tok_ref, meta, p):
                  train_bytes=p["train_text"].stat().st_size, val_bytes=p["val_text"].stat().st_size,
                  train_tokens=int(meta["train"]["num_tokens"]), val_tokens=int(meta["val"]["num_tokens"]),
                  train_docs=meta["train"].get("num_docs"), val_docs=meta["val"].get("num_docs"),
-                 rare_tokens=int((counts - 1 < 10).sum()), unigram_val_loss=unigram)
+                 rare_tokens=int((counts - 1 < 10).sum()), unigram_val_loss=unigram,
+                 data=data_stamp(data_dir))   # the report leaves out logs of runs on other data
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "setup.json").write_text(json.dumps(setup, indent=1) + "\n")
 
@@ -407,7 +409,8 @@ def summarize(rows):
     # has trained past its last train record (train.py logs every log_interval steps, and at max_iters)
     per_step = train[-1]["tokens"] / train[-1]["step"] if train and train[-1].get("step") else 0
     return dict(name=rec.get("name"), groups=rec.get("groups", []), change=rec.get("change", ""),
-                flags=rec.get("flags", {}), wall=rec.get("wall"), cfg=cfg, train=train, evals=evals,
+                flags=rec.get("flags", {}), wall=rec.get("wall"), data=rec.get("data"),
+                finished=rec.get("finished") or "", cfg=cfg, train=train, evals=evals,
                 step=final.get("step"), val_loss=final.get("val_loss"), val_bpb=final.get("val_bpb"),
                 train_time=final.get("elapsed", train[-1]["elapsed"] if train else None),
                 tokens=round(per_step * final["step"]) if "step" in final else (train[-1]["tokens"] if train else 0),
@@ -472,9 +475,6 @@ def report(preset="cpu", steps=None, log=print):
                 if keep is other:
                     continue
             runs[r["name"]] = (f, r)
-    runs = [r for _, r in runs.values()]
-    by_name = {r["name"]: r for r in runs}
-    base = by_name.get("baseline")
     setup = {}
     if (RESULTS / "setup.json").exists():
         try:
@@ -487,6 +487,18 @@ def report(preset="cpu", steps=None, log=print):
             log(f"experiments.py: report: {_rel(RESULTS / 'setup.json')} is unreadable or incomplete: the data "
                 f"figures are left out (`python experiments.py run` writes it again)")
             setup = {}
+    # one report, one data: the data setup.json describes (the last `run`'s), else the latest run's; a log of a run
+    # on other tokens (another text, a re-prepared folder) is left out, as its losses do not compare
+    latest = max((r for _, r in runs.values()), key=lambda r: r["finished"], default=None)
+    data = setup["data"] if "data" in setup else latest and latest["data"]
+    other = sorted(name for name, (_, r) in runs.items() if r["data"] != data)
+    if other:
+        log(f"experiments.py: report: leaving out {', '.join(other)}: trained on other data than "
+            f"{_rel(RESULTS / 'setup.json') if 'data' in setup else 'the latest run'}; "
+            f"`python experiments.py run --only={','.join(other)}` on this data trains them on it")
+    runs = [r for name, (_, r) in runs.items() if name not in other]
+    by_name = {r["name"]: r for r in runs}
+    base = by_name.get("baseline")
     unigram = setup.get("unigram_val_loss")
     planned = plan(preset, steps)
     order = {r["name"]: i for i, r in enumerate(planned)}

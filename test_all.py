@@ -10064,6 +10064,32 @@ def test_experiments_report_skips_incomplete_and_broken_logs_with_a_note(_experi
         (logs / copy).unlink()
 
 
+def test_experiments_report_leaves_out_runs_on_other_data_with_a_note(_experiments_results):
+    # a fresh clone's `run --only=baseline,nope` on its own text beside our logs of the team's text: one table never
+    # compares the two; the data is the one setup.json describes (the last `run`'s), else the latest run's
+    results, logs = _experiments_results, _experiments_results / "logs"
+    _experiments_logs(results, ("baseline", ["ablation"], 4.0), ("nope", ["ablation"], 4.25),
+                      ("silu_ffn", ["ablation"], 3.0))
+    new, old = {"train.bin": [10, 300, "aaaa"]}, {"train.bin": [12, 300, "bbbb"]}
+    for name, data, finished in [("baseline", new, "2025-02-02"), ("nope", new, "2025-02-03"),
+                                 ("silu_ffn", old, "2025-01-01")]:
+        rows = experiments.read_log(logs / f"{name}.jsonl")
+        rows[0].update(data=data, finished=finished)
+        (logs / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    setup = dict(preset="cpu", train_text="t.txt", train_bytes=40, train_tokens=10, val_text="v.txt", val_bytes=8,
+                 val_tokens=2, vocab_size=300, unigram_val_loss=5.0)
+    for setup_data, reported, left_out in [(None, ["baseline", "nope"], "silu_ffn"),
+                                           (old, ["silu_ffn"], "baseline,nope")]:
+        if setup_data:
+            (results / "setup.json").write_text(json.dumps(dict(setup, data=setup_data)))
+        said = []
+        experiments.report(log=said.append)
+        (note,) = [s for s in said if "other data" in s]
+        _bad_says(note, "experiments.py: report: ", f"--only={left_out}")
+        tables = _experiments_tables((results / "results.md").read_text())
+        assert [r["run"] for r in tables["Ablations"]] == reported
+
+
 def test_experiments_report_without_matplotlib_writes_the_tables_and_says_so(_experiments_results, monkeypatch):
     # without matplotlib, `report` writes results.md without the plots and says how to get them
     _experiments_logs(_experiments_results, ("baseline", ["lr", "ablation"], 4.0), ("nope", ["ablation"], 4.25))
