@@ -11,6 +11,8 @@ regular enough that a tiny model learns visible structure (names recur, quotes c
     python stories.py --out data/stories.txt --num_bytes 4000000 --seed 0   # write a corpus
     python stories.py --print 3 --seed 1                                    # show three stories
 
+An existing --out is refused unless --force.
+
 Format: every story is followed by SEPARATOR = "\\n<|endoftext|>\\n" (as in TinyStories-train.txt), so the
 file is SEPARATOR-terminated documents; paragraphs inside a story are separated by a single "\\n".
 """
@@ -523,6 +525,7 @@ def main():
     p.add_argument("--num_bytes", type=int, default=4_000_000, help="size of the corpus in bytes (at least)")
     p.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same corpus")
     p.add_argument("--print", type=int, default=0, metavar="N", help="print N stories instead of writing a file")
+    p.add_argument("--force", action="store_true", help="write over an --out file that exists")
     p.error = lambda message: p.exit(2, f"{p.prog}: {message} (see --help)\n")   # as bpe.one_line_errors does
     args = p.parse_args()
     if args.seed < 0:   # random.Random(-5) is random.Random(5): two seeds, one corpus
@@ -536,6 +539,8 @@ def main():
         return
     if os.path.isdir(args.out):
         raise SystemExit(f"stories.py: --out {args.out}: is a directory, expected a file name")
+    if os.path.exists(args.out) and not args.force:
+        raise SystemExit(f"stories.py: --out {args.out}: the file exists (pass --force to write over it)")
     t0 = time.time()
     try:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -6624,6 +6624,13 @@ def test_stories_print_separates_stories_as_the_corpus_file_does(monkeypatch, ca
     assert capsys.readouterr().out == stories.SEPARATOR.join(stories.generate_stories(3, seed=1)) + "\n"
 
 
+def test_stories_force_writes_over_an_existing_out(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "s.txt"
+    out.write_text("my own corpus")
+    _run(stories, monkeypatch, f"--out={out}", "--num_bytes=500", "--seed=3", "--force")
+    assert out.read_text(encoding="utf-8").startswith(stories.generate_stories(1, seed=3)[0] + stories.SEPARATOR)
+
+
 # ---- fineweb.py and stories.py: the command line's refusals, one line each, before any work, nothing left behind
 
 _DATA_CLI_REFUSALS = {   # case: (script, command line, the line's start, what it names); {d} is the test's folder:
@@ -6648,6 +6655,9 @@ _DATA_CLI_REFUSALS = {   # case: (script, command line, the line's start, what i
                                    f"stories.py: {flag} {value}:", [])
        for flag, value in (("--num_bytes", "-5"), ("--num_bytes", "0"), ("--print", "-2"), ("--out", "{d}"),
                            ("--seed", "-5"), ("--seed", "-1"))},
+    # a corpus that is there already is written over only with --force (as bpe.py's --out)
+    "stories-out-exists": (stories, ["--out={d}/c.txt", "--num_bytes=1000"], "stories.py: --out {d}/c.txt:",
+                           ["--force"]),
 }
 
 
