@@ -1004,7 +1004,9 @@ def plot_log(paths):
     figures faint) and validation loss against steps and against training time on a log scale, the learning rate,
     and validation bits per byte where logged; several runs overlay, one colour each, for comparing ablations.
     Written beside the first log as curves.png (one run) or compare.png; returns its path."""
-    paths = [os.path.expanduser(p) for p in str(paths).split(",") if p]
+    given, paths = paths, [os.path.expanduser(p) for p in str(paths).split(",") if p]
+    if not paths:
+        raise ValueError(f"--plot {given}: expected one or more log.jsonl files, comma-separated")
     runs_ = [(p, *read_log(p)) for p in paths]
     try:
         import matplotlib

@@ -4231,6 +4231,13 @@ def test_train_plot_draws_one_png_of_one_or_several_runs_and_trains_nothing(tmp_
     _one_line_naming(message, "--plot ", "missing.jsonl")
 
 
+def test_train_plot_of_no_log_names_the_flag(tmp_path, monkeypatch):
+    # `--plot=,` (a list of no files) is one line naming --plot, before matplotlib is imported
+    monkeypatch.chdir(tmp_path)
+    _one_line_naming(_exits(train.main, ["--plot=,"]), "train.py: --plot ")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_plot_draws_the_train_and_validation_curves(tmp_path, monkeypatch):
     # the training loss and the validation loss, each against the step and against the training time
     pytest.importorskip("matplotlib")
