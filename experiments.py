@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent
 RESULTS_ROOT = ROOT / "results"   # the cpu preset's write-up; other presets and data get a folder inside
 RESULTS = RESULTS_ROOT
 LOGS = RESULTS / "logs"
+FLAGS = []   # the flags that chose RESULTS (--preset, --data_dir, --steps), for the commands messages suggest
 
 # ----------------------------------------------------------------------------------------------------------------------
 # presets: the data, the baseline's train.py flags, and what each group varies
@@ -187,6 +188,9 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
     p = PRESETS[preset_name]
     if data_dir or p["data_dir"]:
         d = data_dir_of(preset_name, scratch, data_dir)
+        if not any(d.glob("train*.bin")) and data_dir:
+            raise SystemExit(f"experiments.py: --data_dir {data_dir}: no train*.bin token files in {d} (fineweb.py "
+                             f"writes them)")
         if not any(d.glob("train*.bin")):
             raise SystemExit(f"experiments.py: --preset={preset_name}: no train*.bin in {d}; prepare it first "
                              f"(`python train.py --preset=tinystories` prints the commands)")
@@ -392,7 +396,7 @@ def write_samples(runs, scratch, num_samples=3, max_new_tokens=200, seed=1337, l
     head = (f"# samples from the best run, {name} (final val loss {loss:.4f})\n"
             f"# python {shlex.join(cmd[1:])}\n")
     (RESULTS / "samples.txt").write_text(head + out.stdout)
-    log(f"samples: {num_samples} from {name} -> results/samples.txt")
+    log(f"samples: {num_samples} from {name} -> {_rel(RESULTS / 'samples.txt')}")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -416,6 +420,11 @@ def summarize(rows):
                 tokens=round(per_step * final["step"]) if "step" in final else (train[-1]["tokens"] if train else 0),
                 tok_s=tps[len(tps) // 2] if tps else None,
                 final_train_loss=train[-1]["loss"] if train else None, params=cfg.get("params"))
+
+
+def _cmd(command, *more):
+    """The experiments.py command line for this results folder, as a message quotes it."""
+    return shlex.join(["python", "experiments.py", command, *FLAGS, *more])
 
 
 def _rel(path):
@@ -454,7 +463,7 @@ def report(preset="cpu", steps=None, log=print):
 
     files = sorted(LOGS.glob("*.jsonl"))
     if not files:
-        raise SystemExit(f"experiments.py: no logs in {_rel(LOGS)}; run `python experiments.py run` first")
+        raise SystemExit(f"experiments.py: no logs in {_rel(LOGS)}; run `{_cmd('run')}` first")
     runs = {}   # run name -> (its log file, its summary)
     for f in files:
         try:
@@ -466,7 +475,7 @@ def report(preset="cpu", steps=None, log=print):
             log(f"experiments.py: report: skipping {_rel(f)}: no experiment record (not written by experiments.py run)")
         elif not r["train"] or not finished(r):
             log(f"experiments.py: report: skipping {_rel(f)}: incomplete run (it does not reach its last step's "
-                f"validation loss); rerun it with `python experiments.py run --only={r['name']} --rerun`")
+                f"validation loss); rerun it with `{_cmd('run', '--only=' + r['name'], '--rerun')}`")
         else:
             if r["name"] in runs:   # a log copied under another name: reported once, from the file `run` wrote
                 other = runs[r["name"]][0]
@@ -485,7 +494,7 @@ def report(preset="cpu", steps=None, log=print):
                   "vocab_size", "unigram_val_loss")
         if not isinstance(setup, dict) or not all(k in setup for k in needed) or setup["preset"] not in PRESETS:
             log(f"experiments.py: report: {_rel(RESULTS / 'setup.json')} is unreadable or incomplete: the data "
-                f"figures are left out (`python experiments.py run` writes it again)")
+                f"figures are left out (`{_cmd('run')}` writes it again)")
             setup = {}
     # one report, one data: the data setup.json describes (the last `run`'s), else the latest run's; a log of a run
     # on other tokens (another text, a re-prepared folder) is left out, as its losses do not compare
@@ -495,7 +504,7 @@ def report(preset="cpu", steps=None, log=print):
     if other:
         log(f"experiments.py: report: leaving out {', '.join(other)}: trained on other data than "
             f"{_rel(RESULTS / 'setup.json') if 'data' in setup else 'the latest run'}; "
-            f"`python experiments.py run --only={','.join(other)}` on this data trains them on it")
+            f"`{_cmd('run', '--only=' + ','.join(other))}` on this data trains them on it")
     runs = [r for name, (_, r) in runs.items() if name not in other]
     by_name = {r["name"]: r for r in runs}
     base = by_name.get("baseline")
@@ -504,7 +513,7 @@ def report(preset="cpu", steps=None, log=print):
     order = {r["name"]: i for i, r in enumerate(planned)}
     groups = {r["name"]: r["groups"] for r in planned}   # the plan's grouping wins over the one a log recorded
 
-    lines = ["# Experiments", "", "Generated by `python experiments.py report` from `results/logs/*.jsonl`.", ""]
+    lines = ["# Experiments", "", f"Generated by `{_cmd('report')}` from `{_rel(LOGS)}/*.jsonl`.", ""]
     if setup:
         lines += [f"Data: `{setup['train_text']}` ({setup['train_bytes']:,} bytes, {setup['train_tokens']:,} tokens) "
                   f"for training, `{setup['val_text']}` ({setup['val_bytes']:,} bytes, {setup['val_tokens']:,} tokens) "
@@ -559,10 +568,10 @@ def report(preset="cpu", steps=None, log=print):
                   "```", ""]
     (RESULTS / "results.md").write_text("\n".join(lines))
     if plt is not None:
-        log(f"wrote {_rel(RESULTS / 'results.md')} and its PNGs from {len(files)} logs")
+        log(f"wrote {_rel(RESULTS / 'results.md')} and its PNGs from {len(runs)} logs")
     else:
-        log(f"wrote {_rel(RESULTS / 'results.md')} from {len(files)} logs, without its plots: matplotlib is not "
-            f"installed (pip install matplotlib, then `python experiments.py report`)")
+        log(f"wrote {_rel(RESULTS / 'results.md')} from {len(runs)} logs, without its plots: matplotlib is not "
+            f"installed (pip install matplotlib, then `{_cmd('report')}`)")
 
 
 def plot_group(plt, members, title, unigram, path, lr_panel=False):
@@ -628,7 +637,7 @@ def main(argv=None):
     ap.add_argument("--no_samples", action="store_true", help="skip the samples from the best model")
     bpe.one_line_errors(ap)
     args = ap.parse_args(argv)
-    global RESULTS, LOGS
+    global RESULTS, LOGS, FLAGS
     if args.steps < 0:
         raise SystemExit(f"experiments.py: --steps {args.steps}: expected a positive number of steps (0: the preset's)")
     if (args.train or args.valid) and (PRESETS[args.preset]["data_dir"] or args.data_dir):
@@ -660,6 +669,9 @@ def main(argv=None):
         if args.data_dir or args.steps:
             scratch = scratch.with_name(RESULTS.name)
     LOGS = RESULTS / "logs"
+    FLAGS = [f"--preset={args.preset}"] if args.preset != "cpu" else []
+    FLAGS += [f"--data_dir={args.data_dir}"] if args.data_dir else []
+    FLAGS += [f"--steps={args.steps}"] if args.steps else []
 
     if args.command == "list":   # the commands `run` gives train.py, from the repository root
         data_dir = _rel(data_dir_of(args.preset, scratch, args.data_dir))
@@ -682,7 +694,7 @@ def main(argv=None):
     except OSError as e:   # a --scratch or results folder that is a file, a full disk, ...
         raise SystemExit(f"experiments.py: {e}") from None
     except KeyboardInterrupt:   # train.py got the Ctrl-C too and checkpointed; finished runs are in results/logs
-        raise SystemExit("\nexperiments.py: interrupted; `python experiments.py run` again trains what is missing")
+        raise SystemExit(f"\nexperiments.py: interrupted; `{_cmd('run')}` again trains what is missing")
 
 
 if __name__ == "__main__":

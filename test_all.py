@@ -9673,6 +9673,7 @@ def _experiments_results(tmp_path, monkeypatch):
     monkeypatch.setattr(experiments, "RESULTS_ROOT", tmp_path / "results")
     monkeypatch.setattr(experiments, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(experiments, "LOGS", tmp_path / "results" / "logs")
+    monkeypatch.setattr(experiments, "FLAGS", [], raising=False)
     return tmp_path / "results"
 
 
@@ -10148,6 +10149,31 @@ def test_experiments_steps_report_in_their_own_folder_with_the_schedule_scaled(_
     small = experiments.plan("cpu", 50)[0]["flags"]
     assert (small["max_iters"], small["warmup_iters"], small["eval_interval"]) == (
         50, base["warmup_iters"] * 50 // base["max_iters"], base["eval_interval"] * 50 // base["max_iters"])
+
+
+def test_experiments_a_results_folders_messages_and_report_carry_its_flags(tmp_path, _experiments_results, capsys,
+                                                                           monkeypatch):
+    # another preset, --data_dir or --steps has its own results folder: the commands its messages and results.md quote
+    # carry those flags (a bare `python experiments.py run` trains the cpu preset into results/), the files it names
+    # are its own, and a --data_dir without token files is named as such
+    message = _exits(experiments.main, ["report", "--preset=cs336"])
+    _bad_says(message, "experiments.py: ", "`python experiments.py run --preset=cs336`")
+    none = tmp_path / "none"
+    message = _exits(experiments.main, ["run", f"--data_dir={none}", "--no_samples", f"--scratch={tmp_path / 's'}"])
+    _bad_says(message, f"experiments.py: --data_dir {none}: ", "train*.bin")
+    results = _experiments_results / "cpu-50steps"
+    _experiments_logs(results, ("baseline", ["lr"], 4.0))
+    experiments.main(["report", "--steps=50"])
+    md = (results / "results.md").read_text()
+    assert f"`python experiments.py report --steps=50` from `{experiments._rel(results / 'logs')}/*.jsonl`" in md
+    scratch = tmp_path / "s"
+    (scratch / "runs" / "baseline").mkdir(parents=True)
+    torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "runs" / "baseline" / "ckpt.pt")
+    monkeypatch.setattr(experiments.subprocess, "run", lambda cmd, **k: subprocess.CompletedProcess(cmd, 0, "Once", ""))
+    said = []
+    experiments.write_samples([dict(name="baseline")], scratch, log=said.append)
+    _bad_says(said[-1], "samples: ", experiments._rel(results / "samples.txt"))
+    assert (results / "samples.txt").is_file() and not (_experiments_results / "samples.txt").exists()
 
 
 def test_experiments_list_prints_the_commands_run_would_give(tmp_path, _experiments_results, capsys):
