@@ -33,6 +33,7 @@ so the numbers compare; wall times depend on the machine and its load and are re
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -204,8 +205,10 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
             raise SystemExit(f"experiments.py: {path}: training/validation text not found")
     data_dir = data_dir_of(preset_name, scratch)
     tok_dir = scratch / f"tokenizer-{p['vocab_size']}"
-    made_from = {split: [Path(p[f"{split}_text"]).name, Path(p[f"{split}_text"]).stat().st_size]
-                 for split in ("train", "val")}
+    # what the tokenizer and tokens were made from: each text's name, size and contents (two heads of one size, or
+    # an edit that keeps the size, are other texts)
+    made_from = {split: [Path(p[f"{split}_text"]).name, Path(p[f"{split}_text"]).stat().st_size,
+                         _sha256(p[f"{split}_text"])] for split in ("train", "val")}
     record = scratch / "made_from.json"
     if record.is_file() and json.loads(record.read_text()) != made_from:   # the preset's texts were edited
         log(f"data: {_rel(scratch)} was made from other texts: training the tokenizer and encoding again")
@@ -232,6 +235,14 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
     record.write_text(json.dumps(made_from) + "\n")
     write_setup(preset_name, data_dir, tok_ref, meta, p)
     return data_dir
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_setup(preset_name, data_dir, tok_ref, meta, p):

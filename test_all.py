@@ -9833,6 +9833,23 @@ def test_experiments_prepare_data_starts_over_when_the_presets_text_changed(tmp_
     assert json.loads(side.read_text())["tokenizer_fingerprint"] == bpe.tokenizer_fingerprint(scratch / "tokenizer-300")
 
 
+def test_experiments_prepare_data_starts_over_for_another_text_of_the_same_name_and_size(
+        tmp_path, _experiments_results, _experiments_tiny_preset):
+    # --train=v2/train.txt after --train=v1/train.txt, both cut to one size (or a text edited in place, its size
+    # kept): its own tokenizer and tokens, not v1's reused in silence
+    scratch, p = tmp_path / "scratch", experiments.PRESETS[_experiments_tiny_preset]
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    v1, v2 = _bpe_corpus(tmp_path / "v1" / "train.txt", 80, 1), tmp_path / "v2" / "train.txt"
+    v2.write_text(v1.read_text(encoding="utf-8").swapcase(), encoding="utf-8")   # same size, other text
+    d = experiments.prepare_data(_experiments_tiny_preset, scratch, log=lambda *a: None, texts=(v1, p["val_text"]))
+    first = (d / "train.bin").read_bytes()
+    said = []
+    experiments.prepare_data(_experiments_tiny_preset, scratch, log=said.append, texts=(v2, p["val_text"]))
+    _bad_says(said[0], "data: ", scratch)
+    assert (d / "train.bin").read_bytes() != first
+
+
 def test_experiments_cpu_text_is_the_fetched_tinystories_head_unless_given(tmp_path, _experiments_results,
                                                                            _experiments_tiny_preset, monkeypatch):
     # the preset's text: fineweb.tinystories_head's files (fetched once under data/); --train / --valid win
