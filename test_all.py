@@ -3702,10 +3702,11 @@ def test_train_fetches_each_batch_while_the_micro_step_before_it_runs(tmp_path, 
 
 
 def test_train_checkpoints_at_every_evaluation_when_ckpt_interval_is_0(tmp_path, _train_data):
-    # --ckpt_interval=0 writes ckpt.pt at every evaluation: a crash at step 7 (eval_interval 3) leaves step 6's
+    # --ckpt_interval=0 writes ckpt.pt at every evaluation: a crash at step 8 (eval_interval 3) leaves step 6's (a
+    # checkpoint at every step would leave step 7's)
     cfg = _train_cfg(_train_data, tmp_path / "o", max_iters=8, eval_interval=3, ckpt_interval=0)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train.train(cfg, on_step=_train_crash_at(7), log=_train_quiet)
+        train.train(cfg, on_step=_train_crash_at(8), log=_train_quiet)
     assert torch.load(tmp_path / "o" / "ckpt.pt", weights_only=True)["iteration"] == 6
 
 
