@@ -9947,11 +9947,18 @@ def test_experiments_samples_refuse_a_checkpoint_matching_only_step_or_only_loss
         assert experiments.best_run(runs, require_ckpt_in=scratch) is None
     torch.save({"iteration": 10, "val_loss": 4.0}, scratch / "nope" / "ckpt.pt")
     assert experiments.best_run(runs, require_ckpt_in=scratch) == ("nope", 4.0)
+    # and write_samples asks for that match: sample.py runs on the matching checkpoint of --scratch's runs/ ...
+    ran, said = [], []
+    monkeypatch.setattr(experiments.subprocess, "run", lambda cmd, **k: ran.append(cmd) or types.SimpleNamespace(
+        returncode=0, stdout="", stderr=""))
+    experiments.write_samples(runs, tmp_path, log=said.append)
+    assert [a for cmd in ran for a in cmd if a.startswith("--ckpt=")] == [
+        f"--ckpt={experiments._rel(scratch / 'nope' / 'ckpt.pt')}"]
     (scratch / "nope" / "ckpt.pt").write_bytes(b"garbage")   # unreadable: not the checkpoint the log describes
     assert experiments.best_run(runs, require_ckpt_in=scratch) is None
-    # and write_samples asks for that match: no sample.py run from the unreadable one, one line saying so
-    ran, said = [], []
-    monkeypatch.setattr(experiments.subprocess, "run", lambda *a, **k: ran.append(a))
+    # ... and not from the unreadable one, one line saying so
+    ran.clear()
+    said.clear()
     experiments.write_samples(runs, tmp_path, log=said.append)
     (note,) = said
     assert ran == []
