@@ -6943,9 +6943,11 @@ def test_sample_a_prompt_longer_than_the_context_keeps_its_last_tokens_with_a_wa
 
 
 def test_sample_generate_restores_training_mode():
-    m = _sample_models()[1].train()
-    sample.generate(m, [[1, 2]], 3)
-    assert m.training
+    # left as it was found: a model in training mode, and one in eval mode (sample.py's, eval.py's)
+    for training in (True, False):
+        m = _sample_models()[1].train(training)
+        sample.generate(m, [[1, 2]], 3)
+        assert m.training == training
 
 
 @pytest.mark.parametrize("kw, prefix, value", [
