@@ -422,10 +422,13 @@ def test_bpe_parallel_counting_with_spawned_workers(tmp_path, monkeypatch):
     text = _bpe_synthetic_text(150, seed=8)
     path.write_text(text, encoding="utf-8")
     monkeypatch.setattr(sys, "platform", "darwin")
+    import multiprocessing
+    methods, get_context = [], multiprocessing.get_context   # the start method asked for: spawn, or this is fork's test
+    monkeypatch.setattr(multiprocessing, "get_context", lambda m=None: methods.append(m) or get_context(m))
     stats = {}
     counts = bpe.count_pretokens_file(path, [_BPE_EOT], num_workers=2, min_chunk_bytes=1000, stats=stats)
     monkeypatch.undo()
-    assert stats["num_processes"] == 2 and stats["worker_peak_rss_kb"] > 0
+    assert methods == ["spawn"] and stats["num_processes"] == 2 and stats["worker_peak_rss_kb"] > 0
     assert counts == _bpe_regex_counts(text, [_BPE_EOT])
 
 
