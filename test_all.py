@@ -10494,6 +10494,14 @@ def _bench_speedrun_args(tmp_path, **kw):
         context_length=16, batch_size=2, curve="", curve_every=10, curve_tokens=8192, peer_dtype="float32"), **kw})
 
 
+def _bench_speedrun_fake_clocks(monkeypatch):
+    """Each training step takes 1 s on both sides (train.py's clock, the peer loop's perf_counter): a budget of N
+    seconds is N steps on any machine, however fast or loaded."""
+    real = train.train
+    monkeypatch.setattr(train, "train", lambda cfg, **kw: real(cfg, **{"clock": _train_fake_clock(), **kw}))
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=_train_fake_clock()))
+
+
 def test_bench_speedrun_scores_both_sides_on_the_same_bytes(tmp_path, capsys, monkeypatch):
     # both sides scored on the whole validation text, the ratio ours over the peer's median; default: TinyStories head
     args = _bench_speedrun_args(tmp_path)
@@ -10517,7 +10525,8 @@ def test_bench_speedrun_curve_scores_both_sides_every_few_steps_into_a_png(tmp_p
     plot = bench._speedrun_plot
     monkeypatch.setattr(bench, "_speedrun_plot", lambda path, results, *a: (drawn.update(results),
                                                                              plot(path, results, *a)))
-    bench.bench_speedrun(_bench_speedrun_args(tmp_path, minutes=0.03, curve=str(tmp_path / "c.png"), curve_every=2,
+    _bench_speedrun_fake_clocks(monkeypatch)   # 12 steps a side, not as many as this machine's speed allows
+    bench.bench_speedrun(_bench_speedrun_args(tmp_path, minutes=0.2, curve=str(tmp_path / "c.png"), curve_every=2,
                                               curve_tokens=40))
     assert (tmp_path / "c.png").stat().st_size > 0 and set(drawn) == {"ours", "peer lr 0.003"}
     for name, (r,) in drawn.items():
@@ -10552,9 +10561,11 @@ def test_bench_speedrun_peer_runs_under_bf16_autocast_when_asked_and_auto_follow
         assert bench._speedrun_peer_dtype(_bench_speedrun_args(tmp_path, peer_dtype="auto", d_model=d_model)) == dtype
 
 
-def test_bench_speedrun_scores_an_ema_run_by_its_average_and_its_last_weights_beside(tmp_path, capsys):
+def test_bench_speedrun_scores_an_ema_run_by_its_average_and_its_last_weights_beside(tmp_path, capsys, monkeypatch):
     # --ema: the row's figure is the checkpoint's model (the average), the weights training ended on scored beside it
-    bench.bench_speedrun(_bench_speedrun_args(tmp_path, peer_lr="", ours="--ema=0.5"))
+    # (6 steps: after one alone the average is the last weights)
+    _bench_speedrun_fake_clocks(monkeypatch)
+    bench.bench_speedrun(_bench_speedrun_args(tmp_path, minutes=0.1, peer_lr="", ours="--ema=0.5"))
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("ours --ema"))
     found = re.search(r"(\S+)\s+\(last weights (\S+)\)$", row)
     assert found, row
