@@ -955,6 +955,12 @@ def _speedrun_plot(path, results, minutes, title):
     plt.close(fig)
 
 
+def _check_heads_divide(args):
+    """--num_heads divides --d_model (speedrun's and memory's model shape), one line before any work."""
+    if args.d_model % args.num_heads:
+        raise SystemExit(f"bench.py: --num_heads {args.num_heads}: expected a divisor of --d_model {args.d_model}")
+
+
 def _check_speedrun_args(args):
     """bench.py speedrun's flags, each one line before any work."""
     if not args.minutes > 0:
@@ -969,8 +975,7 @@ def _check_speedrun_args(args):
         if not values or any(v < 0 for v in values) or (flag == "peer_lr" and 0 in values):
             raise SystemExit(f"bench.py: --{flag} {getattr(args, flag)!r}: expected a comma list of "
                              f"{'seeds (integers >= 0)' if kind is int else 'positive learning rates'}")
-    if args.d_model % args.num_heads:
-        raise SystemExit(f"bench.py: --num_heads {args.num_heads}: expected a divisor of --d_model {args.d_model}")
+    _check_heads_divide(args)
     if args.vocab_size < 257:
         raise SystemExit(f"bench.py: --vocab_size {args.vocab_size}: expected at least 257 (the bytes and "
                          f"<|endoftext|>)")
@@ -1509,8 +1514,7 @@ def main():
     if args.run is bench_speedrun:
         _check_speedrun_args(args)
     if args.run is bench_memory:   # the Llama's shape, said here rather than by a traceback from each spawned rank
-        if args.d_model % args.num_heads:
-            raise SystemExit(f"bench.py: --num_heads {args.num_heads}: expected a divisor of --d_model {args.d_model}")
+        _check_heads_divide(args)
         if args.d_model // args.num_heads % 2:
             raise SystemExit(f"bench.py: --num_heads {args.num_heads}: expected heads of an even width (RoPE "
                              f"rotates pairs), got --d_model {args.d_model} / {args.num_heads} = "

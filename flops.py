@@ -675,11 +675,7 @@ def _preset_config(args, arch):
     d, h = pick(args.d_model, d), pick(args.num_heads, h)
     named = lambda flag, value: f"--{flag}={value}" + ("" if getattr(args, flag) is not None else
                                                         f" (--model={args.model}'s)")
-    if d % h:
-        raise ValueError(f"{named('d_model', d)} must be a multiple of {named('num_heads', h)}")
-    if arch == "llama" and (d // h) % 2:
-        raise ValueError(f"{named('d_model', d)} / {named('num_heads', h)} = {d // h} dimensions per head: RoPE "
-                         f"rotates pairs, so it must be even")
+    model_lib.check_heads(d, h, rope=arch == "llama", names=(named("d_model", d), named("num_heads", h)))
     flags = dict(num_layers=pick(args.num_layers, L), d_model=d, num_heads=h, d_ff=args.d_ff or 0,
                  context_length=pick(args.context_length, T), ffn_type=args.ffn_type or "swiglu")
     return model_lib.config_from_flags(arch, flags, pick(args.vocab_size, V), args.pad_vocab_to_multiple_of or 1)

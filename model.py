@@ -826,6 +826,18 @@ def config_class(arch):
     return globals()[ARCHS[arch]]
 
 
+def check_heads(d_model, num_heads, rope, names=None):
+    """A shape attention can have: num_heads dividing d_model, each head of an even width where RoPE rotates its
+    pairs; else a ValueError naming the flags (names: how the caller's command line names them, with their values;
+    default --d_model=D, --num_heads=H). Said before any work, not by RotaryPositionalEmbedding once data is ready."""
+    d_name, h_name = names or (f"--d_model={d_model}", f"--num_heads={num_heads}")
+    if d_model % num_heads:
+        raise ValueError(f"{d_name} must be a multiple of {h_name}")
+    if rope and d_model // num_heads % 2:
+        raise ValueError(f"{d_name} / {h_name} = {d_model // num_heads} dimensions per head: RoPE rotates pairs, so "
+                         f"it must be even")
+
+
 def config_from_flags(arch, flags, vocab_size, pad_vocab=1):
     """The model_config() dict that train.py's (or flops.py's) flags describe: each field of the architecture's
     config from its flag (a field names its flag when it differs: GPTConfig.n_embd is --d_model), a flag not in

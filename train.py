@@ -1316,11 +1316,7 @@ def check_config(cfg):
     if other:
         arch = "gpt2" if c.model == "llama" else "llama"
         raise ValueError(f"{', '.join(other)}: only for --model={arch} (pass the default with --model={c.model})")
-    if c.d_model % c.num_heads:
-        raise ValueError(f"--d_model={c.d_model} must be a multiple of --num_heads={c.num_heads}")
-    if c.model == "llama" and not c.remove_rope and c.d_model // c.num_heads % 2:
-        raise ValueError(f"--d_model={c.d_model} / --num_heads={c.num_heads} is {c.d_model // c.num_heads} per head: "
-                         f"RoPE rotates pairs, so it must be even")
+    model_lib.check_heads(c.d_model, c.num_heads, rope=c.model == "llama" and not c.remove_rope)
     if c.prepare_data and c.vocab_size < 257:
         raise ValueError(f"--vocab_size must be >= 257 (256 bytes + <|endoftext|>) to train the tokenizer, "
                          f"got {c.vocab_size}")
