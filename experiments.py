@@ -33,7 +33,6 @@ so the numbers compare; wall times depend on the machine and its load and are re
 """
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -186,18 +185,17 @@ def data_dir_of(preset_name, scratch, data_dir=None):
 def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
     """Tokenizer + train.bin / val.bin for the cpu preset (reused when present); returns the data dir. texts: the
     (training, validation) text files (--train / --valid), else the preset's, else the fetched TinyStories head."""
+    import fineweb
     p = PRESETS[preset_name]
     if data_dir or p["data_dir"]:
         d = data_dir_of(preset_name, scratch, data_dir)
-        if not any(d.glob("train*.bin")) and data_dir:
-            raise SystemExit(f"experiments.py: --data_dir {data_dir}: no train*.bin token files in {d} (fineweb.py "
-                             f"writes them)")
         if not any(d.glob("train*.bin")):
-            raise SystemExit(f"experiments.py: --preset={preset_name}: no train*.bin in {d}; prepare it first "
+            raise SystemExit(f"experiments.py: --data_dir {data_dir}: no train*.bin token files in {d} (fineweb.py "
+                             f"writes them)" if data_dir else
+                             f"experiments.py: --preset={preset_name}: no train*.bin in {d}; prepare it first "
                              f"(`python train.py --preset=tinystories` prints the commands)")
         return d
     if texts is None and p["train_text"] is None:
-        import fineweb
         texts = fineweb.tinystories_head(log=log)
     p = dict(p, train_text=Path(texts[0]), val_text=Path(texts[1])) if texts else p
     for path in (p["train_text"], p["val_text"]):
@@ -208,7 +206,7 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
     # what the tokenizer and tokens were made from: each text's name, size and contents (two heads of one size, or
     # an edit that keeps the size, are other texts)
     made_from = {split: [Path(p[f"{split}_text"]).name, Path(p[f"{split}_text"]).stat().st_size,
-                         _sha256(p[f"{split}_text"])] for split in ("train", "val")}
+                         fineweb.file_sha256(p[f"{split}_text"])] for split in ("train", "val")}
     record = scratch / "made_from.json"
     if record.is_file() and json.loads(record.read_text()) != made_from:   # the preset's texts were edited
         log(f"data: {_rel(scratch)} was made from other texts: training the tokenizer and encoding again")
@@ -235,14 +233,6 @@ def prepare_data(preset_name, scratch, data_dir=None, log=print, texts=None):
     record.write_text(json.dumps(made_from) + "\n")
     write_setup(preset_name, data_dir, tok_ref, meta, p)
     return data_dir
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_setup(preset_name, data_dir, tok_ref, meta, p):
