@@ -2997,7 +2997,8 @@ def test_train_fsdp_shards_cut_short_are_one_line_naming_their_folder(tmp_path, 
     train.main(args)
     (folder,) = out.glob("ckpt.pt.shards-*")
     for f in folder.glob("*.distcp"):
-        f.write_bytes(f.read_bytes()[:100] if cut == "all-but-100-bytes" else f.read_bytes()[:-3000])
+        data = f.read_bytes()
+        f.write_bytes(data[:100] if cut == "all-but-100-bytes" else data[:-3000])
     _one_line_naming(_exits(train.main, args + ["--resume"]), "train.py: ", folder)
     if cut == "all-but-100-bytes":
         _one_line_naming(_raises(M.read_checkpoint, out / "ckpt.pt"), str(folder))
